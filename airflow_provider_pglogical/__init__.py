@@ -1,0 +1,43 @@
+"""Apache Airflow provider for PostgreSQL logical replication into an Apache Iceberg lakehouse."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def get_provider_info() -> dict:
+    """Describe the provider to Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
+    return {
+        "package-name": "airflow-provider-pglogical",
+        "name": "PostgreSQL logical replication",
+        "description": "Publications, replication slots and subscriptions of PostgreSQL logical "
+        "replication, and incremental sync of their changes into Apache Iceberg.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "PostgreSQL logical replication",
+                "external-doc-url": "https://www.postgresql.org/docs/current/logical-replication.html",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "PostgreSQL logical replication",
+                "python-modules": ["airflow_provider_pglogical.hooks.pglogical"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "PostgreSQL logical replication",
+                "python-modules": [
+                    "airflow_provider_pglogical.operators.publication",
+                ],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_provider_pglogical.hooks.pglogical.PgLogicalHook",
+                "connection-type": "pglogical",
+            }
+        ],
+    }

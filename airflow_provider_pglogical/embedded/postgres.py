@@ -1,0 +1,225 @@
+"""Throwaway PostgreSQL clusters for the embedded demo and the test-suite.
+
+A cluster lives in a temporary directory, listens on loopback only, on a free port, with
+``wal_level=logical``. PostgreSQL refuses to run as root, so when we are root the cluster is
+initialised and started as an unprivileged OS user (``postgres`` by default, which Debian's
+server package creates).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_SETTINGS: dict[str, str] = {
+    "wal_level": "logical",
+    "max_replication_slots": "20",
+    "max_wal_senders": "20",
+    "max_logical_replication_workers": "8",
+    "max_worker_processes": "16",
+    "max_prepared_transactions": "10",
+    # Small, so that big transactions spill to disk and the spilling paths run in tests.
+    "logical_decoding_work_mem": "64kB",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "shared_buffers": "128MB",
+    "wal_sender_timeout": "60s",
+    "wal_receiver_status_interval": "1s",
+}
+
+
+class PostgresNotFound(RuntimeError):
+    """The PostgreSQL server binaries are not installed."""
+
+
+def find_bindir() -> Path:
+    """Locate the PostgreSQL 15+ server binaries (``initdb``, ``pg_ctl``, ``postgres``)."""
+    candidates = [os.environ.get("PG_BINDIR", "")]
+    candidates += sorted(
+        (str(p) for p in Path("/usr/lib/postgresql").glob("*/bin")),
+        key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    found = shutil.which("initdb")
+    if found:
+        candidates.append(str(Path(found).resolve().parent))
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "initdb").exists() and (Path(candidate) / "pg_ctl").exists():
+            return Path(candidate)
+    raise PostgresNotFound(
+        "PostgreSQL server binaries (initdb, pg_ctl) were not found. Install them with "
+        "'apt-get install postgresql' or set PG_BINDIR to the directory that holds them."
+    )
+
+
+def free_port() -> int:
+    """Ask the kernel for a free loopback TCP port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LocalPostgres:
+    """One throwaway PostgreSQL cluster; ``start()`` it, ``stop()`` removes it."""
+
+    name: str = "pg"
+    settings: dict[str, str] = field(default_factory=dict)
+    os_user: str = "postgres"
+    superuser: str = "postgres"
+    password: str = "postgres"
+    port: int = 0
+    base_dir: Path | None = None
+    bindir: Path | None = None
+    keep: bool = False
+
+    @property
+    def data_dir(self) -> Path:
+        assert self.base_dir is not None
+        return self.base_dir / "data"
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    def dsn(self, dbname: str = "postgres", user: str | None = None, password: str | None = None) -> str:
+        """A libpq keyword/value connection string for this cluster."""
+        return (
+            f"host={self.host} port={self.port} dbname={dbname} "
+            f"user={user or self.superuser} password={password or self.password}"
+        )
+
+    def connection_uri(self, dbname: str = "postgres") -> str:
+        """An Airflow-style URI for a ``postgres`` connection to this cluster."""
+        return f"postgres://{self.superuser}:{self.password}@{self.host}:{self.port}/{dbname}"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _as_user(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        """Run a server binary, dropping to the unprivileged OS user when we are root."""
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(self.os_user)
+
+            def demote() -> None:
+                os.setgid(entry.pw_gid)
+                os.setuid(entry.pw_uid)
+
+            kwargs["preexec_fn"] = demote
+        return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
+
+    def start(self) -> "LocalPostgres":
+        self.bindir = self.bindir or find_bindir()
+        self.base_dir = Path(tempfile.mkdtemp(prefix=f"pglogical-{self.name}-"))
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(self.os_user)
+            os.chown(self.base_dir, entry.pw_uid, entry.pw_gid)
+        os.chmod(self.base_dir, 0o755)
+        pwfile = self.base_dir / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        if os.geteuid() == 0:
+            os.chown(pwfile, pwd.getpwnam(self.os_user).pw_uid, -1)
+        self._as_user(
+            [
+                str(self.bindir / "initdb"), "-D", str(self.data_dir), "-U", self.superuser,
+                "--pwfile", str(pwfile), "--auth=scram-sha-256", "--encoding=UTF8",
+                "--locale=C", "--no-sync",
+            ]
+        )
+        pwfile.unlink()
+        self.port = self.port or free_port()
+        conf = {**DEFAULT_SETTINGS, **self.settings,
+                "listen_addresses": "'127.0.0.1'", "port": str(self.port),
+                "unix_socket_directories": f"'{self.base_dir}'"}
+        with open(self.data_dir / "postgresql.conf", "a") as fh:
+            for key, value in conf.items():
+                fh.write(f"{key} = {value}\n")
+        with open(self.data_dir / "pg_hba.conf", "w") as fh:
+            fh.write("local all all trust\n")
+            fh.write("host all all 127.0.0.1/32 scram-sha-256\n")
+            fh.write("host replication all 127.0.0.1/32 scram-sha-256\n")
+        self._as_user(
+            [str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-l",
+             str(self.base_dir / "server.log"), "-w", "-t", "60", "start"]
+        )
+        return self
+
+    def stop(self) -> None:
+        if self.base_dir is None:
+            return
+        if (self.data_dir / "postmaster.pid").exists():
+            try:
+                self._as_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"])
+            except subprocess.CalledProcessError:
+                pass
+        if not self.keep:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def restart(self) -> None:
+        self._as_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "restart",
+                       "-l", str(self.base_dir / "server.log")])
+
+    def log(self) -> str:
+        path = self.base_dir / "server.log" if self.base_dir else None
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+    # -- convenience -------------------------------------------------------------------------
+    def connect(self, dbname: str = "postgres", autocommit: bool = True, **kwargs):
+        """A psycopg2 connection to this cluster (superuser by default)."""
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn(dbname), **kwargs)
+        conn.autocommit = autocommit
+        return conn
+
+    def execute(self, statements: str, dbname: str = "postgres") -> None:
+        """Run SQL (possibly several statements) in autocommit mode."""
+        conn = self.connect(dbname)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statements)
+        finally:
+            conn.close()
+
+    def query(self, statement: str, dbname: str = "postgres", params=None) -> list[tuple]:
+        conn = self.connect(dbname)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement, params)
+                return cur.fetchall()
+        finally:
+            conn.close()
+
+    def create_database(self, dbname: str) -> None:
+        from psycopg2 import sql
+
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        finally:
+            conn.close()
+
+    def __enter__(self) -> "LocalPostgres":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1, message: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; raise TimeoutError naming ``message``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)

@@ -1,0 +1,370 @@
+"""PgLogicalHook: publications, replication slots, subscriptions and publisher health checks."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping, Sequence
+
+import psycopg2
+import psycopg2.errors
+from airflow.providers.postgres.hooks.postgres import PostgresHook
+from psycopg2 import sql
+
+from airflow_provider_pglogical.exceptions import SubscriptionError
+from airflow_provider_pglogical.replication import health, published, slots, subscriptions
+from airflow_provider_pglogical.replication import publications as pubs
+from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.replication.publications import PublicationInfo, PublishedTable
+from airflow_provider_pglogical.replication.published import ResolvedTable
+from airflow_provider_pglogical.replication.slots import ExportedSnapshot, SlotInfo
+from airflow_provider_pglogical.replication.subscriptions import SubscriptionStatus
+
+#: extras of a ``postgres`` connection that are Airflow's, not libpq's
+_NON_LIBPQ_EXTRAS = PostgresHook.ignored_extra_options | {"cursor"}
+
+
+class PgLogicalHook(PostgresHook):
+    """Manage PostgreSQL logical replication from a standard ``postgres`` Airflow connection.
+
+    Always speaks psycopg2 (also when psycopg 3 is installed), because the replication protocol
+    and ``psycopg2.sql`` composition are psycopg2's. Every DDL call is idempotent
+    (``if_not_exists`` / ``missing_ok``) and quotes identifiers with ``psycopg2.sql``.
+
+    :param postgres_conn_id: the Airflow connection of the cluster to manage.
+    :param database: overrides the connection's database (schema field).
+    """
+
+    conn_name_attr = "postgres_conn_id"
+    default_conn_name = "postgres_default"
+    conn_type = "postgres"
+    hook_name = "PostgreSQL logical replication"
+
+    def __init__(self, *args, database: str | None = None, **kwargs) -> None:
+        super().__init__(*args, database=database, **kwargs)
+        self.database = database
+
+    # -- connections -------------------------------------------------------------------------
+    def connect_kwargs(self) -> dict[str, Any]:
+        """libpq keywords for this connection (used for SQL and replication connections alike)."""
+        conn = self.connection
+        kwargs: dict[str, Any] = {
+            "host": conn.host, "port": conn.port, "user": conn.login, "password": conn.password,
+            "dbname": self.database or conn.schema,
+        }
+        if self.options:
+            kwargs["options"] = self.options
+        for key, value in conn.extra_dejson.items():
+            if key not in _NON_LIBPQ_EXTRAS:
+                kwargs[key] = value
+        return {k: v for k, v in kwargs.items() if v not in (None, "")}
+
+    def get_conn(self) -> psycopg2.extensions.connection:
+        """A psycopg2 connection (autocommit off, like PostgresHook's)."""
+        self.conn = psycopg2.connect(**self.connect_kwargs())
+        return self.conn
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
+        """An autocommit cursor: replication management statements must not run in a transaction."""
+        conn = psycopg2.connect(**self.connect_kwargs())
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cursor:
+                yield cursor
+        finally:
+            conn.close()
+
+    def _execute(self, statement: sql.Composable, params: Sequence[Any] | None = None) -> None:
+        with self._cursor() as cursor:
+            self.log.info("Executing: %s", statement.as_string(cursor))
+            cursor.execute(statement, params)
+
+    # -- publications ------------------------------------------------------------------------
+    def create_publication(
+        self,
+        name: str,
+        tables: Sequence[PublishedTable] | None = None,
+        *,
+        all_tables: bool = False,
+        schemas: Sequence[str] | None = None,
+        publish: Sequence[str] = pubs.PUBLISH_OPERATIONS,
+        publish_via_partition_root: bool = False,
+        if_not_exists: bool = True,
+    ) -> bool:
+        """Create a publication; returns False when it existed already (and ``if_not_exists``).
+
+        :param name: publication name.
+        :param tables: tables with optional column lists and row filters.
+        :param all_tables: publish every table of the database (``FOR ALL TABLES``).
+        :param schemas: publish every table of these schemas (``FOR TABLES IN SCHEMA``).
+        :param publish: the DML operations to publish.
+        :param publish_via_partition_root: publish partitions' changes as their root table's.
+        :param if_not_exists: do nothing (and return False) when the publication exists.
+        """
+        statement = pubs.create_publication_sql(
+            name, tables, all_tables=all_tables, schemas=schemas, publish=publish,
+            publish_via_partition_root=publish_via_partition_root,
+        )
+        try:
+            self._execute(statement)
+        except psycopg2.errors.DuplicateObject:
+            if not if_not_exists:
+                raise
+            self.log.info("Publication %s exists already", name)
+            return False
+        return True
+
+    def add_publication_tables(self, name: str, tables: Sequence[PublishedTable]) -> None:
+        """``ALTER PUBLICATION … ADD TABLE``; tables already in the publication are skipped."""
+        current = self.describe_publication(name)
+        known = {(t.schema, t.table) for t in current.tables} if current else set()
+        new = [t for t in tables if t.qualified not in known]
+        if new:
+            self._execute(pubs.alter_publication_tables_sql(name, "ADD", new))
+
+    def set_publication_tables(self, name: str, tables: Sequence[PublishedTable]) -> None:
+        """``ALTER PUBLICATION … SET TABLE``: replace the table list (filters and lists included)."""
+        self._execute(pubs.alter_publication_tables_sql(name, "SET", tables))
+
+    def drop_publication_tables(self, name: str, tables: Sequence[PublishedTable | str]) -> None:
+        """``ALTER PUBLICATION … DROP TABLE``; tables not in the publication are skipped."""
+        wanted = [t if isinstance(t, PublishedTable) else PublishedTable(t) for t in tables]
+        current = self.describe_publication(name)
+        known = {(t.schema, t.table) for t in current.tables} if current else set()
+        present = [t for t in wanted if t.qualified in known]
+        if present:
+            self._execute(pubs.alter_publication_tables_sql(name, "DROP", present))
+
+    def set_publication_options(
+        self, name: str, *, publish: Sequence[str] | None = None, publish_via_partition_root: bool | None = None
+    ) -> None:
+        """Change a publication's ``publish`` operations or ``publish_via_partition_root``."""
+        self._execute(
+            pubs.alter_publication_options_sql(name, publish=publish, publish_via_partition_root=publish_via_partition_root)
+        )
+
+    def drop_publication(self, name: str, missing_ok: bool = True) -> None:
+        """Drop a publication (``IF EXISTS`` unless ``missing_ok=False``)."""
+        self._execute(pubs.drop_publication_sql(name, missing_ok))
+
+    def describe_publication(self, name: str) -> PublicationInfo | None:
+        """What psql ``\\dRp+`` shows: owner, flags, and each table with its filter and column list."""
+        with self._cursor() as cursor:
+            return pubs.describe_publication(cursor, name)
+
+    def published_tables(self, publications: Sequence[str]) -> list[ResolvedTable]:
+        """Per published table: the effective column list and combined row filter, by PostgreSQL's rules."""
+        with self._cursor() as cursor:
+            return published.resolve_published_tables(cursor, publications)
+
+    # -- slots -------------------------------------------------------------------------------
+    def create_slot(
+        self, name: str, plugin: str = "pgoutput", temporary: bool = False, two_phase: bool = False,
+        if_not_exists: bool = True,
+    ) -> Lsn | None:
+        """Create a logical slot; returns its consistent LSN (None when it existed already)."""
+        with self._cursor() as cursor:
+            return slots.create_slot(cursor, name, plugin, temporary, two_phase, if_not_exists)
+
+    @contextlib.contextmanager
+    def exported_snapshot(
+        self, name: str, plugin: str = "pgoutput", temporary: bool = False, two_phase: bool = False
+    ) -> Iterator[ExportedSnapshot]:
+        """Create a slot over a replication connection and keep its exported snapshot valid.
+
+        Inside the block, other sessions ``SET TRANSACTION SNAPSHOT <snapshot_name>`` and see exactly
+        the rows committed before the slot's consistent LSN.
+        """
+        kwargs = {**self.connect_kwargs(), "replication": "database"}
+        with slots.exported_snapshot(kwargs, name, plugin, temporary, two_phase) as snapshot:
+            yield snapshot
+
+    def drop_slot(self, name: str, missing_ok: bool = True) -> bool:
+        """Drop a slot; returns False when it did not exist."""
+        with self._cursor() as cursor:
+            return slots.drop_slot(cursor, name, missing_ok)
+
+    def list_slots(self) -> list[SlotInfo]:
+        """Every slot with active, restart/confirmed LSNs, wal_status, retained WAL and lag bytes."""
+        with self._cursor() as cursor:
+            return slots.list_slots(cursor)
+
+    def get_slot(self, name: str) -> SlotInfo | None:
+        with self._cursor() as cursor:
+            return slots.get_slot(cursor, name)
+
+    def advance_slot(self, name: str, lsn: Lsn | str) -> Lsn:
+        """Confirm everything before ``lsn`` as consumed, so PostgreSQL may recycle that WAL."""
+        with self._cursor() as cursor:
+            return slots.advance_slot(cursor, name, lsn)
+
+    def peek_changes(
+        self, name: str, *, upto_lsn: Lsn | str | None = None, upto_nchanges: int | None = None,
+        options: Mapping[str, Any] | None = None, binary: bool = True,
+    ) -> list[tuple[Lsn, int, Any]]:
+        """Decoded changes without consuming them: ``(lsn, xid, data)`` rows.
+
+        :param upto_lsn: stop at the first transaction committing at or after this LSN.
+        :param upto_nchanges: stop after the transaction that brings the count past this.
+        :param options: output-plugin options, e.g. ``{"proto_version": "1", "publication_names": "p"}``.
+        :param binary: use the ``_binary_`` function (required for pgoutput).
+        """
+        with self._cursor() as cursor:
+            return slots.read_changes(
+                cursor, name, binary=binary, consume=False, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges,
+                options=options,
+            )
+
+    def get_changes(
+        self, name: str, *, upto_lsn: Lsn | str | None = None, upto_nchanges: int | None = None,
+        options: Mapping[str, Any] | None = None, binary: bool = True,
+    ) -> list[tuple[Lsn, int, Any]]:
+        """Like :meth:`peek_changes`, but consumes what it returns."""
+        with self._cursor() as cursor:
+            return slots.read_changes(
+                cursor, name, binary=binary, consume=True, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges,
+                options=options,
+            )
+
+    # -- subscriptions (this hook connected to the subscriber) --------------------------------
+    def create_subscription(
+        self,
+        name: str,
+        publications: Sequence[str],
+        *,
+        publisher_conn_id: str | None = None,
+        conninfo: str | None = None,
+        copy_data: bool | None = None,
+        create_slot: bool | None = None,
+        slot_name: str | None = None,
+        enabled: bool | None = None,
+        connect: bool | None = None,
+        two_phase: bool | None = None,
+        streaming: bool | str | None = None,
+        binary: bool | None = None,
+        disable_on_error: bool | None = None,
+        synchronous_commit: str | None = None,
+        if_not_exists: bool = True,
+    ) -> bool:
+        """Create a subscription to ``publications``; returns False when it existed already.
+
+        :param publisher_conn_id: Airflow connection of the publisher (or give ``conninfo``).
+        :param conninfo: a libpq connection string for the publisher, as the subscriber sees it.
+        :param slot_name: the remote slot (default: the subscription's name); ``"NONE"`` for none.
+        Other options are PostgreSQL's ``CREATE SUBSCRIPTION … WITH (…)`` options; ``None`` keeps
+        PostgreSQL's default.
+        """
+        info = self._publisher_conninfo(publisher_conn_id, conninfo)
+        options = {
+            "copy_data": copy_data, "create_slot": create_slot, "slot_name": slot_name, "enabled": enabled,
+            "connect": connect, "two_phase": two_phase, "streaming": streaming, "binary": binary,
+            "disable_on_error": disable_on_error, "synchronous_commit": synchronous_commit,
+        }
+        statement = subscriptions.create_subscription_sql(name, info, publications, options)
+        try:
+            with self._cursor() as cursor:
+                # The statement holds the publisher's password: log only the name.
+                self.log.info("Creating subscription %s to publication(s) %s", name, ", ".join(publications))
+                cursor.execute(statement)
+        except psycopg2.errors.DuplicateObject:
+            if not if_not_exists:
+                raise
+            self.log.info("Subscription %s exists already", name)
+            return False
+        return True
+
+    def _publisher_conninfo(self, publisher_conn_id: str | None, conninfo: str | None) -> str:
+        if bool(publisher_conn_id) == bool(conninfo):
+            raise SubscriptionError("give exactly one of publisher_conn_id or conninfo for the publisher")
+        if conninfo:
+            return conninfo
+        return subscriptions.conninfo_from(PgLogicalHook(postgres_conn_id=publisher_conn_id).connect_kwargs())
+
+    def _alter_subscription(self, name: str, action: sql.Composable) -> None:
+        self._execute(subscriptions.alter_subscription_sql(name, action))
+
+    def enable_subscription(self, name: str) -> None:
+        self._alter_subscription(name, sql.SQL("ENABLE"))
+
+    def disable_subscription(self, name: str) -> None:
+        self._alter_subscription(name, sql.SQL("DISABLE"))
+
+    def refresh_subscription(self, name: str, copy_data: bool = True) -> None:
+        """Pick up tables added to the publications since; ``copy_data`` copies their rows."""
+        self._alter_subscription(
+            name, sql.SQL("REFRESH PUBLICATION WITH (copy_data = {})").format(sql.SQL("true" if copy_data else "false"))
+        )
+
+    def set_subscription_publications(
+        self, name: str, publications: Sequence[str], refresh: bool | None = None, copy_data: bool | None = None
+    ) -> None:
+        self._alter_subscription(name, subscriptions.publication_action("SET", publications, {"refresh": refresh, "copy_data": copy_data}))
+
+    def add_subscription_publications(
+        self, name: str, publications: Sequence[str], refresh: bool | None = None, copy_data: bool | None = None
+    ) -> None:
+        self._alter_subscription(name, subscriptions.publication_action("ADD", publications, {"refresh": refresh, "copy_data": copy_data}))
+
+    def drop_subscription_publications(self, name: str, publications: Sequence[str], refresh: bool | None = None) -> None:
+        self._alter_subscription(name, subscriptions.publication_action("DROP", publications, {"refresh": refresh}))
+
+    def skip_subscription(self, name: str, lsn: Lsn | str) -> None:
+        """Skip the remote transaction finishing at ``lsn`` (the one in the apply error's CONTEXT)."""
+        self._alter_subscription(name, sql.SQL("SKIP (lsn = {})").format(sql.Literal(str(Lsn.parse(lsn)))))
+
+    def set_subscription_connection(
+        self, name: str, *, publisher_conn_id: str | None = None, conninfo: str | None = None
+    ) -> None:
+        info = self._publisher_conninfo(publisher_conn_id, conninfo)
+        with self._cursor() as cursor:
+            self.log.info("Changing the publisher connection of subscription %s", name)
+            cursor.execute(subscriptions.alter_subscription_sql(name, sql.SQL("CONNECTION {}").format(sql.Literal(info))))
+
+    def drop_subscription(self, name: str, keep_remote_slot: bool = False, missing_ok: bool = True) -> None:
+        """Drop a subscription, also when the publisher is unreachable.
+
+        With ``keep_remote_slot`` (or when the publisher cannot be reached) the subscription is
+        disabled and detached from its slot first; the publisher's slot then stays and must be
+        dropped there (it pins WAL until it is).
+        """
+        with self._cursor() as cursor:
+            status = subscriptions.subscription_status(cursor, name)
+            if status is None:
+                if missing_ok:
+                    return
+                raise SubscriptionError(f"subscription {name!r} does not exist")
+            if not keep_remote_slot:
+                try:
+                    cursor.execute(subscriptions.drop_subscription_sql(name, missing_ok))
+                    return
+                except (psycopg2.errors.ConnectionFailure, psycopg2.OperationalError) as err:
+                    self.log.warning(
+                        "Publisher of subscription %s is unreachable (%s); detaching from its slot",
+                        name, str(err).strip().splitlines()[0],
+                    )
+            self._detach_and_drop(cursor, name, status.slot_name, missing_ok)
+
+    def _detach_and_drop(self, cursor, name: str, slot_name: str | None, missing_ok: bool) -> None:
+        cursor.execute(subscriptions.alter_subscription_sql(name, sql.SQL("DISABLE")))
+        cursor.execute(subscriptions.alter_subscription_sql(name, sql.SQL("SET (slot_name = NONE)")))
+        cursor.execute(subscriptions.drop_subscription_sql(name, missing_ok))
+        if slot_name:
+            self.log.warning(
+                "Replication slot %s of dropped subscription %s remains on the publisher and pins WAL there: "
+                "drop it with pg_drop_replication_slot('%s') when the publisher is reachable",
+                slot_name, name, slot_name,
+            )
+
+    def subscription_status(self, name: str) -> SubscriptionStatus | None:
+        """Worker, received/latest LSNs, per-table sync state and error counts."""
+        with self._cursor() as cursor:
+            return subscriptions.subscription_status(cursor, name)
+
+    # -- health ------------------------------------------------------------------------------
+    def check_publisher(self, publications: Sequence[str], tables: Sequence[str] = ()) -> None:
+        """Raise one :class:`~airflow_provider_pglogical.exceptions.PublisherCheckError` listing every
+        problem (wal_level, slots, WAL senders, REPLICATION role, replica identities, row filters and
+        column lists against the replica identity, missing tables or publications). Read-only.
+        """
+        with self._cursor() as cursor:
+            health.check_publisher(cursor, publications, tables)

@@ -1,0 +1,1 @@
+"""Logical-replication building blocks: LSNs, the pgoutput decoder, publications, staging."""

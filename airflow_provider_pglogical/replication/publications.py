@@ -1,0 +1,214 @@
+"""Publications: SQL builders (pure) and read-outs of what PostgreSQL publishes.
+
+Building a statement is a pure function returning ``psycopg2.sql.Composed``; the hook executes it.
+Row filters are SQL expressions by design: they go to PostgreSQL verbatim inside ``WHERE (...)``
+and PostgreSQL validates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from psycopg2 import sql
+
+from airflow_provider_pglogical.exceptions import ColumnListConflict, PublicationError
+
+PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """A table to publish, with an optional column list and row filter.
+
+    :param name: ``"schema.table"`` or ``"table"`` (schema ``public``); use :meth:`of` for names
+        that themselves contain dots.
+    :param columns: the column list; ``None`` publishes every column, including ones added later.
+    :param where: a row filter expression, passed to PostgreSQL verbatim inside parentheses.
+    """
+
+    name: str
+    columns: Sequence[str] | None = None
+    where: str | None = None
+    schema: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, schema: str, table: str, columns: Sequence[str] | None = None, where: str | None = None):
+        return cls(name=table, columns=columns, where=where, schema=schema)
+
+    @property
+    def qualified(self) -> tuple[str, str]:
+        """``(schema, table)``; a bare name means schema ``public``."""
+        if self.schema is not None:
+            return self.schema, self.name
+        schema, dot, table = self.name.partition(".")
+        return (schema, table) if dot else ("public", self.name)
+
+
+def _table_clause(table: PublishedTable) -> sql.Composed:
+    parts = [sql.Identifier(*table.qualified)]
+    if table.columns:
+        parts.append(sql.SQL(" ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.columns))))
+    if table.where:
+        parts.append(sql.SQL(" WHERE ({})").format(sql.SQL(table.where)))
+    return sql.Composed(parts)
+
+
+def _tables_clause(tables: Iterable[PublishedTable]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.SQL("TABLE {}").format(_table_clause(t)) for t in tables)
+
+
+def _options(publish: Sequence[str] | None, publish_via_partition_root: bool | None) -> list[sql.Composable]:
+    options: list[sql.Composable] = []
+    if publish is not None:
+        unknown = set(publish) - set(PUBLISH_OPERATIONS)
+        if unknown:
+            raise PublicationError(
+                f"unknown publish operation(s) {sorted(unknown)}; use any of {list(PUBLISH_OPERATIONS)}"
+            )
+        options.append(sql.SQL("publish = {}").format(sql.Literal(", ".join(publish))))
+    if publish_via_partition_root is not None:
+        options.append(
+            sql.SQL("publish_via_partition_root = {}").format(sql.SQL("true" if publish_via_partition_root else "false"))
+        )
+    return options
+
+
+def _with_clause(publish: Sequence[str] | None, publish_via_partition_root: bool | None) -> sql.Composable:
+    options = _options(publish, publish_via_partition_root)
+    if not options:
+        return sql.SQL("")
+    return sql.SQL(" WITH ({})").format(sql.SQL(", ").join(options))
+
+
+def create_publication_sql(
+    name: str,
+    tables: Sequence[PublishedTable] | None = None,
+    *,
+    all_tables: bool = False,
+    schemas: Sequence[str] | None = None,
+    publish: Sequence[str] = PUBLISH_OPERATIONS,
+    publish_via_partition_root: bool = False,
+) -> sql.Composed:
+    """``CREATE PUBLICATION`` for a table list, ``FOR ALL TABLES`` or ``FOR TABLES IN SCHEMA``."""
+    if all_tables and (tables or schemas):
+        raise PublicationError(f"publication {name!r}: all_tables=True cannot be combined with tables or schemas")
+    targets: list[sql.Composable] = []
+    if all_tables:
+        targets.append(sql.SQL("ALL TABLES"))
+    if tables:
+        targets.append(_tables_clause(tables))
+    if schemas:
+        targets.append(
+            sql.SQL("TABLES IN SCHEMA {}").format(sql.SQL(", ").join(map(sql.Identifier, schemas)))
+        )
+    for_clause = sql.SQL(" FOR {}").format(sql.SQL(", ").join(targets)) if targets else sql.SQL("")
+    return sql.SQL("CREATE PUBLICATION {}{}{}").format(
+        sql.Identifier(name), for_clause, _with_clause(publish, publish_via_partition_root)
+    )
+
+
+def alter_publication_tables_sql(name: str, action: str, tables: Sequence[PublishedTable]) -> sql.Composed:
+    """``ALTER PUBLICATION … ADD | SET | DROP TABLE …`` (DROP takes names only)."""
+    action = action.upper()
+    if action not in ("ADD", "SET", "DROP"):
+        raise ValueError(f"action must be ADD, SET or DROP, not {action!r}")
+    if action == "DROP":
+        clause = sql.SQL(", ").join(sql.SQL("TABLE {}").format(sql.Identifier(*t.qualified)) for t in tables)
+    else:
+        clause = _tables_clause(tables)
+    return sql.SQL("ALTER PUBLICATION {} {} {}").format(sql.Identifier(name), sql.SQL(action), clause)
+
+
+def alter_publication_options_sql(
+    name: str, *, publish: Sequence[str] | None = None, publish_via_partition_root: bool | None = None
+) -> sql.Composed:
+    options = _options(publish, publish_via_partition_root)
+    if not options:
+        raise ValueError("set_publication_options needs publish or publish_via_partition_root")
+    return sql.SQL("ALTER PUBLICATION {} SET ({})").format(sql.Identifier(name), sql.SQL(", ").join(options))
+
+
+def drop_publication_sql(name: str, missing_ok: bool = True) -> sql.Composed:
+    return sql.SQL("DROP PUBLICATION {}{}").format(
+        sql.SQL("IF EXISTS ") if missing_ok else sql.SQL(""), sql.Identifier(name)
+    )
+
+
+# -- read-outs --------------------------------------------------------------------------------
+
+_DESCRIBE_PUBLICATION = """
+SELECT p.pubname, pg_get_userbyid(p.pubowner), p.puballtables, p.pubinsert, p.pubupdate,
+       p.pubdelete, p.pubtruncate, p.pubviaroot
+  FROM pg_publication p WHERE p.pubname = %s
+"""
+
+_DESCRIBE_TABLES = """
+SELECT n.nspname, c.relname,
+       pg_get_expr(pr.prqual, c.oid),
+       (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum = ANY(pr.prattrs))
+  FROM pg_publication p
+  JOIN pg_publication_rel pr ON pr.prpubid = p.oid
+  JOIN pg_class c ON c.oid = pr.prrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE p.pubname = %s
+ ORDER BY 1, 2
+"""
+
+_DESCRIBE_SCHEMAS = """
+SELECT n.nspname FROM pg_publication p
+  JOIN pg_publication_namespace pn ON pn.pnpubid = p.oid
+  JOIN pg_namespace n ON n.oid = pn.pnnspid
+ WHERE p.pubname = %s ORDER BY 1
+"""
+
+
+@dataclass
+class PublicationTableInfo:
+    schema: str
+    table: str
+    row_filter: str | None
+    columns: list[str] | None
+
+    def psql_line(self) -> str:
+        """The table's line as psql's ``\\dRp+`` prints it."""
+        text = f'"{self.schema}.{self.table}"'
+        if self.columns:
+            text += f" ({', '.join(self.columns)})"
+        if self.row_filter:
+            text += f" WHERE {self.row_filter}"
+        return text
+
+
+@dataclass
+class PublicationInfo:
+    """What psql ``\\dRp+`` shows for one publication."""
+
+    name: str
+    owner: str
+    all_tables: bool
+    inserts: bool
+    updates: bool
+    deletes: bool
+    truncates: bool
+    via_root: bool
+    tables: list[PublicationTableInfo]
+    schemas: list[str]
+
+    @property
+    def publish(self) -> tuple[str, ...]:
+        flags = (self.inserts, self.updates, self.deletes, self.truncates)
+        return tuple(op for op, on in zip(PUBLISH_OPERATIONS, flags) if on)
+
+
+def describe_publication(cursor, name: str) -> PublicationInfo | None:
+    cursor.execute(_DESCRIBE_PUBLICATION, (name,))
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    cursor.execute(_DESCRIBE_TABLES, (name,))
+    tables = [PublicationTableInfo(s, t, f, list(c) if c else None) for s, t, f, c in cursor.fetchall()]
+    cursor.execute(_DESCRIBE_SCHEMAS, (name,))
+    schemas = [r[0] for r in cursor.fetchall()]
+    return PublicationInfo(*row, tables=tables, schemas=schemas)

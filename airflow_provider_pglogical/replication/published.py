@@ -1,0 +1,210 @@
+"""Which tables, columns and rows a set of publications publishes, by PostgreSQL's rules.
+
+PostgreSQL decides membership (``pg_get_publication_tables`` expands FOR ALL TABLES, TABLES IN
+SCHEMA and ``publish_via_partition_root``); we combine the publications the way its own
+table-sync worker does (PostgreSQL 15):
+
+- row filters of several publications are OR-ed; one publication without a filter (or FOR ALL
+  TABLES / TABLES IN SCHEMA) makes the table unfiltered;
+- the ``publish`` operations are ignored for the initial copy, as the native subscriber does;
+- column lists must agree (no list = every column); differing lists are an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from airflow_provider_pglogical.exceptions import ColumnListConflict, PublicationError
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    name: str
+    attnum: int
+    type_oid: int
+    typmod: int
+    type: str  # pg_type.typname
+    formatted: str  # format_type(oid, typmod)
+    element_type: str | None
+    not_null: bool
+    key: bool
+
+    def manifest_entry(self) -> dict:
+        return {
+            "name": self.name, "type": self.type, "type_oid": self.type_oid, "typmod": self.typmod,
+            "formatted": self.formatted, "element_type": self.element_type, "key": self.key,
+        }
+
+
+@dataclass
+class ResolvedTable:
+    """One published table with its effective column list and combined row filter."""
+
+    oid: int
+    schema: str
+    name: str
+    relkind: str
+    replica_identity: str  # d, f, i, n
+    #: published columns in attnum order (the whole table when no publication has a list)
+    columns: list[ColumnInfo]
+    has_column_list: bool
+    #: the OR of the publications' filters, or None when any publication publishes every row
+    row_filter: str | None
+    publications: list[str] = field(default_factory=list)
+    #: operations published by at least one of the publications
+    publish: set[str] = field(default_factory=set)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def key(self) -> list[str]:
+        """Replica-identity columns that are published; all columns when there is no usable key."""
+        key = [c.name for c in self.columns if c.key]
+        return key or [c.name for c in self.columns]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+_MISSING_PUBLICATIONS = "SELECT unnest(%s::text[]) EXCEPT SELECT pubname FROM pg_publication"
+
+_PUBLISHED = """
+SELECT p.pubname, gpt.relid, n.nspname, c.relname, c.relkind, c.relreplident,
+       gpt.attrs::int2[], pg_get_expr(gpt.qual, gpt.relid),
+       p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate
+  FROM pg_publication p
+ CROSS JOIN LATERAL pg_get_publication_tables(p.pubname) gpt
+  JOIN pg_class c ON c.oid = gpt.relid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE p.pubname = ANY(%s)
+ ORDER BY n.nspname, c.relname, p.pubname
+"""
+
+# Live, non-generated columns with their types and replica-identity membership.
+_COLUMNS = """
+SELECT a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod, t.typname,
+       format_type(a.atttypid, a.atttypmod), et.typname, a.attnotnull,
+       CASE c.relreplident
+         WHEN 'f' THEN true
+         WHEN 'n' THEN false
+         WHEN 'i' THEN a.attnum = ANY(SELECT unnest(i.indkey) FROM pg_index i
+                                       WHERE i.indrelid = c.oid AND i.indisreplident)
+         ELSE a.attnum = ANY(SELECT unnest(i.indkey) FROM pg_index i
+                              WHERE i.indrelid = c.oid AND i.indisprimary)
+       END
+  FROM pg_attribute a
+  JOIN pg_class c ON c.oid = a.attrelid
+  JOIN pg_type t ON t.oid = a.atttypid
+  LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
+ WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ ORDER BY a.attrelid, a.attnum
+"""
+
+_ANCESTORS = "SELECT relid FROM pg_partition_ancestors(%s) WHERE relid <> %s::regclass"
+
+
+def table_columns(cursor, oids: Sequence[int]) -> dict[int, list[ColumnInfo]]:
+    """Columns of the given tables, in attnum order, keyed by table oid."""
+    cursor.execute(_COLUMNS, (list(oids),))
+    columns: dict[int, list[ColumnInfo]] = {}
+    for relid, *rest in cursor.fetchall():
+        columns.setdefault(relid, []).append(ColumnInfo(*rest))
+    return columns
+
+
+def resolve_published_tables(cursor, publications: Sequence[str]) -> list[ResolvedTable]:
+    """Resolve what ``publications`` publish, combined by PostgreSQL's rules.
+
+    :raises PublicationError: a publication does not exist, or a partition root and one of its
+        partitions are both published (publications disagree on ``publish_via_partition_root``).
+    :raises ColumnListConflict: publications give one table different column lists.
+    """
+    if not publications:
+        raise PublicationError("no publications given: name at least one publication")
+    cursor.execute(_MISSING_PUBLICATIONS, (list(publications),))
+    missing = sorted(r[0] for r in cursor.fetchall())
+    if missing:
+        raise PublicationError(
+            f"publication(s) {', '.join(missing)} do not exist on the publisher: create them "
+            "(PgLogicalHook.create_publication) or fix the names"
+        )
+    cursor.execute(_PUBLISHED, (list(publications),))
+    rows = cursor.fetchall()
+    by_oid: dict[int, dict] = {}
+    for pubname, relid, schema, name, relkind, replident, attrs, qual, ins, upd, dele, trunc in rows:
+        entry = by_oid.setdefault(
+            relid,
+            {"schema": schema, "name": name, "relkind": relkind, "replident": replident,
+             "lists": {}, "filters": [], "unfiltered": False, "pubs": [], "publish": set()},
+        )
+        entry["pubs"].append(pubname)
+        entry["lists"][pubname] = tuple(attrs) if attrs else None
+        if qual is None:
+            entry["unfiltered"] = True
+        elif qual not in entry["filters"]:
+            entry["filters"].append(qual)
+        entry["publish"] |= {op for op, on in zip(("insert", "update", "delete", "truncate"), (ins, upd, dele, trunc)) if on}
+
+    _reject_root_and_leaf(cursor, by_oid)
+    columns = table_columns(cursor, list(by_oid))
+    resolved = []
+    for oid, entry in by_oid.items():
+        table_cols = columns.get(oid, [])
+        distinct = {_normalise(lst, table_cols) for lst in entry["lists"].values()}
+        if len(distinct) > 1:
+            described = "; ".join(
+                f"{pub}: {_describe_list(lst, table_cols)}" for pub, lst in sorted(entry["lists"].items())
+            )
+            raise ColumnListConflict(
+                f"table {entry['schema']}.{entry['name']} is published with different column lists "
+                f"({described}). PostgreSQL cannot combine them: give every publication the same "
+                "column list for this table, or subscribe to only one of them."
+            )
+        chosen = distinct.pop()
+        published = [c for c in table_cols if chosen is None or c.attnum in chosen]
+        row_filter = None
+        filters = entry["filters"]
+        if not entry["unfiltered"] and filters:
+            row_filter = filters[0] if len(filters) == 1 else " OR ".join(f"({f})" for f in filters)
+        resolved.append(
+            ResolvedTable(
+                oid=oid, schema=entry["schema"], name=entry["name"], relkind=entry["relkind"],
+                replica_identity=entry["replident"], columns=published,
+                has_column_list=chosen is not None, row_filter=row_filter,
+                publications=entry["pubs"], publish=entry["publish"],
+            )
+        )
+    return sorted(resolved, key=lambda t: (t.schema, t.name))
+
+
+def _normalise(attrs: tuple[int, ...] | None, columns: list[ColumnInfo]) -> frozenset[int] | None:
+    """A list naming every column is the same as no list (as PostgreSQL's table sync treats it)."""
+    if attrs is None or set(attrs) >= {c.attnum for c in columns}:
+        return None
+    return frozenset(attrs)
+
+
+def _describe_list(attrs: tuple[int, ...] | None, columns: list[ColumnInfo]) -> str:
+    if attrs is None:
+        return "all columns"
+    names = [c.name for c in columns if c.attnum in attrs]
+    return "(" + ", ".join(names) + ")"
+
+
+def _reject_root_and_leaf(cursor, by_oid: dict[int, dict]) -> None:
+    for oid, entry in by_oid.items():
+        cursor.execute(_ANCESTORS, (oid, oid))
+        for (ancestor,) in cursor.fetchall():
+            if ancestor in by_oid:
+                root = by_oid[ancestor]
+                raise PublicationError(
+                    f"both the partitioned table {root['schema']}.{root['name']} and its partition "
+                    f"{entry['schema']}.{entry['name']} are published (publications "
+                    f"{', '.join(sorted(set(root['pubs'] + entry['pubs'])))} disagree on "
+                    "publish_via_partition_root), so rows would be copied twice: give them the same "
+                    "publish_via_partition_root"
+                )

@@ -1,0 +1,146 @@
+"""Subscriptions on a subscriber cluster: SQL builders (pure) and status read-outs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from psycopg2 import sql
+
+from airflow_provider_pglogical.exceptions import SubscriptionError
+from airflow_provider_pglogical.replication.lsn import Lsn
+
+#: CREATE SUBSCRIPTION ... WITH options PostgreSQL 15 accepts, and how each value is written
+SUBSCRIPTION_OPTIONS = {
+    "copy_data": bool, "create_slot": bool, "enabled": bool, "connect": bool, "two_phase": bool,
+    "binary": bool, "disable_on_error": bool, "slot_name": "slot", "streaming": "streaming",
+    "synchronous_commit": str, "origin": str, "run_as_owner": bool, "password_required": bool,
+}
+
+
+def _option_value(key: str, value: Any) -> sql.Composable:
+    kind = SUBSCRIPTION_OPTIONS.get(key)
+    if kind is None:
+        raise SubscriptionError(
+            f"unknown subscription option {key!r}; PostgreSQL accepts {', '.join(sorted(SUBSCRIPTION_OPTIONS))}"
+        )
+    if kind == "slot" and value == "NONE":
+        # Slot names are lower case, so upper-case NONE can only mean "no slot".
+        return sql.SQL("NONE")
+    if kind == "streaming" and isinstance(value, str):
+        return sql.Literal(value)
+    if isinstance(value, bool):
+        return sql.SQL("true" if value else "false")
+    return sql.Literal(str(value))
+
+
+def options_clause(options: Mapping[str, Any], keyword: str = " WITH") -> sql.Composable:
+    present = {k: v for k, v in options.items() if v is not None}
+    if not present:
+        return sql.SQL("")
+    items = [sql.SQL("{} = {}").format(sql.SQL(k), _option_value(k, v)) for k, v in present.items()]
+    return sql.SQL("{} ({})").format(sql.SQL(keyword), sql.SQL(", ").join(items))
+
+
+def create_subscription_sql(
+    name: str, conninfo: str, publications: Sequence[str], options: Mapping[str, Any]
+) -> sql.Composed:
+    if not publications:
+        raise SubscriptionError(f"subscription {name!r}: name at least one publication")
+    return sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {}{}").format(
+        sql.Identifier(name), sql.Literal(conninfo), sql.SQL(", ").join(map(sql.Identifier, publications)),
+        options_clause(options),
+    )
+
+
+def alter_subscription_sql(name: str, action: sql.Composable) -> sql.Composed:
+    return sql.SQL("ALTER SUBSCRIPTION {} {}").format(sql.Identifier(name), action)
+
+
+def publication_action(verb: str, publications: Sequence[str], options: Mapping[str, Any]) -> sql.Composed:
+    """``SET | ADD | DROP PUBLICATION p1, p2 [WITH (refresh = ..., copy_data = ...)]``."""
+    pubs = sql.SQL(", ").join(map(sql.Identifier, publications))
+    opts = {k: v for k, v in options.items() if v is not None}
+    with_clause = sql.SQL("")
+    if opts:
+        with_clause = sql.SQL(" WITH ({})").format(
+            sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.SQL(k), sql.SQL("true" if v else "false")) for k, v in opts.items())
+        )
+    return sql.SQL("{} PUBLICATION {}{}").format(sql.SQL(verb), pubs, with_clause)
+
+
+def drop_subscription_sql(name: str, missing_ok: bool = True) -> sql.Composed:
+    return sql.SQL("DROP SUBSCRIPTION {}{}").format(
+        sql.SQL("IF EXISTS ") if missing_ok else sql.SQL(""), sql.Identifier(name)
+    )
+
+
+def conninfo_from(params: Mapping[str, Any]) -> str:
+    """A libpq keyword/value string; values are quoted as libpq requires."""
+
+    def quote(value: Any) -> str:
+        text = str(value)
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return " ".join(f"{key}={quote(value)}" for key, value in params.items() if value not in (None, ""))
+
+
+@dataclass
+class SubscriptionTableState:
+    table: str
+    state: str  # i = initialize, d = data copy, f = finished copy, s = synchronized, r = ready
+    lsn: Lsn | None
+
+
+@dataclass
+class SubscriptionStatus:
+    name: str
+    enabled: bool
+    slot_name: str | None
+    publications: list[str]
+    worker_pid: int | None
+    received_lsn: Lsn | None
+    latest_end_lsn: Lsn | None
+    last_msg_receipt_time: Any
+    apply_error_count: int
+    sync_error_count: int
+    tables: list[SubscriptionTableState] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        """Every table finished its initial copy and is streaming (state ``r``)."""
+        return bool(self.tables) and all(t.state == "r" for t in self.tables)
+
+
+_STATUS = """
+SELECT s.subname, s.subenabled, s.subslotname, s.subpublications,
+       w.pid, w.received_lsn::text, w.latest_end_lsn::text, w.last_msg_receipt_time,
+       coalesce(st.apply_error_count, 0), coalesce(st.sync_error_count, 0)
+  FROM pg_subscription s
+  LEFT JOIN pg_stat_subscription w ON w.subid = s.oid AND w.relid IS NULL
+  LEFT JOIN pg_stat_subscription_stats st ON st.subid = s.oid
+ WHERE s.subname = %s AND s.subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+_TABLES = """
+SELECT format('%%I.%%I', n.nspname, c.relname), sr.srsubstate, sr.srsublsn::text
+  FROM pg_subscription_rel sr
+  JOIN pg_subscription s ON s.oid = sr.srsubid
+  JOIN pg_class c ON c.oid = sr.srrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE s.subname = %s ORDER BY 1
+"""
+
+
+def subscription_status(cursor, name: str) -> SubscriptionStatus | None:
+    cursor.execute(_STATUS, (name,))
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    status = SubscriptionStatus(
+        row[0], row[1], row[2], list(row[3]), row[4],
+        Lsn.parse(row[5]) if row[5] else None, Lsn.parse(row[6]) if row[6] else None, row[7], row[8], row[9],
+    )
+    cursor.execute(_TABLES, (name,))
+    status.tables = [SubscriptionTableState(t, s, Lsn.parse(l) if l else None) for t, s, l in cursor.fetchall()]
+    return status
