@@ -28,7 +28,6 @@ DEFAULT_SETTINGS: dict[str, str] = {
     # Small, so that big transactions spill to disk and the spilling paths run in tests.
     "logical_decoding_work_mem": "64kB",
     "fsync": "off",
-    "synchronous_commit": "off",
     "full_page_writes": "off",
     "shared_buffers": "128MB",
     "wal_sender_timeout": "60s",
@@ -75,7 +74,7 @@ class LocalPostgres:
     settings: dict[str, str] = field(default_factory=dict)
     os_user: str = "postgres"
     superuser: str = "postgres"
-    password: str = "postgres"
+    password: str = "s3cret-pglogical"
     port: int = 0
     base_dir: Path | None = None
     bindir: Path | None = None

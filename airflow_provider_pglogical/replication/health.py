@@ -26,7 +26,7 @@ _MISSING_PUBLICATIONS = "SELECT unnest(%s::text[]) EXCEPT SELECT pubname FROM pg
 # Per publication and published relation: which columns the row filter reads (the Var nodes of
 # PostgreSQL's stored expression tree), the column list, and the replica-identity columns.
 _PUBLISHED_RELATIONS = r"""
-SELECT p.pubname, (p.pubupdate OR p.pubdelete), format('%I.%I', n.nspname, c.relname), c.relkind,
+SELECT p.pubname, (p.pubupdate OR p.pubdelete), format('%%I.%%I', n.nspname, c.relname), c.relkind,
        c.relreplident, gpt.attrs::int2[],
        (SELECT array_agg(DISTINCT m[1]::int2) FROM regexp_matches(gpt.qual::text, ':varattno (\d+)', 'g') m),
        CASE c.relreplident
