@@ -12,9 +12,11 @@ LSN is < P is reflected, none at or after it". A change batch covers positions
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Protocol
@@ -135,20 +137,44 @@ class BatchWriter:
         self.pipeline_dir = root / manifest.pipeline
         self.directory = self.pipeline_dir / manifest.name
         self._table_index: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def add_table(self, table: TableManifest) -> None:
         self._table_index.setdefault(table.qualified_name, len(self._table_index))
         self.manifest.tables[table.qualified_name] = table
 
-    def write_part(self, qualified_name: str, data: pa.Table) -> None:
-        table = self.manifest.tables[qualified_name]
-        index = self._table_index[qualified_name]
-        name = table_file_name(index, len(table.files))
+    def _next_file(self, qualified_name: str) -> tuple[TableManifest, dict]:
+        with self._lock:
+            table = self.manifest.tables[qualified_name]
+            index = self._table_index[qualified_name]
+            entry = {"path": table_file_name(index, len(table.files)), "rows": 0}
+            table.files.append(entry)
         self.directory.mkdir(parents=True, exist_ok=True)
-        with (self.directory / name).open("wb") as fh:
+        return table, entry
+
+    def _count(self, table: TableManifest, entry: dict, rows: int) -> None:
+        with self._lock:
+            entry["rows"] = rows
+            table.rows += rows
+
+    def write_part(self, qualified_name: str, data: pa.Table) -> None:
+        """Write one Parquet file of ``data`` for a table."""
+        table, entry = self._next_file(qualified_name)
+        with (self.directory / entry["path"]).open("wb") as fh:
             pq.write_table(data, fh, compression="zstd")
-        table.files.append({"path": name, "rows": data.num_rows})
-        table.rows += data.num_rows
+        self._count(table, entry, data.num_rows)
+
+    @contextlib.contextmanager
+    def part_writer(self, qualified_name: str, schema: pa.Schema) -> Iterator["_CountingWriter"]:
+        """Stream record batches into one Parquet file of a table (thread-safe across tables/parts)."""
+        table, entry = self._next_file(qualified_name)
+        with (self.directory / entry["path"]).open("wb") as fh:
+            writer = _CountingWriter(pq.ParquetWriter(fh, schema, compression="zstd"))
+            try:
+                yield writer
+            finally:
+                writer.close()
+        self._count(table, entry, writer.rows)
 
     def commit(self) -> str:
         """Write the manifest last, through a temporary name, and return the batch path."""
@@ -159,6 +185,19 @@ class BatchWriter:
         tmp.rename(self.directory / MANIFEST)
         log.info("committed batch %s (%d tables)", self.manifest.name, len(self.manifest.tables))
         return str(self.directory)
+
+
+class _CountingWriter:
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self._writer = writer
+        self.rows = 0
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch)
+        self.rows += batch.num_rows
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def committed_batches(root: StagingPath, pipeline: str) -> list[tuple[str, Lsn, Lsn, str]]:

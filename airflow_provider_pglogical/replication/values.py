@@ -115,3 +115,20 @@ def parse_array_literal(text: str, column: str = "?") -> list[str | None]:
             i = j
         i += 1  # the comma
     return out
+
+
+#: parsers pyarrow's CSV reader handles natively (given ``CSV_READ_OPTIONS``)
+_CSV_NATIVE = {"text", "bool", "int", "float", "decimal", "date", "timestamp", "timestamptz"}
+
+
+def csv_read_types(mapped: dict[str, MappedType]) -> tuple[dict[str, pa.DataType], list[str]]:
+    """Column types for pyarrow's CSV reader, and the columns to convert afterwards (read as text)."""
+    types: dict[str, pa.DataType] = {}
+    later: list[str] = []
+    for name, mapping in mapped.items():
+        if mapping.parser in _CSV_NATIVE:
+            types[name] = mapping.arrow
+        else:
+            types[name] = pa.string()
+            later.append(name)
+    return types, later

@@ -1,0 +1,270 @@
+"""Filtered, parallel COPY of published tables inside one exported snapshot, into a snapshot batch.
+
+Each table is split into ctid ranges (work units); ``parallelism`` connections import the same
+exported snapshot and run ``COPY (SELECT <published columns> FROM ONLY <t> WHERE (<row filter>)
+AND ctid >= … AND ctid < …) TO STDOUT (FORMAT csv)``. COPY output is streamed through a pipe into
+pyarrow's C++ CSV reader (with an explicit schema from the type map) and on into Parquet, so the
+copy and the conversion overlap and memory stays bounded whatever the table's size.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import psycopg2
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+from psycopg2 import sql
+
+from airflow_provider_pglogical.replication import values
+from airflow_provider_pglogical.replication.published import ResolvedTable
+from airflow_provider_pglogical.replication.staging import BatchWriter, TableManifest
+from airflow_provider_pglogical.replication.typemap import MappedType, map_type
+
+log = logging.getLogger(__name__)
+
+#: blocks per work unit below which a table is not split further
+MIN_BLOCKS_PER_UNIT = 1024
+CSV_BLOCK_SIZE = 8 << 20
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One COPY: a relation (a table, or a leaf of a partitioned root) and a block range."""
+
+    table: ResolvedTable
+    source: tuple[str, str]  # the relation read (differs from ``table`` for partition leaves)
+    first_block: int
+    end_block: int | None  # None: to the end of the relation
+    blocks: int
+
+
+def column_mapping(table: ResolvedTable) -> dict[str, MappedType]:
+    return {
+        c.name: map_type(c.type, element_type=c.element_type, formatted=c.formatted) for c in table.columns
+    }
+
+
+def copy_statement(unit: WorkUnit, extra_where: str | None = None) -> sql.Composed:
+    """``COPY (SELECT … FROM ONLY … WHERE …) TO STDOUT (FORMAT csv)`` for one work unit."""
+    table = unit.table
+    conditions: list[sql.Composable] = []
+    if table.row_filter:
+        conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
+    if extra_where:
+        conditions.append(sql.SQL("({})").format(sql.SQL(extra_where)))
+    if unit.first_block > 0:
+        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({unit.first_block},0)")))
+    if unit.end_block is not None:
+        conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({unit.end_block},0)")))
+    where = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conditions)) if conditions else sql.SQL("")
+    return sql.SQL("COPY (SELECT {} FROM ONLY {}{}) TO STDOUT WITH (FORMAT csv)").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in table.column_names),
+        sql.Identifier(*unit.source),
+        where,
+    )
+
+
+_LEAVES = """
+SELECT n.nspname, c.relname, pg_relation_size(c.oid) / current_setting('block_size')::int
+  FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE t.isleaf ORDER BY 1, 2
+"""
+_BLOCKS = "SELECT pg_relation_size(%s) / current_setting('block_size')::int"
+
+
+def plan_work_units(cursor, tables: Sequence[ResolvedTable], parallelism: int) -> list[WorkUnit]:
+    """Split every relation into block ranges so ``parallelism`` workers stay busy; largest first."""
+    relations: list[tuple[ResolvedTable, tuple[str, str], int]] = []
+    for table in tables:
+        if table.relkind == "p":
+            cursor.execute(_LEAVES, (table.oid,))
+            relations += [(table, (s, n), blocks) for s, n, blocks in cursor.fetchall()]
+        else:
+            cursor.execute(_BLOCKS, (table.oid,))
+            relations.append((table, (table.schema, table.name), cursor.fetchone()[0]))
+    total = sum(blocks for *_, blocks in relations)
+    target = max(MIN_BLOCKS_PER_UNIT, total // max(1, parallelism * 4) + 1)
+    units: list[WorkUnit] = []
+    for table, source, blocks in relations:
+        pieces = max(1, -(-blocks // target)) if parallelism > 1 else 1
+        step = -(-blocks // pieces) if blocks else 0
+        for i in range(pieces):
+            first = i * step
+            end = None if i == pieces - 1 else (i + 1) * step
+            units.append(WorkUnit(table, source, first, end, (end or blocks) - first))
+    return sorted(units, key=lambda u: -u.blocks)
+
+
+class Progress:
+    """Per-table rows, bytes, rate and ETA in the task log (thread-safe)."""
+
+    def __init__(self, units: Sequence[WorkUnit], report: Callable[[str], None], every: float = 10.0) -> None:
+        self._lock = threading.Lock()
+        self._report = report
+        self._every = every
+        self._start = time.monotonic()
+        self._last = 0.0
+        self.blocks_total = {u.table.qualified_name: 0 for u in units}
+        for u in units:
+            self.blocks_total[u.table.qualified_name] += u.blocks
+        self.blocks_done = dict.fromkeys(self.blocks_total, 0)
+        self.rows = dict.fromkeys(self.blocks_total, 0)
+        self.bytes = dict.fromkeys(self.blocks_total, 0)
+
+    def add(self, table: str, rows: int, nbytes: int, blocks_done: int = 0, force: bool = False) -> None:
+        with self._lock:
+            self.rows[table] += rows
+            self.bytes[table] += nbytes
+            self.blocks_done[table] += blocks_done
+            now = time.monotonic()
+            if not force and now - self._last < self._every:
+                return
+            self._last = now
+            elapsed = max(now - self._start, 1e-6)
+            done = sum(self.blocks_done.values())
+            total = sum(self.blocks_total.values()) or 1
+            eta = elapsed * (total - done) / done if done else float("nan")
+            for name in self.rows:
+                self._report(
+                    f"{name}: {self.rows[name]:,} rows, {self.bytes[name] / 1e6:,.1f} MB, "
+                    f"{self.rows[name] / elapsed:,.0f} rows/s, "
+                    f"{100 * self.blocks_done[name] / max(self.blocks_total[name], 1):.0f}% of blocks"
+                    + (f", ETA {eta:,.0f}s" if done and done < total else "")
+                )
+
+
+def _session(connect_kwargs: Mapping[str, Any], snapshot_name: str):
+    conn = psycopg2.connect(**connect_kwargs)
+    with conn.cursor() as cur:
+        for key, value in values.SESSION_SETTINGS.items():
+            cur.execute("SELECT set_config(%s, %s, false)", (key, value))
+    conn.commit()
+    with conn.cursor() as cur:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+    return conn
+
+
+def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | None, progress: Progress) -> int:
+    """Run one COPY, converting its CSV stream to Parquet in a second thread; returns rows."""
+    table = unit.table
+    mapping = column_mapping(table)
+    types, convert_later = values.csv_read_types(mapping)
+    schema = pa.schema([pa.field(name, m.arrow) for name, m in mapping.items()])
+    read_fd, write_fd = os.pipe()
+    result: dict[str, Any] = {"rows": 0}
+
+    def convert() -> None:
+        try:
+            with os.fdopen(read_fd, "rb", buffering=0) as source:
+                with writer.part_writer(table.qualified_name, schema) as part:
+                    reader = _open_csv(source, list(mapping), types)
+                    for batch in reader or ():
+                        for name in convert_later:
+                            index = batch.schema.get_field_index(name)
+                            batch = batch.set_column(
+                                index, name, values.text_to_arrow(batch.column(index), mapping[name], name)
+                            )
+                        part.write_batch(batch.cast(schema) if batch.schema != schema else batch)
+                        result["rows"] += batch.num_rows
+                        progress.add(table.qualified_name, batch.num_rows, batch.nbytes)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the copying thread
+            result["error"] = err
+
+    converter = threading.Thread(target=convert, name=f"csv-{table.name}", daemon=True)
+    converter.start()
+    statement = copy_statement(unit, extra_where)
+    try:
+        with os.fdopen(write_fd, "wb", buffering=1 << 20) as sink, conn.cursor() as cur:
+            cur.copy_expert(statement, sink, size=1 << 20)
+    except BrokenPipeError:
+        pass  # the converter failed and closed its end; its error is raised below
+    finally:
+        converter.join()
+    if "error" in result:
+        raise result["error"]
+    progress.add(table.qualified_name, 0, 0, blocks_done=unit.blocks, force=True)
+    return result["rows"]
+
+
+def _open_csv(source, names: list[str], types: dict[str, pa.DataType]):
+    try:
+        return pcsv.open_csv(
+            source,
+            read_options=pcsv.ReadOptions(column_names=names, block_size=CSV_BLOCK_SIZE),
+            parse_options=pcsv.ParseOptions(newlines_in_values=True),
+            convert_options=pcsv.ConvertOptions(
+                column_types=types, null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False,
+                true_values=["t"], false_values=["f"],
+            ),
+        )
+    except pa.ArrowInvalid as err:
+        if "Empty CSV file" in str(err):
+            return None
+        raise
+
+
+def copy_tables(
+    connect_kwargs: Mapping[str, Any],
+    snapshot_name: str,
+    tables: Sequence[ResolvedTable],
+    writer: BatchWriter,
+    *,
+    parallelism: int = 2,
+    extra_where: Mapping[str, str] | None = None,
+    report: Callable[[str], None] = log.info,
+) -> dict[str, int]:
+    """Copy ``tables`` as seen by ``snapshot_name`` into ``writer``'s batch; returns rows per table.
+
+    :param connect_kwargs: libpq keywords of the publisher.
+    :param snapshot_name: an exported snapshot, valid for the whole call.
+    :param parallelism: connections copying at once.
+    :param extra_where: per qualified table name, an extra filter (a ranged backfill).
+    """
+    for table in tables:
+        writer.add_table(
+            TableManifest(
+                schema=table.schema, name=table.name,
+                columns=[c.manifest_entry() for c in table.columns], key=table.key,
+                replica_identity=table.replica_identity,
+                details={"row_filter": table.row_filter, "extra_where": (extra_where or {}).get(table.qualified_name)},
+            )
+        )
+    setup = _session(connect_kwargs, snapshot_name)
+    try:
+        with setup.cursor() as cur:
+            units = plan_work_units(cur, tables, parallelism)
+    finally:
+        setup.close()
+    progress = Progress(units, report)
+    report(f"copying {len(tables)} table(s) in {len(units)} work unit(s) with {parallelism} connection(s)")
+    local = threading.local()
+    connections: list = []
+    lock = threading.Lock()
+
+    def run(unit: WorkUnit) -> int:
+        if not hasattr(local, "conn"):
+            local.conn = _session(connect_kwargs, snapshot_name)
+            with lock:
+                connections.append(local.conn)
+        where = (extra_where or {}).get(unit.table.qualified_name)
+        return _copy_unit(local.conn, unit, writer, where, progress)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+            for future in concurrent.futures.as_completed([pool.submit(run, u) for u in units]):
+                future.result()
+    finally:
+        for conn in connections:
+            conn.close()
+    for name, rows in progress.rows.items():
+        report(f"{name}: copied {rows:,} rows")
+    return dict(progress.rows)

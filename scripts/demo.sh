@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the main job end to end on the embedded default:
+# a local PostgreSQL, Airflow (dags test), Spark local mode and a local Iceberg warehouse.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export SPARK_LOCAL_IP=127.0.0.1
+exec .venv/bin/python -m airflow_provider_pglogical.embedded.demo "$@"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) set-up of a fresh Debian 12 machine for this project:
+# PostgreSQL server binaries, Java 17 for Spark, and a Python 3.11 virtualenv with the package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_updated=""
+apt_install() {
+  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+# PostgreSQL server binaries (initdb, pg_ctl): tests and the demo start throwaway clusters.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  echo "setup: installing the PostgreSQL server package"
+  apt_install postgresql
+fi
+# PostgreSQL refuses to run as root; the clusters run as the 'postgres' OS user when we are root.
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  useradd --system --create-home --shell /bin/bash postgres
+fi
+# Java 17 for Spark.
+if ! command -v java >/dev/null 2>&1; then
+  echo "setup: installing Java 17"
+  apt_install openjdk-17-jre-headless
+fi
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.pglogical-installed
+want=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing the package and its dependencies into .venv (a few minutes the first time)"
+  log=.venv/pip-install.log
+  { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip setuptools wheel &&
+    .venv/bin/python -m pip install --disable-pip-version-check -e '.[test]'; } >"$log" 2>&1 \
+    || { tail -n 40 "$log"; echo "setup: pip install failed (full log: $log)"; exit 1; }
+  .venv/bin/python -c "import airflow_provider_pglogical, pyspark, psycopg2, pyarrow, airflow.providers.apache.spark"
+  echo "$want" > "$stamp"
+fi

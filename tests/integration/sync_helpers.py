@@ -1,0 +1,25 @@
+"""Helpers for tests that compare staged snapshots with PostgreSQL's own subscriber."""
+
+from __future__ import annotations
+
+from airflow_provider_pglogical.embedded.postgres import wait_until
+from airflow_provider_pglogical.replication.staging import committed_batches, read_manifest, read_table
+
+
+def native_rows(subscriber_hook, subscriber, publisher, name: str, publications: list[str], tables: list[str]):
+    """Subscribe natively (copy_data) and return ``{table: sorted rows}`` once every table is ready."""
+    subscriber_hook.create_subscription(name, publications, publisher_conn_id=publisher.conn_id)
+    wait_until(lambda: (s := subscriber_hook.subscription_status(name)) and s.ready, timeout=60,
+               message=f"subscription {name} to be ready")
+    return {t: sorted(subscriber.query(f"SELECT * FROM {t}")) for t in tables}
+
+
+def staged_rows(root, pipeline: str, kind: str = "snapshot") -> dict[str, list[tuple]]:
+    """Rows of every table of the newest committed batch of ``kind``, as sorted tuples."""
+    name = [b for b, _s, _e, k in committed_batches(root, pipeline) if k == kind][-1]
+    manifest = read_manifest(root, pipeline, name)
+    out = {}
+    for qualified, table in manifest.tables.items():
+        data = read_table(root, pipeline, name, table)
+        out[qualified.split(".", 1)[1]] = sorted(tuple(r.values()) for r in data.to_pylist())
+    return out

@@ -1,0 +1,183 @@
+"""Initial sync: staged snapshots hold exactly what PostgreSQL's own subscriber copies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from airflow.sdk import ObjectStoragePath
+
+from airflow_provider_pglogical.exceptions import ColumnListConflict, PublicationError, SlotError
+from airflow_provider_pglogical.replication import snapshot
+from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.replication.staging import committed_batches, read_manifest
+from tests.integration.sync_helpers import native_rows, staged_rows
+
+
+@pytest.fixture
+def root(tmp_path):
+    return ObjectStoragePath(f"file://{tmp_path}/staging")
+
+
+@pytest.fixture(autouse=True)
+def small_work_units(monkeypatch):
+    # Split even small test tables into several ctid ranges, so the parallel path runs.
+    monkeypatch.setattr(snapshot, "MIN_BLOCKS_PER_UNIT", 2)
+
+
+ROW_FILTER_TABLES = """
+CREATE TABLE t1(a int, b int, c text, PRIMARY KEY(a,c));
+CREATE TABLE t2(d int, e int, f int, PRIMARY KEY(d));
+CREATE TABLE t3(g int, h int, i int, PRIMARY KEY(g));
+"""
+ROW_FILTER_DATA = """
+INSERT INTO t1 SELECT g, 100 + g, (ARRAY['NSW','QLD','VIC','ACT','NT'])[1 + g % 5] FROM generate_series(1, 3000) g;
+INSERT INTO t2 SELECT g, g % 100, g FROM generate_series(1, 3000) g;
+INSERT INTO t3 SELECT g, g, g FROM generate_series(1, 3000) g;
+"""
+
+
+@pytest.mark.parametrize("publications", [["p1"], ["p2"], ["p3"], ["p1", "p2", "p3"], ["p2", "p3"]])
+def test_row_filter_publications_match_the_native_subscriber(
+    publisher, subscriber, publisher_hook, subscriber_hook, root, publications
+):
+    publisher.execute(ROW_FILTER_TABLES + ROW_FILTER_DATA)
+    subscriber.execute(ROW_FILTER_TABLES)
+    publisher_hook.create_publication("p1", [PublishedTable("t1", where="a > 5 AND c = 'NSW'")])
+    publisher_hook.create_publication("p2", [PublishedTable("t1"), PublishedTable("t2", where="e = 99")])
+    publisher_hook.create_publication("p3", [PublishedTable("t2", where="d = 10"), PublishedTable("t3", where="g = 10")])
+    result = run_initial_sync(publisher_hook, slot="s_ours", publications=publications, root=root, pipeline="p")
+    tables = sorted(name.split(".")[1] for name in result["tables"])
+    expected = native_rows(subscriber_hook, subscriber, publisher, "s_native", publications, tables)
+    assert staged_rows(root, "p") == expected
+    assert all(rows for rows in expected.values())
+
+
+def test_column_list_matches_the_native_subscriber(publisher, subscriber, publisher_hook, subscriber_hook, root):
+    publisher.execute("CREATE TABLE t1(id int, a text, b text, c text, d text, e text, PRIMARY KEY(id));"
+                      "INSERT INTO t1 SELECT g, 'a-'||g, 'b-'||g, 'c-'||g, 'd-'||g, 'e-'||g FROM generate_series(1, 2000) g")
+    subscriber.execute("CREATE TABLE t1(id int, a text, b text, d text, PRIMARY KEY(id))")
+    publisher_hook.create_publication("p1", [PublishedTable("t1", columns=["id", "b", "a", "d"])])
+    run_initial_sync(publisher_hook, slot="s_ours", publications=["p1"], root=root, pipeline="p")
+    expected = native_rows(subscriber_hook, subscriber, publisher, "s_native", ["p1"], ["t1"])
+    assert staged_rows(root, "p") == expected
+    manifest = read_manifest(root, "p", committed_batches(root, "p")[0][0])
+    assert [c["name"] for c in manifest.tables["public.t1"].columns] == ["id", "a", "b", "d"]
+    assert manifest.tables["public.t1"].key == ["id"]
+
+
+@pytest.mark.parametrize("via_root", [True, False])
+def test_partitioned_example_matches_the_native_subscriber(
+    publisher, subscriber, publisher_hook, subscriber_hook, root, via_root
+):
+    ddl = "CREATE TABLE parent(a int PRIMARY KEY) PARTITION BY RANGE(a); CREATE TABLE child PARTITION OF parent DEFAULT;"
+    publisher.execute(ddl + "INSERT INTO parent SELECT generate_series(1, 3000)")
+    subscriber.execute(ddl)
+    if via_root:
+        tables = [PublishedTable("parent", where="a < 5"), PublishedTable("child", where="a >= 5")]
+    else:
+        tables = [PublishedTable("parent"), PublishedTable("child", where="a >= 5")]
+    publisher_hook.create_publication("p4", tables, publish_via_partition_root=via_root)
+    result = run_initial_sync(publisher_hook, slot="s_ours", publications=["p4"], root=root, pipeline="p")
+    staged_table = "parent" if via_root else "child"
+    assert list(result["tables"]) == [f"public.{staged_table}"]
+    expected = native_rows(subscriber_hook, subscriber, publisher, "s_native", ["p4"], [staged_table])
+    assert staged_rows(root, "p") == expected
+    assert len(expected[staged_table]) == (4 if via_root else 2996)
+
+
+def test_clear_errors_before_any_slot_is_created(publisher, publisher_hook, root):
+    publisher.execute("CREATE TABLE t(id int PRIMARY KEY, a text, b text)")
+    publisher_hook.create_publication("empty")
+    publisher_hook.create_publication("pa", [PublishedTable("t", columns=["id", "a"])])
+    publisher_hook.create_publication("pb", [PublishedTable("t", columns=["id", "b"])])
+    with pytest.raises(PublicationError, match="publication\\(s\\) nope do not exist"):
+        run_initial_sync(publisher_hook, slot="s1", publications=["nope"], root=root, pipeline="p")
+    with pytest.raises(PublicationError, match="publish no tables"):
+        run_initial_sync(publisher_hook, slot="s1", publications=["empty"], root=root, pipeline="p")
+    with pytest.raises(ColumnListConflict, match="different column lists"):
+        run_initial_sync(publisher_hook, slot="s1", publications=["pa", "pb"], root=root, pipeline="p")
+    assert publisher_hook.get_slot("s1") is None
+    # A slot in use by an active consumer.
+    with publisher_hook.exported_snapshot("busy"):
+        pass
+    import psycopg2.extras
+
+    consumer = psycopg2.connect(publisher.conninfo, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        consumer.cursor().start_replication(slot_name="busy", decode=False,
+                                            options={"proto_version": "1", "publication_names": "pa"})
+        from airflow_provider_pglogical.embedded.postgres import wait_until
+
+        wait_until(lambda: publisher_hook.get_slot("busy").active, message="busy slot to be active")
+        with pytest.raises(SlotError, match="in use by an active consumer"):
+            run_initial_sync(publisher_hook, slot="busy", publications=["pa"], root=root, pipeline="p")
+    finally:
+        consumer.close()
+    # A slot some other party created is not taken over.
+    publisher_hook.create_slot("foreign")
+    with pytest.raises(SlotError, match="pipeline 'p' did not create it"):
+        run_initial_sync(publisher_hook, slot="foreign", publications=["pa"], root=root, pipeline="p")
+    assert committed_batches(root, "p") == []
+
+
+def test_copy_killed_mid_way_then_rerun_gives_a_complete_batch(publisher, publisher_hook, root, tmp_path):
+    publisher.execute("CREATE TABLE big(id int PRIMARY KEY, pad text);"
+                      "INSERT INTO big SELECT g, repeat(md5(g::text), 8) FROM generate_series(1, 400000) g")
+    publisher_hook.create_publication("p", [PublishedTable("big")])
+    script = textwrap.dedent(f"""
+        import os, time
+        from airflow.sdk import ObjectStoragePath
+        from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+        from airflow_provider_pglogical.replication import snapshot, initial_sync
+        snapshot.MIN_BLOCKS_PER_UNIT = 2
+        snapshot.CSV_BLOCK_SIZE = 1 << 16
+        def slow(message):  # make the copy take long enough to be killed mid-way
+            time.sleep(0.2)
+        initial_sync.run_initial_sync(PgLogicalHook(postgres_conn_id="{publisher.conn_id}"), slot="s1",
+            publications=["p"], root=ObjectStoragePath("{root}"), pipeline="p", parallelism=2, report=slow)
+    """)
+    env = {**os.environ}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    staging = tmp_path / "staging" / "p"
+    deadline = time.monotonic() + 60
+    while not list(staging.glob("*/*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(staging.glob("*/*.parquet")), "the copy had not started before the deadline"
+    assert committed_batches(root, "p") == []
+    result = run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    assert result["tables"] == {"public.big": 400000}
+    ids = [row[0] for row in staged_rows(root, "p")["big"]]
+    assert ids == list(range(1, 400001))
+    assert publisher_hook.get_slot("s1").confirmed_flush_lsn.__str__() == result["lsn"]
+
+
+def test_backfill_of_one_table_and_a_key_range(publisher, publisher_hook, root):
+    publisher.execute("CREATE TABLE a(id int PRIMARY KEY, v text); CREATE TABLE b(id int PRIMARY KEY);"
+                      "INSERT INTO a SELECT g, 'v'||g FROM generate_series(1, 100) g; INSERT INTO b VALUES (1)")
+    publisher_hook.create_publication("p", [PublishedTable("a", where="id <= 50"), PublishedTable("b")])
+    first = run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    publisher.execute("UPDATE a SET v = 'new' WHERE id = 10")
+    full = run_backfill(publisher_hook, tables=["a"], publications=["p"], root=root, pipeline="p")
+    assert list(full["tables"]) == ["public.a"] and full["tables"]["public.a"] == 50
+    assert Lsn.parse(full["lsn"]) > Lsn.parse(first["lsn"])
+    assert (10, "new") in staged_rows(root, "p")["a"]
+    ranged = run_backfill(publisher_hook, tables=["public.a"], publications=["p"], root=root, pipeline="p",
+                          key_range=KeyRange("id", 10, 20))
+    assert [r[0] for r in staged_rows(root, "p")["a"]] == list(range(10, 20))
+    manifest = read_manifest(root, "p", committed_batches(root, "p")[-1][0])
+    assert manifest.details["key_range"] == {"column": "id", "start": 10, "end": 20}
+    assert ranged["tables"] == {"public.a": 10}
+    with pytest.raises(PublicationError, match="not published"):
+        run_backfill(publisher_hook, tables=["c"], publications=["p"], root=root, pipeline="p")
+    # Backfills use temporary slots: only the pipeline's own slot remains.
+    assert [s.name for s in publisher_hook.list_slots() if s.database == publisher.name] == ["s1"]
