@@ -1,0 +1,93 @@
+"""Operators that set up the publisher: create a publication, check the publisher's health."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.sdk import BaseOperator
+
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.replication.publications import PUBLISH_OPERATIONS, PublishedTable
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def _as_published(tables: Sequence[PublishedTable | dict | str] | None) -> list[PublishedTable] | None:
+    """Accept PublishedTable objects, plain names, or dicts (templated/JSON-friendly)."""
+    if tables is None:
+        return None
+    out = []
+    for table in tables:
+        if isinstance(table, PublishedTable):
+            out.append(table)
+        elif isinstance(table, str):
+            out.append(PublishedTable(table))
+        else:
+            out.append(PublishedTable(**table))
+    return out
+
+
+class PgCreatePublicationOperator(BaseOperator):
+    """Create a publication if it does not exist, then check the publisher can replicate it.
+
+    :param publication: the publication's name.
+    :param tables: tables to publish (``PublishedTable``, ``"schema.table"`` or
+        ``{"name": …, "columns": […], "where": "…"}``); or use ``all_tables`` / ``schemas``.
+    :param all_tables: ``FOR ALL TABLES``.
+    :param schemas: ``FOR TABLES IN SCHEMA``.
+    :param publish: the DML operations to publish.
+    :param publish_via_partition_root: publish partitions as their root table.
+    :param check: run ``check_publisher`` afterwards and fail with every problem found.
+    :param postgres_conn_id: the publisher's Airflow connection.
+    """
+
+    template_fields: Sequence[str] = ("publication", "schemas")
+    ui_color = "#e8f4e8"
+
+    def __init__(
+        self, *, publication: str, tables: Sequence[PublishedTable | dict | str] | None = None,
+        all_tables: bool = False, schemas: Sequence[str] | None = None,
+        publish: Sequence[str] = PUBLISH_OPERATIONS, publish_via_partition_root: bool = False,
+        check: bool = True, postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.publication = publication
+        self.tables = tables
+        self.all_tables = all_tables
+        self.schemas = schemas
+        self.publish = publish
+        self.publish_via_partition_root = publish_via_partition_root
+        self.check = check
+        self.postgres_conn_id = postgres_conn_id
+
+    def execute(self, context: Context) -> dict:
+        hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+        created = hook.create_publication(
+            self.publication, _as_published(self.tables), all_tables=self.all_tables, schemas=self.schemas,
+            publish=self.publish, publish_via_partition_root=self.publish_via_partition_root,
+        )
+        if self.check:
+            hook.check_publisher([self.publication])
+        tables = [t.qualified_name for t in hook.published_tables([self.publication])]
+        return {"publication": self.publication, "created": created, "tables": tables}
+
+
+class PgCheckPublisherOperator(BaseOperator):
+    """Fail with one message listing every problem that would stop replication of ``publications``.
+
+    :param publications: the publications to check.
+    :param postgres_conn_id: the publisher's Airflow connection.
+    """
+
+    template_fields: Sequence[str] = ("publications",)
+
+    def __init__(
+        self, *, publications: Sequence[str], postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.publications = publications
+        self.postgres_conn_id = postgres_conn_id
+
+    def execute(self, context: Context) -> None:
+        PgLogicalHook(postgres_conn_id=self.postgres_conn_id).check_publisher(list(self.publications))
