@@ -1,0 +1,223 @@
+"""Turn assembled transactions into per-table Arrow tables of the staging contract.
+
+A change row carries ``_op`` (I, U, D, T), ``_commit_lsn``, ``_seq`` (order inside its
+transaction), ``_xid``, ``_commit_ts``, ``_unchanged_toast`` (columns sent as unchanged TOAST:
+the lakehouse keeps its value), the column values, and ``_old_<key>`` when an UPDATE sent its
+old key. Values arrive as PostgreSQL text bytes and are parsed column-wise by ``values.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import pyarrow as pa
+
+from airflow_provider_pglogical.replication import staging, values
+from airflow_provider_pglogical.replication.changes import TableChanges, Transaction
+from airflow_provider_pglogical.replication.pgoutput import Relation
+from airflow_provider_pglogical.replication.typemap import MappedType, map_type
+
+#: ``(type_oid, typmod) -> (typname, format_type, element typname)``, looked up on the publisher
+TypeInfo = dict[tuple[int, int], tuple[str, str, str | None]]
+
+UNCHANGED_TYPE = pa.list_(pa.string())
+
+
+class ReservedColumnName(ValueError):
+    """A source column collides with a staging metadata column."""
+
+
+@dataclass
+class _Chunk:
+    """One TableChanges (or a TRUNCATE) with its transaction's commit facts."""
+
+    txn: Transaction
+    changes: TableChanges | None
+    truncate_seq: int | None = None
+
+
+@dataclass
+class TableBatch:
+    """All changes of one table in one batch, and the schema they are staged under."""
+
+    relation: Relation  # the newest version seen in the batch
+    columns: list[dict]  # manifest column entries (union of the versions seen, newest order first)
+    chunks: list[_Chunk] = field(default_factory=list)
+
+    @property
+    def key(self) -> list[str]:
+        key = list(self.relation.key_columns)
+        return key or [c["name"] for c in self.columns]
+
+    @property
+    def qualified_name(self) -> str:
+        return self.relation.qualified_name
+
+
+def group_by_table(transactions: Sequence[Transaction], relations: dict[int, Relation]) -> dict[int, TableBatch]:
+    """Group row changes and truncates per table oid, in commit order."""
+    tables: dict[int, TableBatch] = {}
+    for txn in transactions:
+        for changes in txn.tables:
+            rel = changes.relation
+            batch = tables.get(rel.oid)
+            if batch is None:
+                batch = tables[rel.oid] = TableBatch(rel, [])
+            batch.relation = rel
+            batch.chunks.append(_Chunk(txn, changes))
+        for truncate in txn.truncates:
+            for oid in truncate.relation_oids:
+                rel = relations.get(oid)
+                if rel is None:
+                    continue  # a table of the TRUNCATE that this publication does not publish
+                batch = tables.get(oid)
+                if batch is None:
+                    batch = tables[oid] = TableBatch(rel, [])
+                batch.chunks.append(_Chunk(txn, None, truncate.seq))
+    return tables
+
+
+def column_entries(batch: TableBatch, types: TypeInfo) -> list[dict]:
+    """Manifest columns: the newest relation's columns, then columns only older versions had."""
+    versions = [batch.relation] + [c.changes.relation for c in batch.chunks if c.changes is not None]
+    seen: dict[str, dict] = {}
+    for rel in versions:
+        for col in rel.columns:
+            if col.name in seen:
+                continue
+            if col.name.startswith("_") and (col.name in staging.CHANGE_METADATA or col.name.startswith(staging.OLD_KEY_PREFIX)):
+                raise ReservedColumnName(
+                    f"column {col.name!r} of {rel.qualified_name} collides with a staging metadata column; "
+                    "rename it or leave it out of the publication's column list"
+                )
+            typname, formatted, element = types.get((col.type_oid, col.typmod), ("text", "text", None))
+            seen[col.name] = {
+                "name": col.name, "type": typname, "type_oid": col.type_oid, "typmod": col.typmod,
+                "formatted": formatted, "element_type": element, "key": bool(col.flags & 1),
+            }
+    return list(seen.values())
+
+
+def _mapped(entry: dict) -> MappedType:
+    return map_type(entry["type"], element_type=entry["element_type"], formatted=entry["formatted"])
+
+
+def _text_column(raw: Iterable, mapped: MappedType, name: str) -> pa.Array:
+    texts = pa.array(raw, pa.binary()).cast(pa.string())
+    return values.text_to_arrow(texts, mapped, name)
+
+
+def build_table(batch: TableBatch, types: TypeInfo) -> pa.Table:
+    """The staged Arrow table of one table's changes (metadata columns first)."""
+    batch.columns = column_entries(batch, types)
+    key = batch.key
+    mapped = {c["name"]: _mapped(c) for c in batch.columns}
+    schema = change_schema(batch.columns, key)
+    parts = [_chunk_table(chunk, batch.columns, key, mapped, schema) for chunk in batch.chunks]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def change_schema(columns: list[dict], key: list[str]) -> pa.Schema:
+    mapped = {c["name"]: _mapped(c) for c in columns}
+    fields = [
+        pa.field(staging.OP, pa.string()),
+        pa.field(staging.COMMIT_LSN, pa.int64()),
+        pa.field(staging.SEQ, pa.int64()),
+        pa.field(staging.XID, pa.int64()),
+        pa.field(staging.COMMIT_TS, pa.timestamp("us", tz="UTC")),
+        pa.field(staging.UNCHANGED, UNCHANGED_TYPE),
+    ]
+    fields += [pa.field(c["name"], mapped[c["name"]].arrow) for c in columns]
+    fields += [pa.field(staging.OLD_KEY_PREFIX + k, mapped[k].arrow) for k in key]
+    return pa.schema(fields)
+
+
+def _repeat(value, n: int, type_: pa.DataType) -> pa.Array:
+    return pa.repeat(pa.scalar(value, type_), n) if value is not None else pa.nulls(n, type_)
+
+
+def _commit_ts(txn: Transaction):
+    return txn.commit_time
+
+
+def _chunk_table(chunk: _Chunk, columns: list[dict], key: list[str], mapped: dict[str, MappedType],
+                 schema: pa.Schema) -> pa.Table:
+    txn = chunk.txn
+    if chunk.changes is None:  # a TRUNCATE: one row, no values
+        arrays = [pa.array(["T"]), pa.array([txn.commit_lsn], pa.int64()), pa.array([chunk.truncate_seq], pa.int64())]
+        arrays += [pa.array([txn.xid], pa.int64()), pa.array([_commit_ts(txn)], pa.timestamp("us", tz="UTC"))]
+        arrays += [pa.nulls(1, f.type) for f in list(schema)[5:]]
+        return pa.Table.from_arrays(arrays, schema=schema)
+    changes = chunk.changes
+    n = len(changes)
+    rel = changes.relation
+    position = {c.name: i for i, c in enumerate(rel.columns)}
+    by_column = changes.columns()
+    arrays: list[pa.Array] = [
+        pa.array(changes.ops, pa.string()),
+        _repeat(txn.commit_lsn, n, pa.int64()),
+        pa.array(changes.seqs, pa.int64()),
+        _repeat(txn.xid, n, pa.int64()),
+        _repeat(_commit_ts(txn), n, pa.timestamp("us", tz="UTC")),
+        _unchanged_array(changes, rel, columns, n),
+    ]
+    for entry in columns:
+        name = entry["name"]
+        index = position.get(name)
+        arrays.append(_text_column(by_column[index], mapped[name], name) if index is not None
+                      else pa.nulls(n, mapped[name].arrow))
+    key_positions = {name: i for i, name in enumerate(rel.key_columns)}
+    for name in key:
+        if not changes.old_keys or name not in key_positions:
+            arrays.append(pa.nulls(n, mapped[name].arrow))
+            continue
+        i = key_positions[name]
+        raw = [None] * n
+        for row, old in changes.old_keys.items():
+            raw[row] = old[i]
+        arrays.append(_text_column(raw, mapped[name], name))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _unchanged_array(changes: TableChanges, rel: Relation, columns: list[dict], n: int) -> pa.Array:
+    """Per row, the columns whose value must be kept: sent as 'u', or absent from the row's schema
+    version in an UPDATE (a column dropped mid-batch keeps its last value)."""
+    names = [c.name for c in rel.columns]
+    absent = [c["name"] for c in columns if c["name"] not in set(names)]
+    if not changes.unchanged and not absent:
+        return pa.nulls(n, UNCHANGED_TYPE)
+    out: list[list[str] | None] = [None] * n
+    for row, indices in changes.unchanged.items():
+        out[row] = [names[i] for i in indices]
+    if absent:
+        for row, op in enumerate(changes.ops):
+            if op == "U":
+                out[row] = (out[row] or []) + absent
+    return pa.array(out, UNCHANGED_TYPE)
+
+
+_TYPES = """
+SELECT t.oid, m.typmod, t.typname, format_type(t.oid, m.typmod), et.typname
+  FROM unnest(%s::oid[], %s::int[]) AS m(oid, typmod)
+  JOIN pg_type t ON t.oid = m.oid
+  LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
+"""
+
+
+def lookup_types(cursor, relations: Iterable[Relation]) -> TypeInfo:
+    """Type names for every (oid, typmod) the relations use, in one query."""
+    pairs = sorted({(c.type_oid, c.typmod) for rel in relations for c in rel.columns})
+    if not pairs:
+        return {}
+    cursor.execute(_TYPES, ([p[0] for p in pairs], [p[1] for p in pairs]))
+    return {(oid, typmod): (name, formatted, element) for oid, typmod, name, formatted, element in cursor.fetchall()}
+
+
+def relations_of(batches: dict[int, TableBatch]) -> list[Relation]:
+    return [c.changes.relation for b in batches.values() for c in b.chunks if c.changes is not None] + [
+        b.relation for b in batches.values()
+    ]
+
+
+KeyFunc = Callable[[dict], tuple]

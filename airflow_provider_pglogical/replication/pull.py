@@ -1,0 +1,236 @@
+"""Incremental pull: bounded peek of the slot → decode → one committed change batch → advance.
+
+Exactly once: the slot is advanced only after the batch's manifest is committed (invariant 2),
+and a run first looks for a committed batch that starts at the slot's position (a run that died
+between commit and advance) and only advances past it, staging nothing twice. Batches end on
+transaction boundaries (``upto_nchanges`` never splits a transaction; invariant 4).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import psycopg2
+
+from airflow_provider_pglogical.replication import change_batch, staging, toast, values
+from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
+from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.replication.slots import advance_slot, assert_slot_usable, changes_sql
+from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath, TableManifest
+
+log = logging.getLogger(__name__)
+
+PROTO_VERSION = 1
+FETCH_ROWS = 20_000
+
+
+@dataclass
+class PullWindow:
+    """What one bounded peek returned, assembled."""
+
+    transactions: list[Transaction]
+    messages: list[dict]
+    assembler: ChangeAssembler
+    rows: int
+    bytes: int
+    #: True when upto_nchanges / max_bytes cut the window short: more may be waiting before upto
+    limited: bool
+
+
+def plugin_options(publications: Sequence[str]) -> dict[str, str]:
+    return {"proto_version": str(PROTO_VERSION), "publication_names": ",".join(publications), "messages": "true"}
+
+
+def _apply_session_settings(cursor) -> None:
+    for key, value in values.SESSION_SETTINGS.items():
+        cursor.execute("SELECT set_config(%s, %s, false)", (key, value))
+
+
+def peek_window(
+    connect_kwargs: Mapping[str, Any], slot: str, publications: Sequence[str], upto: Lsn, max_changes: int,
+    max_bytes: int | None,
+) -> PullWindow:
+    """Peek ``[confirmed, upto)`` bounded by ``max_changes`` rows (and ``max_bytes``), and assemble it.
+
+    Rows come through a server-side cursor, so client memory stays bounded by the batch itself.
+    """
+    conn = psycopg2.connect(**connect_kwargs)
+    try:
+        with conn.cursor() as setup:
+            _apply_session_settings(setup)
+        query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
+                                  options=plugin_options(publications))
+        assembler = ChangeAssembler(PROTO_VERSION)
+        transactions: list[Transaction] = []
+        messages: list[dict] = []
+        rows = nbytes = 0
+        limited = False
+        with conn.cursor(name="pglogical_peek") as cursor:
+            cursor.itersize = FETCH_ROWS
+            cursor.execute(query, args)
+            while True:
+                chunk = cursor.fetchmany(FETCH_ROWS)
+                if not chunk:
+                    break
+                rows += len(chunk)
+                nbytes += sum(len(r[2]) for r in chunk)
+                for item in assembler.feed(chunk):
+                    if isinstance(item, Transaction):
+                        transactions.append(item)
+                    else:
+                        messages.append(_message(item, transactional=False))
+                if max_bytes is not None and nbytes >= max_bytes and transactions:
+                    limited = True  # the rest of an open transaction is read again next time
+                    break
+        conn.rollback()
+        if rows >= max_changes:
+            limited = True
+        return PullWindow(transactions, messages, assembler, rows, nbytes, limited)
+    finally:
+        conn.close()
+
+
+def _message(msg, transactional: bool, commit_lsn: int | None = None) -> dict:
+    content = bytes(msg.content)
+    try:
+        text: str | None = content.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {
+        "lsn": str(Lsn(msg.lsn)), "prefix": msg.prefix, "transactional": transactional,
+        "content": text, "content_hex": None if text is not None else content.hex(),
+        "commit_lsn": str(Lsn(commit_lsn)) if commit_lsn is not None else None,
+    }
+
+
+def find_staged(root: StagingPath, pipeline: str, position: Lsn) -> tuple[str, Lsn] | None:
+    """A committed change batch that covers ``position`` (a run died before advancing past it)."""
+    for name, start, end, kind in staging.committed_batches(root, pipeline):
+        if kind == "changes" and start <= position < end:
+            return name, end
+    return None
+
+
+def run_pull(
+    hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, max_changes: int = 200_000,
+    max_bytes: int | None = None, report: Callable[[str], None] = log.info,
+    before_advance: Callable[[str], None] | None = None,
+) -> dict:
+    """Stage the slot's next window of changes as one batch, then advance the slot past it.
+
+    :param max_changes: ``upto_nchanges`` of the peek: decoded messages per batch (a larger
+        transaction still comes whole).
+    :param max_bytes: stop reading (at a transaction boundary) once this many bytes were decoded.
+    :param before_advance: test hook, called with the batch path between commit and advance.
+    """
+    started = time.monotonic()
+    with hook._cursor() as cursor:
+        slot_info = assert_slot_usable(cursor, slot)
+        position = slot_info.confirmed_flush_lsn
+        staged = find_staged(root, pipeline, position)
+        if staged is not None:
+            name, end = staged
+            advance_slot(cursor, slot, end)
+            report(f"batch {name} was committed by an earlier run that died before advancing the slot; "
+                   f"advanced {slot} to {end}, staged nothing new")
+            return _summary(root, staging.read_manifest(root, pipeline, name), recovered=True, advanced_to=end)
+        cursor.execute("SELECT pg_current_wal_flush_lsn()::text")
+        upto = Lsn.parse(cursor.fetchone()[0])
+
+    window = peek_window(hook.connect_kwargs(), slot, publications, upto, max_changes, max_bytes)
+    transactions = window.transactions
+    limit = window.assembler.advance_limit
+    if limit is not None:
+        transactions = [t for t in transactions if t.end_lsn is not None and t.end_lsn <= limit]
+    if window.limited or limit is not None:
+        end = Lsn(transactions[-1].end_lsn) if transactions else position
+    else:
+        end = max(upto, position)
+
+    if not transactions:
+        with hook._cursor() as cursor:
+            moved = advance_slot(cursor, slot, end) if end > position else position
+        report(f"no changes in [{position}, {upto}); slot {slot} advanced to {moved}")
+        return {"batch": None, "start_lsn": str(position), "end_lsn": str(moved), "advanced_to": str(moved),
+                "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
+
+    manifest = stage_batch(hook, root, pipeline, position, end, transactions, window, report)
+    path = str(root / pipeline / manifest.name)
+    if before_advance is not None:
+        before_advance(path)
+    with hook._cursor() as cursor:
+        advanced = advance_slot(cursor, slot, end)
+    seconds = time.monotonic() - started
+    report(f"staged {sum(t.rows for t in manifest.tables.values()):,} change rows of {len(transactions):,} "
+           f"transactions in {seconds:.1f}s as {manifest.name}; slot {slot} advanced to {advanced}")
+    return _summary(root, manifest, recovered=False, advanced_to=advanced)
+
+
+def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, transactions: list[Transaction],
+                window: PullWindow, report: Callable[[str], None]) -> BatchManifest:
+    """Build, TOAST-fill and write the batch; the manifest is written last."""
+    assembler = window.assembler
+    tables = change_batch.group_by_table(transactions, assembler.relations)
+    manifest = BatchManifest(pipeline=pipeline, kind="changes", start_lsn=str(start), end_lsn=str(end))
+    manifest.details = {"transactions": len(transactions), "decoded_rows": window.rows, "decoded_bytes": window.bytes}
+    manifest.messages = window.messages + [
+        _message(m.message, transactional=True, commit_lsn=t.commit_lsn) for t in transactions for m in t.messages
+    ]
+    manifest.schema_changes = [
+        {"table": c.new.qualified_name, "lsn": str(Lsn(c.lsn)) if c.lsn else None,
+         "columns": list(c.new.column_names), "previous_columns": list(c.old.column_names)}
+        for t in transactions for c in t.schema_changes
+    ]
+    writer = BatchWriter(root, manifest)
+    _clear_uncommitted(writer)
+    conn = psycopg2.connect(**hook.connect_kwargs())
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cursor:
+            _apply_session_settings(cursor)
+            types = change_batch.lookup_types(cursor, change_batch.relations_of(tables))
+            partitioned = _partitioned(cursor, [b.relation.oid for b in tables.values()])
+            for oid, batch in tables.items():
+                data = change_batch.build_table(batch, types)
+                rel = batch.relation
+                table = TableManifest(
+                    schema=rel.namespace, name=rel.name, columns=batch.columns, key=batch.key,
+                    replica_identity=rel.replica_identity,
+                    details={"partitioned": oid in partitioned,
+                             "truncated": any(c.changes is None for c in batch.chunks)},
+                )
+                writer.add_table(table)
+                data, fetched = toast.fill_unchanged_toast(cursor, data, table)
+                if fetched:
+                    table.details["toast_fetch"] = fetched
+                writer.write_part(table.qualified_name, data)
+    finally:
+        conn.close()
+    writer.commit()
+    return manifest
+
+
+def _partitioned(cursor, oids: list[int]) -> set[int]:
+    cursor.execute("SELECT oid FROM pg_class WHERE oid = ANY(%s::oid[]) AND relkind = 'p'", (oids,))
+    return {r[0] for r in cursor.fetchall()}
+
+
+def _clear_uncommitted(writer: BatchWriter) -> None:
+    """A directory without a manifest is a dead attempt's leftovers: start it afresh."""
+    directory = writer.directory
+    if directory.exists():
+        for child in directory.iterdir():
+            child.unlink()
+
+
+def _summary(root: StagingPath, manifest: BatchManifest, *, recovered: bool, advanced_to: Lsn) -> dict:
+    return {
+        "batch": str(root / manifest.pipeline / manifest.name),
+        "start_lsn": manifest.start_lsn, "end_lsn": manifest.end_lsn, "advanced_to": str(advanced_to),
+        "tables": {name: t.rows for name, t in manifest.tables.items()},
+        "transactions": manifest.details.get("transactions", 0),
+        "changes": sum(t.rows for t in manifest.tables.values()), "recovered": recovered,
+    }

@@ -1,0 +1,119 @@
+"""Fill unchanged-TOAST values that no lakehouse row can supply, from the publisher, by key.
+
+PostgreSQL 15 turns an UPDATE that moves a row *into* a row filter into an INSERT, and an
+out-of-line TOASTed column the UPDATE did not touch is sent as ``'u'`` (unchanged) with no value.
+The native subscriber then stores NULL. There is no earlier row to keep the value from, so before
+the batch is committed we read those columns from the publisher, one query per table per batch,
+and record in the manifest that (and at which LSN) we did. The value read is the row's current
+one: a later change to the row arrives in a later change row and wins, as it should; a row
+deleted meanwhile is simply not found (its DELETE follows in the stream).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg2 import sql
+
+from airflow_provider_pglogical.replication import staging, values
+from airflow_provider_pglogical.replication.typemap import map_type
+
+log = logging.getLogger(__name__)
+
+
+def rows_needing_values(table: pa.Table) -> pa.Array:
+    """Indices of INSERT rows with unchanged-TOAST columns."""
+    mask = pc.and_(pc.equal(table[staging.OP], "I"), pc.is_valid(table[staging.UNCHANGED]))
+    return pc.indices_nonzero(pc.fill_null(mask, False))
+
+
+def fetch_query(schema: str, name: str, relkind_partitioned: bool, key: list[dict], wanted: list[dict]) -> sql.Composed:
+    """``SELECT key::text…, col::text… FROM t WHERE (key…) IN (SELECT … FROM unnest(%s::text[]…))``."""
+    columns = sql.SQL(", ").join(
+        sql.SQL("{}::text").format(sql.Identifier(c["name"])) for c in key + wanted
+    )
+    key_tuple = sql.SQL(", ").join(sql.Identifier(c["name"]) for c in key)
+    unnest_args = sql.SQL(", ").join(sql.SQL("%s::text[]") for _ in key)
+    casts = sql.SQL(", ").join(
+        sql.SQL("v.{}::{}").format(sql.Identifier(f"k{i}"), sql.SQL(c["formatted"])) for i, c in enumerate(key)
+    )
+    aliases = sql.SQL(", ").join(sql.Identifier(f"k{i}") for i in range(len(key)))
+    return sql.SQL("SELECT {} FROM {}{} WHERE ({}) IN (SELECT {} FROM unnest({}) AS v({}))").format(
+        columns, sql.SQL("") if relkind_partitioned else sql.SQL("ONLY "), sql.Identifier(schema, name),
+        key_tuple, casts, unnest_args, aliases,
+    )
+
+
+def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifest) -> tuple[pa.Table, dict | None]:
+    """Return ``table`` with fetched values filled in, and the manifest detail describing the fetch.
+
+    ``cursor`` must be a publisher session with :data:`values.SESSION_SETTINGS` applied.
+    """
+    indices = rows_needing_values(table)
+    if len(indices) == 0:
+        return table, None
+    by_name = {c["name"]: c for c in manifest.columns}
+    key = [by_name[k] for k in manifest.key]
+    needed_rows = table.take(indices)
+    unchanged_lists = needed_rows[staging.UNCHANGED].to_pylist()
+    wanted_names = sorted({name for names in unchanged_lists for name in names})
+    wanted = [by_name[n] for n in wanted_names]
+    key_texts = [pc.cast(needed_rows[c["name"]], pa.string()).to_pylist() for c in key]
+    cursor.execute("SELECT pg_current_wal_lsn()::text")
+    at_lsn = cursor.fetchone()[0]
+    partitioned = bool(manifest.details.get("partitioned"))
+    cursor.execute(fetch_query(manifest.schema, manifest.name, partitioned, key, wanted), key_texts)
+    found = {tuple(row[: len(key)]): row[len(key):] for row in cursor.fetchall()}
+
+    # Keys as PostgreSQL prints them, to match the fetched rows.
+    positions = indices.to_pylist()
+    row_keys = list(zip(*key_texts)) if key else [()] * len(positions)
+    fetched_text = {}
+    if found:
+        # Normalise our key text through the same types PostgreSQL printed them with.
+        cursor.execute(
+            sql.SQL("SELECT {} FROM unnest({}) AS v({})").format(
+                sql.SQL(", ").join(sql.SQL("v.{}::{}::text").format(sql.Identifier(f"k{i}"), sql.SQL(c["formatted"]))
+                                   for i, c in enumerate(key)),
+                sql.SQL(", ").join(sql.SQL("%s::text[]") for _ in key),
+                sql.SQL(", ").join(sql.Identifier(f"k{i}") for i in range(len(key))),
+            ),
+            key_texts,
+        )
+        row_keys = [tuple(r) for r in cursor.fetchall()]
+        fetched_text = {i: found.get(k) for i, k in enumerate(row_keys)}
+
+    n = table.num_rows
+    new_unchanged = table[staging.UNCHANGED].to_pylist()
+    filled_rows = 0
+    for column_index, entry in enumerate(wanted):
+        name = entry["name"]
+        mask = [False] * n
+        replacement: list[str | None] = []
+        for i, position in enumerate(positions):
+            row = fetched_text.get(i)
+            if row is not None and name in unchanged_lists[i]:
+                mask[position] = True
+                replacement.append(row[column_index])
+        if not replacement:
+            continue
+        mapped = map_type(entry["type"], element_type=entry["element_type"], formatted=entry["formatted"])
+        parsed = values.text_to_arrow(pa.array(replacement, pa.string()), mapped, name)
+        column = pc.replace_with_mask(table[name].combine_chunks(), pa.array(mask), parsed)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    for i, position in enumerate(positions):
+        if fetched_text.get(i) is not None:
+            filled_rows += 1
+            new_unchanged[position] = None
+    table = table.set_column(
+        table.schema.get_field_index(staging.UNCHANGED), staging.UNCHANGED, pa.array(new_unchanged, pa.list_(pa.string()))
+    )
+    detail = {
+        "rows": len(positions), "filled": filled_rows, "missing": len(positions) - filled_rows,
+        "columns": wanted_names, "at_lsn": at_lsn,
+    }
+    log.info("%s: fetched unchanged TOAST column(s) %s for %d row(s) at LSN %s (%d no longer exist)",
+             manifest.qualified_name, ", ".join(wanted_names), filled_rows, at_lsn, detail["missing"])
+    return table, detail
