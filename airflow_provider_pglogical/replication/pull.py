@@ -9,11 +9,13 @@ transaction boundaries (``upto_nchanges`` never splits a transaction; invariant 
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psycopg2
+from psycopg2 import sql
 
 from airflow_provider_pglogical.replication import change_batch, staging, toast, values
 from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
@@ -49,46 +51,106 @@ def _apply_session_settings(cursor) -> None:
         cursor.execute("SELECT set_config(%s, %s, false)", (key, value))
 
 
+class _WindowFull(Exception):
+    """Raised from the COPY sink to stop reading once max_bytes is reached at a commit."""
+
+
+_FRAME = struct.Struct(">hiQi")  # field count, lsn length, lsn, data length
+_COPY_HEADER = 19  # signature (11) + flags (4) + header extension length (4)
+
+
+class _ChangeSink:
+    """The file psycopg2's ``copy_expert`` writes binary COPY output into.
+
+    psycopg2 hands over one COPY data message (one row) per ``write``; each row is
+    ``(lsn pg_lsn, data bytea)``. Rows are framed here and fed to the assembler in chunks, so
+    memory holds the staged changes, not the raw stream.
+    """
+
+    def __init__(self, assembler: ChangeAssembler, max_bytes: int | None) -> None:
+        self.assembler = assembler
+        self.max_bytes = max_bytes
+        self.transactions: list[Transaction] = []
+        self.messages: list[dict] = []
+        self.rows = 0
+        self.bytes = 0
+        self._pending: list[tuple[int, None, bytes]] = []
+        self._leftover = b""
+        self._header = True
+
+    def write(self, chunk) -> None:
+        data = self._leftover + bytes(chunk) if self._leftover else bytes(chunk)
+        pos = 0
+        if self._header:
+            if len(data) < _COPY_HEADER:
+                self._leftover = data
+                return
+            pos = _COPY_HEADER
+            self._header = False
+        end = len(data)
+        pending = self._pending
+        unpack = _FRAME.unpack_from
+        while end - pos >= 2:
+            if data[pos:pos + 2] == b"\xff\xff":  # trailer
+                pos = end
+                break
+            if end - pos < 18:
+                break
+            _n, _lsn_len, lsn, length = unpack(data, pos)
+            if end - pos - 18 < length:
+                break
+            message = data[pos + 18:pos + 18 + length]
+            pending.append((lsn, None, message))
+            self.bytes += length
+            pos += 18 + length
+        self._leftover = data[pos:] if pos < end else b""
+        if len(pending) >= FETCH_ROWS:
+            self.flush()
+        if self.max_bytes is not None and self.bytes >= self.max_bytes and pending and pending[-1][2][:1] == b"C":
+            self.flush()
+            if self.transactions:
+                raise _WindowFull
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        self.rows += len(self._pending)
+        for item in self.assembler.feed(self._pending):
+            if isinstance(item, Transaction):
+                self.transactions.append(item)
+            else:
+                self.messages.append(_message(item, transactional=False))
+        self._pending = []
+
+
 def peek_window(
     connect_kwargs: Mapping[str, Any], slot: str, publications: Sequence[str], upto: Lsn, max_changes: int,
     max_bytes: int | None,
 ) -> PullWindow:
-    """Peek ``[confirmed, upto)`` bounded by ``max_changes`` rows (and ``max_bytes``), and assemble it.
+    """Peek ``[confirmed, upto)`` bounded by ``max_changes`` messages (and ``max_bytes``), and assemble it.
 
-    Rows come through a server-side cursor, so client memory stays bounded by the batch itself.
+    The rows travel as binary ``COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(…))``:
+    no text-encoded bytea to decode, no per-row cursor overhead.
     """
     conn = psycopg2.connect(**connect_kwargs)
+    conn.autocommit = True
     try:
-        with conn.cursor() as setup:
-            _apply_session_settings(setup)
-        query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
-                                  options=plugin_options(publications))
-        assembler = ChangeAssembler(PROTO_VERSION)
-        transactions: list[Transaction] = []
-        messages: list[dict] = []
-        rows = nbytes = 0
-        limited = False
-        with conn.cursor(name="pglogical_peek") as cursor:
-            cursor.itersize = FETCH_ROWS
-            cursor.execute(query, args)
-            while True:
-                chunk = cursor.fetchmany(FETCH_ROWS)
-                if not chunk:
-                    break
-                rows += len(chunk)
-                nbytes += sum(len(r[2]) for r in chunk)
-                for item in assembler.feed(chunk):
-                    if isinstance(item, Transaction):
-                        transactions.append(item)
-                    else:
-                        messages.append(_message(item, transactional=False))
-                if max_bytes is not None and nbytes >= max_bytes and transactions:
-                    limited = True  # the rest of an open transaction is read again next time
-                    break
-        conn.rollback()
-        if rows >= max_changes:
+        with conn.cursor() as cursor:
+            _apply_session_settings(cursor)
+            query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
+                                      options=plugin_options(publications), columns=("lsn", "data"))
+            copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(cursor.mogrify(query, args).decode()))
+            sink = _ChangeSink(ChangeAssembler(PROTO_VERSION), max_bytes)
+            limited = False
+            try:
+                cursor.copy_expert(copy, sink, size=1 << 20)
+            except _WindowFull:
+                limited = True  # what follows is read again by the next pull
+            else:
+                sink.flush()
+        if sink.rows >= max_changes:
             limited = True
-        return PullWindow(transactions, messages, assembler, rows, nbytes, limited)
+        return PullWindow(sink.transactions, sink.messages, sink.assembler, sink.rows, sink.bytes, limited)
     finally:
         conn.close()
 

@@ -137,14 +137,14 @@ def plugin_options(options: Mapping[str, Any] | None) -> list[str]:
 
 def changes_sql(
     name: str, *, binary: bool, consume: bool, upto_lsn: Lsn | str | None, upto_nchanges: int | None,
-    options: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None, columns: Sequence[str] = ("lsn::text", "xid::text::bigint", "data"),
 ) -> tuple[sql.Composed, list]:
     """``SELECT lsn, xid, data FROM pg_logical_slot_{peek,get}[_binary]_changes(...)``."""
     func = "pg_logical_slot_{}{}_changes".format("get" if consume else "peek", "_binary" if binary else "")
     flat = plugin_options(options)
     args = [name, str(Lsn.parse(upto_lsn)) if upto_lsn is not None else None, upto_nchanges, *flat]
     placeholders = sql.SQL(", ").join([sql.SQL("%s"), sql.SQL("%s::pg_lsn"), sql.SQL("%s::int")] + [sql.SQL("%s")] * len(flat))
-    query = sql.SQL("SELECT lsn::text, xid::text::bigint, data FROM {}({})").format(sql.Identifier(func), placeholders)
+    query = sql.SQL("SELECT {} FROM {}({})").format(sql.SQL(", ".join(columns)), sql.Identifier(func), placeholders)
     return query, args
 
 

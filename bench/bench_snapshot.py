@@ -1,0 +1,84 @@
+"""Snapshot benchmark: our initial sync vs raw COPY and dlt's sql_database, on one table, one run.
+
+    .venv/bin/python bench/bench_snapshot.py --rows 5000000 [--dlt-python bench/.venv-dlt/bin/python]
+
+Baselines in the same run: ``psql -c "COPY t TO STDOUT" > /dev/null`` (raw COPY), and, when a
+Python with dlt and connectorx is given, dlt's ``sql_database`` source with the pyarrow and the
+connectorx backends into local Parquet (``bench/dlt_baseline.py``; see docs/benchmarks.md for
+how that virtualenv is made: dlt is not a dependency of the provider).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+
+from common import cluster, psql, report, timed
+
+from airflow.sdk import ObjectStoragePath  # noqa: E402
+
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
+from airflow_provider_pglogical.replication.initial_sync import run_initial_sync  # noqa: E402
+from airflow_provider_pglogical.replication.publications import PublishedTable  # noqa: E402
+
+TABLE = """
+CREATE TABLE bench(id bigint PRIMARY KEY, customer int, status text, total numeric(12,2),
+                   created timestamptz, note text, flag bool);
+INSERT INTO bench SELECT g, g % 100000, (ARRAY['new','paid','shipped'])[1 + g % 3], (g % 100000) / 100.0,
+       timestamptz '2024-01-01' + g * interval '1 second', md5(g::text), g % 2 = 0
+  FROM generate_series(1, {rows}) g;
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dlt-python", default=None, help="a Python with dlt[parquet] and connectorx installed")
+    args = parser.parse_args()
+    with cluster("benchsnap") as pg:
+        pg.execute(TABLE.format(rows=args.rows))
+        pg.execute("VACUUM ANALYZE bench")
+        pg.execute("CREATE PUBLICATION pub FOR TABLE bench")
+        hook = PgLogicalHook(postgres_conn_id="benchsnap")
+        results = []
+        raw, _ = timed(lambda: psql(pg, "COPY bench TO STDOUT"), args.repeat)
+        results.append(("raw COPY TO STDOUT (psql > /dev/null)", raw, "1.00x raw"))
+        for workers in (1, 2):
+            def snapshot():
+                slot = f"bench_{uuid.uuid4().hex[:8]}"
+                staging = tempfile.mkdtemp(prefix="bench-staging-")
+                try:
+                    run_initial_sync(hook, slot=slot, publications=["pub"], root=ObjectStoragePath(f"file://{staging}"),
+                                     pipeline="bench", parallelism=workers, report=lambda m: None)
+                finally:
+                    hook.drop_slot(slot)
+                    shutil.rmtree(staging, ignore_errors=True)
+            seconds, _ = timed(snapshot, args.repeat)
+            results.append((f"our snapshot, {workers} ctid worker(s)", seconds, f"{raw / seconds:.2f}x raw"))
+        if args.dlt_python:
+            for backend in ("pyarrow", "connectorx"):
+                def dlt_run():
+                    out = tempfile.mkdtemp(prefix="bench-dlt-")
+                    try:
+                        subprocess.run([args.dlt_python, os.path.join(os.path.dirname(__file__), "dlt_baseline.py"),
+                                        pg.connection_uri(), backend, out], check=True)
+                    finally:
+                        shutil.rmtree(out, ignore_errors=True)
+                seconds, _ = timed(dlt_run, args.repeat)
+                results.append((f"dlt sql_database, {backend} backend", seconds, f"{raw / seconds:.2f}x raw"))
+        print(f"rows: {args.rows:,}; medians of {args.repeat} runs")
+        report(results)
+        ours1 = results[1][1]
+        ours2 = results[2][1]
+        print(f"two workers vs one: {ours1 / ours2:.2f}x")
+        for name, seconds, _ in results[3:]:
+            print(f"one worker vs {name}: {seconds / ours1:.2f}x faster; two workers: {seconds / ours2:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Shared bench helpers: a throwaway cluster, timing with medians, and result printing."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from airflow_provider_pglogical.embedded.postgres import LocalPostgres  # noqa: E402
+
+BENCH_SETTINGS = {"shared_buffers": "1GB", "max_wal_size": "8GB", "checkpoint_timeout": "30min",
+                  "logical_decoding_work_mem": "256MB"}
+
+
+@contextmanager
+def cluster(name: str):
+    pg = LocalPostgres(name=name, settings=BENCH_SETTINGS).start()
+    os.environ[f"AIRFLOW_CONN_{name.upper()}"] = pg.connection_uri()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+def timed(fn, repeat: int = 3) -> tuple[float, list[float]]:
+    """Median wall time of ``fn()`` over ``repeat`` runs (and all runs)."""
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs), runs
+
+
+def psql(pg: LocalPostgres, command: str, dbname: str = "postgres", stdout=subprocess.DEVNULL) -> None:
+    """Run a command through psql (the raw baseline: no Python in the data path)."""
+    env = {**os.environ, "PGPASSWORD": pg.password}
+    subprocess.run([str(pg.bindir / "psql"), "-X", "-q", "-h", pg.host, "-p", str(pg.port), "-U", pg.superuser,
+                    "-d", dbname, "-c", command], check=True, stdout=stdout, env=env)
+
+
+def report(rows: list[tuple[str, float, str]]) -> None:
+    width = max(len(r[0]) for r in rows)
+    for name, seconds, note in rows:
+        print(f"{name:<{width}}  {seconds:8.2f} s  {note}")
