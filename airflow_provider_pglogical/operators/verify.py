@@ -1,0 +1,116 @@
+"""Verify the lakehouse against the source: a PostgreSQL snapshot compared in a Spark job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import BaseOperator, ObjectStoragePath
+
+from airflow_provider_pglogical.exceptions import PgLogicalError
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
+from airflow_provider_pglogical.replication import verify
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
+RESULT_PREFIX = "PGLOGICAL_VERIFY_RESULT "
+
+
+class LakehouseDiffers(PgLogicalError):
+    """verify found rows that differ between the source and the lakehouse."""
+
+
+def run_verify_job(specs: list[dict], snapshot_dir: str, iceberg: IcebergConfig, *, conn_id: str = "spark_default",
+                   driver_memory: str = "2g", limit: int = 10) -> dict:
+    """spark-submit the comparison job through the Spark provider's hook; returns its JSON result."""
+    hook = SparkSubmitHook(
+        conf=iceberg.spark_conf(), conn_id=conn_id, name="pglogical-verify", driver_memory=driver_memory,
+        application_args=["--snapshot-dir", snapshot_dir, "--tables", json.dumps(specs), "--limit", str(limit)],
+    )
+    result: dict = {}
+    process_log = hook._process_spark_submit_log
+
+    def watch(lines):
+        for line in lines:
+            if RESULT_PREFIX in line:
+                result.update(json.loads(line.split(RESULT_PREFIX, 1)[1]))
+            yield line
+
+    hook._process_spark_submit_log = lambda lines: process_log(watch(lines))
+    hook.submit(application=str(VERIFY_JOB))
+    if not result:
+        raise PgLogicalError("the verify job printed no result; see the spark-submit log above")
+    return result
+
+
+def verify_pipeline(
+    *, postgres_conn_id: str, publications: Sequence[str], staging_path: str, pipeline: str,
+    iceberg: IcebergConfig | None = None, table_map: dict[str, str] | None = None,
+    source_conn_id: str | None = None, spark_conn_id: str = "spark_default", report=print,
+) -> dict:
+    """Compare the published projection (read from ``source_conn_id`` or the publisher) with Iceberg."""
+    iceberg = iceberg or IcebergConfig()
+    publisher = PgLogicalHook(postgres_conn_id=postgres_conn_id)
+    tables = publisher.published_tables(list(publications))
+    source = PgLogicalHook(postgres_conn_id=source_conn_id) if source_conn_id else publisher
+    root = ObjectStoragePath(staging_path)
+    directory, manifest = verify.stage_source_projection(
+        source.connect_kwargs(), tables, root, pipeline, apply_row_filters=source_conn_id is None, report=report
+    )
+    specs = verify.comparison_specs(manifest, iceberg.catalog, iceberg.namespace, table_map)
+    result = run_verify_job(specs, directory, iceberg, conn_id=spark_conn_id)
+    result["source_lsn"] = manifest.start_lsn
+    result["summary"] = verify.describe_differences(result)
+    return result
+
+
+class PgVerifyOperator(BaseOperator):
+    """Fail unless every published table's projection equals its Iceberg table.
+
+    Compares row counts and an order-independent hash per key range, and lists the first
+    differing keys. Run it when the source is quiet and every change was applied (the demo's
+    last step), or against a native subscriber of the same publications (``source_conn_id``).
+
+    :param publications: the pipeline's publications (their row filters and column lists define the projection).
+    :param staging_path: staging root; the source snapshot is written under ``_verify/<pipeline>/``.
+    :param pipeline: the pipeline's name.
+    :param iceberg: the lakehouse (default: the embedded Hadoop catalog).
+    :param table_map: source ``schema.table`` -> Iceberg table name, as given to the apply operator.
+    :param source_conn_id: read the source rows here instead of the publisher (e.g. a native subscriber).
+    :param postgres_conn_id: the publisher's Airflow connection.
+    :param spark_conn_id: the Spark connection.
+    """
+
+    template_fields: Sequence[str] = ("publications", "staging_path", "pipeline")
+
+    def __init__(
+        self, *, publications: Sequence[str], staging_path: str, pipeline: str, iceberg: IcebergConfig | None = None,
+        table_map: dict[str, str] | None = None, source_conn_id: str | None = None,
+        postgres_conn_id: str = PgLogicalHook.default_conn_name, spark_conn_id: str = "spark_default", **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.publications = publications
+        self.staging_path = staging_path
+        self.pipeline = pipeline
+        self.iceberg = iceberg
+        self.table_map = table_map
+        self.source_conn_id = source_conn_id
+        self.postgres_conn_id = postgres_conn_id
+        self.spark_conn_id = spark_conn_id
+
+    def execute(self, context: Context) -> dict:
+        result = verify_pipeline(
+            postgres_conn_id=self.postgres_conn_id, publications=list(self.publications),
+            staging_path=self.staging_path, pipeline=self.pipeline, iceberg=self.iceberg, table_map=self.table_map,
+            source_conn_id=self.source_conn_id, spark_conn_id=self.spark_conn_id, report=self.log.info,
+        )
+        self.log.info("verify:\n%s", result["summary"])
+        if not result["equal"]:
+            raise LakehouseDiffers(f"the lakehouse differs from the source:\n{result['summary']}")
+        return {"equal": True, "source_lsn": result["source_lsn"],
+                "tables": {t["table"]: t["source_rows"] for t in result["tables"]}}
