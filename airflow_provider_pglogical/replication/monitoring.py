@@ -1,0 +1,40 @@
+"""Slot and subscription health, as plain data for sensors, triggers and the demo's summary."""
+
+from __future__ import annotations
+
+from airflow_provider_pglogical.replication.slots import SlotInfo
+
+RECOVERY = (
+    "docs/troubleshooting.md#invalidated-slot: drop the slot and re-snapshot (run the pipeline's initial "
+    "sync again with a new slot, or PgBackfillOperator per table)"
+)
+
+
+def slot_health(slot: SlotInfo | None, name: str, max_retained_wal_bytes: int | None,
+                max_lag_bytes: int | None) -> dict:
+    """Classify a slot: ``missing``, ``invalidated``, ``breach``, ``busy`` (another consumer) or ``ok``."""
+    if slot is None:
+        return {"state": "missing", "slot": name,
+                "message": f"replication slot {name!r} does not exist: run the initial sync to create it"}
+    metrics = {
+        "slot": name, "active": slot.active, "wal_status": slot.wal_status,
+        "retained_wal_bytes": slot.retained_wal_bytes, "lag_bytes": slot.lag_bytes,
+        "confirmed_flush_lsn": str(slot.confirmed_flush_lsn) if slot.confirmed_flush_lsn else None,
+        "restart_lsn": str(slot.restart_lsn) if slot.restart_lsn else None,
+    }
+    if slot.invalidated:
+        return {**metrics, "state": "invalidated",
+                "message": f"replication slot {name!r} was invalidated (wal_status=lost): the WAL it needed was "
+                           f"removed (max_slot_wal_keep_size). Changes are lost for it; recover with {RECOVERY}"}
+    breaches = []
+    if max_retained_wal_bytes is not None and (slot.retained_wal_bytes or 0) > max_retained_wal_bytes:
+        breaches.append(f"retains {slot.retained_wal_bytes:,} bytes of WAL (limit {max_retained_wal_bytes:,})")
+    if max_lag_bytes is not None and (slot.lag_bytes or 0) > max_lag_bytes:
+        breaches.append(f"is {slot.lag_bytes:,} bytes behind (limit {max_lag_bytes:,})")
+    if breaches:
+        return {**metrics, "state": "breach",
+                "message": f"replication slot {name!r} " + " and ".join(breaches) + ": pull more often or with "
+                           "larger windows (max_changes); see docs/troubleshooting.md#slot-wal-growth"}
+    if slot.active:
+        return {**metrics, "state": "busy", "message": f"replication slot {name!r} is in use (pid {slot.active_pid})"}
+    return {**metrics, "state": "ok", "message": f"replication slot {name!r} is healthy"}
