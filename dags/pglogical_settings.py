@@ -1,0 +1,35 @@
+"""Settings shared by the example DAGs, read from the environment so no host is hard-coded.
+
+Copy the DAGs and change these defaults, or set the variables where Airflow runs:
+
+- ``PGLOGICAL_SOURCE_CONN_ID``: the publisher's ``postgres`` connection (default ``pglogical_source``)
+- ``PGLOGICAL_STAGING``: staging root URI (default ``file://$AIRFLOW_HOME/pglogical/staging``)
+- ``PGLOGICAL_WAREHOUSE``: Iceberg warehouse URI (default ``file://$AIRFLOW_HOME/pglogical/warehouse``)
+- ``PGLOGICAL_SPARK_CONN_ID``: the Spark connection (default ``spark_default``; host ``local[*]`` for local mode)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")).resolve()
+
+SOURCE_CONN_ID = os.environ.get("PGLOGICAL_SOURCE_CONN_ID", "pglogical_source")
+SPARK_CONN_ID = os.environ.get("PGLOGICAL_SPARK_CONN_ID", "spark_default")
+STAGING = os.environ.get("PGLOGICAL_STAGING", (_home / "pglogical" / "staging").as_uri())
+WAREHOUSE = os.environ.get("PGLOGICAL_WAREHOUSE", (_home / "pglogical" / "warehouse").as_uri())
+
+#: the pipeline of the lakehouse DAGs: what to publish and where it goes
+PIPELINE = os.environ.get("PGLOGICAL_PIPELINE", "shop")
+PUBLICATION = os.environ.get("PGLOGICAL_PUBLICATION", "shop_lake")
+SLOT = os.environ.get("PGLOGICAL_SLOT", "shop_lake")
+NAMESPACE = os.environ.get("PGLOGICAL_NAMESPACE", "shop")
+TABLES = [
+    {"name": "public.customers"},
+    {"name": "public.orders", "columns": ["id", "customer_id", "region", "status", "total", "created_at", "note"],
+     "where": "region = 'EU'"},
+    {"name": "public.products", "columns": ["sku", "name", "price", "tags", "attributes"]},
+    {"name": "public.events"},
+]
+PUBLISH_VIA_PARTITION_ROOT = True
