@@ -55,72 +55,83 @@ class _WindowFull(Exception):
     """Raised from the COPY sink to stop reading once max_bytes is reached at a commit."""
 
 
+_LSN = struct.Struct(">Q")
 _FRAME = struct.Struct(">hiQi")  # field count, lsn length, lsn, data length
 _COPY_HEADER = 19  # signature (11) + flags (4) + header extension length (4)
+_TRAILER = b"\xff\xff"
 
 
-class _ChangeSink:
-    """The file psycopg2's ``copy_expert`` writes binary COPY output into.
+class _BoundedSink:
+    """A ``copy_expert`` sink that stops the COPY after the first commit past ``max_bytes``.
 
-    psycopg2 hands over one COPY data message (one row) per ``write``; each row is
-    ``(lsn pg_lsn, data bytea)``. Rows are framed here and fed to the assembler in chunks, so
-    memory holds the staged changes, not the raw stream.
+    psycopg2 hands over one COPY data message, i.e. one ``(lsn, data)`` row, per ``write``.
     """
 
-    def __init__(self, assembler: ChangeAssembler, max_bytes: int | None) -> None:
-        self.assembler = assembler
+    def __init__(self, max_bytes: int) -> None:
+        self.chunks: list[bytes] = []
         self.max_bytes = max_bytes
-        self.transactions: list[Transaction] = []
-        self.messages: list[dict] = []
-        self.rows = 0
-        self.bytes = 0
-        self._pending: list[tuple[int, None, bytes]] = []
-        self._leftover = b""
-        self._header = True
+        self.size = 0
 
-    def write(self, chunk) -> None:
-        data = self._leftover + bytes(chunk) if self._leftover else bytes(chunk)
-        pos = 0
-        if self._header:
-            if len(data) < _COPY_HEADER:
-                self._leftover = data
-                return
-            pos = _COPY_HEADER
-            self._header = False
-        end = len(data)
-        pending = self._pending
-        unpack = _FRAME.unpack_from
-        while end - pos >= 2:
-            if data[pos:pos + 2] == b"\xff\xff":  # trailer
-                pos = end
-                break
-            if end - pos < 18:
-                break
-            _n, _lsn_len, lsn, length = unpack(data, pos)
-            if end - pos - 18 < length:
-                break
-            message = data[pos + 18:pos + 18 + length]
-            pending.append((lsn, None, message))
-            self.bytes += length
-            pos += 18 + length
-        self._leftover = data[pos:] if pos < end else b""
-        if len(pending) >= FETCH_ROWS:
-            self.flush()
-        if self.max_bytes is not None and self.bytes >= self.max_bytes and pending and pending[-1][2][:1] == b"C":
-            self.flush()
-            if self.transactions:
-                raise _WindowFull
+    def write(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        if self.size >= self.max_bytes and len(self.chunks) > 1 and chunk[18:19] == b"C":
+            raise _WindowFull
 
-    def flush(self) -> None:
-        if not self._pending:
+
+def _rows(chunks: list[bytes]) -> Iterator[tuple[int, None, bytes]]:
+    """``(lsn, None, data)`` per row of a binary COPY of ``(lsn pg_lsn, data bytea)``.
+
+    The fast path takes one row per chunk (what psycopg2 delivers); anything else is framed from
+    the joined stream.
+    """
+    if not chunks:
+        return
+    first = chunks[0]
+    rest = [first[_COPY_HEADER:]] + chunks[1:] if len(first) > _COPY_HEADER else chunks[1:]
+    unpack_lsn = _LSN.unpack_from
+    for index, chunk in enumerate(rest):
+        if len(chunk) >= 18 and int.from_bytes(chunk[14:18], "big") == len(chunk) - 18:
+            yield unpack_lsn(chunk, 6)[0], None, chunk[18:]
+        elif chunk == _TRAILER:
             return
-        self.rows += len(self._pending)
-        for item in self.assembler.feed(self._pending):
+        else:
+            yield from _framed(b"".join(rest[index:]))
+            return
+
+
+def _framed(data: bytes) -> Iterator[tuple[int, None, bytes]]:
+    pos, end = 0, len(data)
+    while end - pos >= 18:
+        _n, _lsn_len, lsn, length = _FRAME.unpack_from(data, pos)
+        if _n == -1:
+            return
+        yield lsn, None, data[pos + 18:pos + 18 + length]
+        pos += 18 + length
+
+
+def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Transaction], list[dict], int, int]:
+    transactions: list[Transaction] = []
+    messages: list[dict] = []
+    rows = nbytes = 0
+    pending: list[tuple[int, None, bytes]] = []
+
+    def flush() -> None:
+        for item in assembler.feed(pending):
             if isinstance(item, Transaction):
-                self.transactions.append(item)
+                transactions.append(item)
             else:
-                self.messages.append(_message(item, transactional=False))
-        self._pending = []
+                messages.append(_message(item, transactional=False))
+        pending.clear()
+
+    for row in _rows(chunks):
+        pending.append(row)
+        nbytes += len(row[2])
+        rows += 1
+        if len(pending) >= FETCH_ROWS:
+            flush()
+    flush()
+    return transactions, messages, rows, nbytes
 
 
 def peek_window(
@@ -130,7 +141,7 @@ def peek_window(
     """Peek ``[confirmed, upto)`` bounded by ``max_changes`` messages (and ``max_bytes``), and assemble it.
 
     The rows travel as binary ``COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(…))``:
-    no text-encoded bytea to decode, no per-row cursor overhead.
+    no text-encoded bytea to decode, no per-row cursor or Python-level write overhead.
     """
     conn = psycopg2.connect(**connect_kwargs)
     conn.autocommit = True
@@ -140,19 +151,29 @@ def peek_window(
             query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
                                       options=plugin_options(publications), columns=("lsn", "data"))
             copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(cursor.mogrify(query, args).decode()))
-            sink = _ChangeSink(ChangeAssembler(PROTO_VERSION), max_bytes)
+            chunks: list[bytes] = []
+            sink: Any = _BoundedSink(max_bytes) if max_bytes else _ListSink(chunks)
             limited = False
             try:
                 cursor.copy_expert(copy, sink, size=1 << 20)
             except _WindowFull:
-                limited = True  # what follows is read again by the next pull
-            else:
-                sink.flush()
-        if sink.rows >= max_changes:
-            limited = True
-        return PullWindow(sink.transactions, sink.messages, sink.assembler, sink.rows, sink.bytes, limited)
+                limited = True  # the rows after this commit are read again by the next pull
+            if max_bytes:
+                chunks = sink.chunks
     finally:
         conn.close()
+    assembler = ChangeAssembler(PROTO_VERSION)
+    transactions, messages, rows, nbytes = _assemble(chunks, assembler)
+    if rows >= max_changes:
+        limited = True
+    return PullWindow(transactions, messages, assembler, rows, nbytes, limited)
+
+
+class _ListSink:
+    """``copy_expert`` calls ``write`` once per row: bind it to ``list.append`` (C, no Python frame)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.write = chunks.append
 
 
 def _message(msg, transactional: bool, commit_lsn: int | None = None) -> dict:

@@ -276,3 +276,18 @@ def test_pull_killed_then_rerun_stages_every_change_once(publisher, publisher_ho
     rows = changes_of(root, {"batch": f"{root}/p/{batches[0][0]}"})
     assert len(rows) == 1010
     assert table_rows(replay(root, "p"), "public.t", ["id", "v"]) == source_rows(publisher, "t")
+
+
+def test_max_bytes_cuts_windows_at_transaction_boundaries(publisher, publisher_hook, root):
+    publisher.execute("CREATE TABLE t(id int PRIMARY KEY, pad text)")
+    publisher_hook.create_publication("pub", [PublishedTable("t")])
+    start(publisher_hook, root, ["pub"])
+    for txn in range(5):
+        publisher.execute(f"INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series({txn * 100 + 1}, {txn * 100 + 100}) g")
+    sizes = []
+    while (result := pull(publisher_hook, root, ["pub"], max_bytes=15_000))["batch"] is not None:
+        sizes.append((result["transactions"], result["changes"]))
+    # Each transaction is ~13 kB of messages: every window stops right after the commit that
+    # crossed 15 kB, so windows hold whole transactions and nothing is read twice.
+    assert sizes == [(2, 200), (2, 200), (1, 100)]
+    assert table_rows(replay(root, "p"), "public.t", ["id"]) == [(i,) for i in range(1, 501)]
