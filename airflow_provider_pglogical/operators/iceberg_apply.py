@@ -1,0 +1,196 @@
+"""Apply staged batches to Apache Iceberg: a ``SparkSubmitOperator`` over ``spark/apply_changes.py``.
+
+The embedded default needs nothing but the Airflow connection ``spark_default`` with host
+``local[*]`` (``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'``), the
+``iceberg-jar`` extra (``pip install airflow-provider-pglogical[iceberg-jar]``) and a local
+warehouse directory: an Iceberg Hadoop catalog named ``lake``. On a cluster, pass the catalog and
+the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"]``,
+``catalog_type="rest"``, ``extra_conf={...}``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+if TYPE_CHECKING:
+    from airflow.providers.common.compat.sdk import Context
+
+ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.9.2.jar"
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+APPLY_JOB = Path(__file__).resolve().parent.parent / "spark" / "apply_changes.py"
+WRITE_MODES = ("merge-on-read", "copy-on-write")
+#: the job prints its summary after this prefix (kept in step with spark/apply_changes.py)
+RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
+
+
+class IcebergJarNotFound(RuntimeError):
+    """The pinned Iceberg Spark runtime jar is not installed."""
+
+
+def iceberg_runtime_jar() -> str:
+    """Path of the pinned ``iceberg-spark-runtime-3.5_2.12-1.9.2.jar`` shipped by the ``iceberg-jar`` extra."""
+    try:
+        from importlib.resources import files
+
+        jar = files("snowpark_connect_deps_iceberg") / "jars" / ICEBERG_RUNTIME_JAR
+    except ModuleNotFoundError:
+        jar = None
+    if jar is None or not jar.is_file():
+        raise IcebergJarNotFound(
+            f"{ICEBERG_RUNTIME_JAR} was not found: install it with "
+            "`pip install airflow-provider-pglogical[iceberg-jar]` (the PyPI wheel "
+            "snowpark-connect-deps-iceberg==1.0.1), or pass IcebergConfig(jars=[...]) or "
+            "IcebergConfig(packages=['org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2'])"
+        )
+    return str(jar)
+
+
+def default_warehouse() -> str:
+    """``$AIRFLOW_HOME/lakehouse`` as a ``file://`` URI: the embedded warehouse."""
+    home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
+    return Path(home, "lakehouse").resolve().as_uri()
+
+
+@dataclass
+class IcebergConfig:
+    """Where the lakehouse is and how Spark reaches it.
+
+    :param catalog: Spark catalog name the tables are addressed by (``lake.<namespace>.<table>``).
+    :param catalog_type: Iceberg ``type`` (``hadoop``, ``hive``, ``rest``, ``glue``, ``jdbc``, ``nessie``);
+        ignored when ``catalog_impl`` is given.
+    :param catalog_impl: a catalog class (``org.apache.iceberg.aws.glue.GlueCatalog``) instead of a type.
+    :param warehouse: warehouse URI; default ``$AIRFLOW_HOME/lakehouse`` (embedded Hadoop catalog).
+    :param namespace: Iceberg namespace of the target tables and of ``_pglogical_state``.
+    :param jars: jar paths for ``spark.jars``; default the pinned runtime jar, unless ``packages`` is set.
+    :param packages: Maven coordinates for ``spark.jars.packages``.
+    :param extra_conf: more Spark conf (``spark.sql.catalog.lake.uri``, S3 credentials provider, ...).
+    :param write_mode: ``merge-on-read`` (default) or ``copy-on-write`` for tables the job creates.
+    :param bucket_count: partition tables the job creates by ``bucket(N, first key column)``.
+    """
+
+    catalog: str = "lake"
+    catalog_type: str | None = "hadoop"
+    catalog_impl: str | None = None
+    warehouse: str | None = None
+    namespace: str = "pglogical"
+    jars: list[str] | None = None
+    packages: list[str] | None = None
+    extra_conf: dict[str, str] = field(default_factory=dict)
+    write_mode: str = "merge-on-read"
+    bucket_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.write_mode not in WRITE_MODES:
+            raise ValueError(f"write_mode must be one of {WRITE_MODES}, not {self.write_mode!r}")
+
+    def spark_conf(self) -> dict[str, str]:
+        """Spark properties that register the Iceberg catalog, its SQL extensions and its jars."""
+        prefix = f"spark.sql.catalog.{self.catalog}"
+        conf = {
+            "spark.sql.extensions": ICEBERG_EXTENSIONS,
+            prefix: "org.apache.iceberg.spark.SparkCatalog",
+            f"{prefix}.warehouse": self.warehouse or default_warehouse(),
+        }
+        if self.catalog_impl:
+            conf[f"{prefix}.catalog-impl"] = self.catalog_impl
+        elif self.catalog_type:
+            conf[f"{prefix}.type"] = self.catalog_type
+        if self.packages:
+            conf["spark.jars.packages"] = ",".join(self.packages)
+        jars = self.jars if self.jars is not None else ([] if self.packages else [iceberg_runtime_jar()])
+        if jars:
+            conf["spark.jars"] = ",".join(jars)
+        conf.update(self.extra_conf)
+        return conf
+
+    def job_args(self) -> list[str]:
+        """The lakehouse arguments of the apply job's command line."""
+        args = ["--catalog", self.catalog, "--namespace", self.namespace, "--write-mode", self.write_mode]
+        if self.bucket_count:
+            args += ["--bucket-count", str(self.bucket_count)]
+        return args
+
+
+class IcebergApplyOperator(SparkSubmitOperator):
+    """Apply every committed, not yet applied batch of a pipeline to its Iceberg tables.
+
+    Idempotent: positions are recorded in ``<catalog>.<namespace>._pglogical_state``, so a retry
+    (or two runs over the same batches) changes nothing more than one run.
+
+    :param staging_root: staging root URI as Spark's Hadoop FileSystem reads it
+        (``file:///data/staging``, ``s3a://bucket/staging``). (templated)
+    :param pipeline: pipeline name: the batches are under ``<staging_root>/<pipeline>/``. (templated)
+    :param iceberg: the lakehouse; default :class:`IcebergConfig` (embedded Hadoop catalog ``lake``).
+    :param table_map: source ``schema.table`` -> target table name; default ``<schema>__<table>``.
+    :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
+    :param conf: more Spark properties, applied over the ones ``iceberg`` produces.
+    :param driver_memory: default ``2g``.
+    :param kwargs: anything else :class:`SparkSubmitOperator` takes.
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "staging_root", "pipeline")
+
+    def __init__(
+        self,
+        *,
+        staging_root: str,
+        pipeline: str,
+        iceberg: IcebergConfig | None = None,
+        table_map: dict[str, str] | None = None,
+        conf: dict[str, Any] | None = None,
+        driver_memory: str | None = "2g",
+        **kwargs: Any,
+    ) -> None:
+        self.iceberg = iceberg or IcebergConfig()
+        kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
+        super().__init__(
+            application=str(APPLY_JOB),
+            conf={**self.iceberg.spark_conf(), **(conf or {})},
+            driver_memory=driver_memory,
+            **kwargs,
+        )
+        self.staging_root = staging_root
+        self.pipeline = pipeline
+        self.table_map = table_map
+        self.application_args = self.job_args()
+
+    def job_args(self) -> list[str]:
+        args = ["--staging-root", str(self.staging_root), "--pipeline", str(self.pipeline), *self.iceberg.job_args()]
+        if self.table_map:
+            args += ["--table-map", json.dumps(self.table_map)]
+        return args
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        """Run the job; returns the pipeline, the state table and how many steps and rows were applied."""
+        # staging_root and pipeline are rendered by now: rebuild the command line from them
+        self.application_args = self.job_args()
+        self._result: dict[str, Any] = {}
+        super().execute(context)
+        steps = self._result.get("steps", [])
+        return {
+            "pipeline": str(self.pipeline),
+            "state_table": f"{self.iceberg.catalog}.{self.iceberg.namespace}._pglogical_state",
+            "steps": len(steps),
+            "rows": sum(step["rows"] for step in steps),
+            "tables": sorted({step["table"] for step in steps}),
+        }
+
+    def _get_hook(self):
+        hook = super()._get_hook()
+        process_log = hook._process_spark_submit_log
+        hook._process_spark_submit_log = lambda lines: process_log(self._watch(lines))
+        return hook
+
+    def _watch(self, lines):
+        """Pass spark-submit's output through, keeping the job's result line (client mode)."""
+        for line in lines:
+            if RESULT_PREFIX in line:
+                self._result = json.loads(line.split(RESULT_PREFIX, 1)[1])
+            yield line

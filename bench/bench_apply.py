@@ -1,0 +1,276 @@
+"""Benchmark of the Spark apply job: one 100k-change batch into a 500k-row and a 5M-row Iceberg table.
+
+    python bench/bench_apply.py [--sizes 500000,5000000] [--changes 100000] [--repeats 5]
+                                [--layouts plain,bucket16] [--write-docs]
+
+For each table size and layout: stage a snapshot of the table and one change batch (60% updates,
+20% inserts, 20% deletes, keys uniform over the table, 10 changes per transaction) with
+``BatchWriter``, apply the snapshot, then apply the change batch ``--repeats`` times through the
+job's own ``run()`` in one local[2] Spark session (rolling the table and the state back to the
+snapshot between runs), and report the median apply time of the batch. The fixed cost of a
+``spark-submit`` (JVM, Spark and catalog start-up: a run that finds no batch) is measured apart.
+With ``--write-docs`` the results replace the "Apply (Spark → Iceberg)" section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, TableManifest  # noqa: E402
+from airflow_provider_pglogical.spark import apply_changes as job  # noqa: E402
+
+COLUMNS = [
+    {"name": "id", "type": "int8", "key": True},
+    {"name": "balance", "type": "numeric", "formatted": "numeric(12,2)"},
+    {"name": "status", "type": "text"},
+    {"name": "note", "type": "text"},
+    {"name": "updated_at", "type": "timestamptz"},
+]
+SOURCE = "public.accounts"
+SNAPSHOT_LSN = 0x1000
+CHANGES_END = 0x100000
+SECTION = "## Apply (Spark → Iceberg)"
+
+
+def values(ids: pa.Array, salt: int) -> dict[str, pa.Array]:
+    import pyarrow.compute as pc
+
+    n = len(ids)
+    cents = pc.add(pc.multiply(ids, 7), salt)
+    return {
+        "id": ids,
+        "balance": pc.cast(pc.cast(pc.bit_wise_and(cents, 0xFFFFFF), pa.int32()), pa.decimal128(12, 2)),
+        "status": pc.take(pa.array(["open", "closed", "frozen", "review"]), pc.bit_wise_and(ids, 3)),
+        "note": pa.array([f"account note {salt} " + "x" * 20] * n, pa.string()),
+        "updated_at": pc.cast(pc.add(pc.multiply(ids, 1_000_000), 1_700_000_000_000_000), pa.timestamp("us", tz="UTC")),
+    }
+
+
+def stage(root: Path, pipeline: str, size: int, changes: int, seed: int = 7) -> None:
+    from airflow.sdk import ObjectStoragePath
+
+    table = TableManifest(schema="public", name="accounts", columns=COLUMNS, key=["id"])
+    writer = BatchWriter(ObjectStoragePath(root.as_uri()),
+                         BatchManifest(pipeline=pipeline, kind="snapshot", start_lsn=f"0/{SNAPSHOT_LSN:X}",
+                                       end_lsn=f"0/{SNAPSHOT_LSN:X}"))
+    writer.add_table(table)
+    part = 1_000_000
+    for start in range(1, size + 1, part):
+        ids = pa.array(range(start, min(start + part, size + 1)), pa.int64())
+        writer.write_part(SOURCE, pa.table(values(ids, 0)))
+    writer.commit()
+
+    rng = random.Random(seed)
+    existing = rng.sample(range(1, size + 1), int(changes * 0.8))
+    updates, deletes = existing[: int(changes * 0.6)], existing[int(changes * 0.6):]
+    inserts = list(range(size + 1, size + 1 + changes - len(existing)))
+    ops = [("U", i) for i in updates] + [("D", i) for i in deletes] + [("I", i) for i in inserts]
+    rng.shuffle(ops)
+    ids = pa.array([i for _, i in ops], pa.int64())
+    data = values(ids, 1)
+    deleted = pa.array([op == "D" for op, _ in ops])
+    import pyarrow.compute as pc
+
+    for name in ("balance", "status", "note", "updated_at"):  # a DELETE carries the key only
+        data[name] = pc.if_else(deleted, pa.scalar(None, data[name].type), data[name])
+    n = len(ops)
+    batch = {
+        "_op": pa.array([op for op, _ in ops]),
+        "_commit_lsn": pa.array([SNAPSHOT_LSN + 1 + i // 10 for i in range(n)], pa.int64()),
+        "_seq": pa.array(range(n), pa.int64()),
+        "_xid": pa.array([1000 + i // 10 for i in range(n)], pa.int64()),
+        "_commit_ts": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)] * n, pa.timestamp("us", tz="UTC")),
+        "_unchanged_toast": pa.array([None] * n, pa.list_(pa.string())),
+        **data,
+        "_old_id": pa.array([None] * n, pa.int64()),
+    }
+    writer = BatchWriter(ObjectStoragePath(root.as_uri()),
+                         BatchManifest(pipeline=pipeline, kind="changes", start_lsn=f"0/{SNAPSHOT_LSN:X}",
+                                       end_lsn=f"0/{CHANGES_END:X}"))
+    writer.add_table(TableManifest(schema="public", name="accounts", columns=COLUMNS, key=["id"]))
+    writer.write_part(SOURCE, pa.table(batch))
+    writer.commit()
+
+
+def session(warehouse: Path, driver_memory: str):
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master("local[2]").appName("bench-apply")
+    conf = {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.driver.memory": driver_memory,
+            "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true", "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4"}
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+class Table:
+    """One staged table of one size and layout, applied once, ready to be rolled back and re-applied."""
+
+    def __init__(self, spark, root: Path, pipeline: str, namespace: str, bucket_count: int | None):
+        self.spark, self.root, self.pipeline, self.namespace = spark, root, pipeline, namespace
+        self.bucket_count = bucket_count
+        first = job.run(spark, root.as_uri(), pipeline, "lake", namespace, bucket_count=bucket_count)
+        self.snapshot_seconds = first["steps"][0]["seconds"]
+        self.first_apply = first["steps"][1]["seconds"]
+        self.changes = first["steps"][1]["rows"]
+        table = f"lake.{namespace}.public__accounts"
+        history = spark.sql(f"SELECT snapshot_id FROM {table}.snapshots ORDER BY committed_at").collect()
+        self.base = history[0].snapshot_id  # the table as the snapshot batch left it
+        self.lakehouse = job.Lakehouse(spark, "lake", namespace, "merge-on-read", bucket_count)
+        self.times: list[float] = []
+
+    def apply_again(self) -> float:
+        self.spark.sql(f"CALL lake.system.rollback_to_snapshot('{self.namespace}.public__accounts', {self.base})")
+        states = self.lakehouse.read_state(self.pipeline)
+        states[SOURCE].position = SNAPSHOT_LSN
+        self.lakehouse.write_state(self.pipeline, states)
+        again = job.run(self.spark, self.root.as_uri(), self.pipeline, "lake", self.namespace,
+                        bucket_count=self.bucket_count)
+        assert [s["kind"] for s in again["steps"]] == ["changes"], again
+        return again["steps"][0]["seconds"]
+
+    def result(self) -> dict:
+        return {"snapshot_seconds": self.snapshot_seconds, "first_apply": self.first_apply,
+                "apply_seconds": self.times, "median": statistics.median(self.times), "changes": self.changes}
+
+
+def submit_seconds(warehouse: Path, root: Path, pipeline: str, namespace: str, repeats: int = 3) -> tuple[float, str]:
+    """Median wall time of the last 3 spark-submits of the job (which find nothing to apply)."""
+    conf = IcebergConfig(warehouse=warehouse.as_uri()).spark_conf()
+    command = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g"]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    command += [str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", pipeline, "--namespace", namespace]
+    times = []
+    for _ in range(repeats):
+        started = time.monotonic()
+        subprocess.run(command, check=True, capture_output=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+        times.append(time.monotonic() - started)
+    times = times[-3:]
+    shown = (f"spark-submit --master local[2] --driver-memory 2g --conf <IcebergConfig().spark_conf()> "
+             f"apply_changes.py --staging-root <root> --pipeline {pipeline} --namespace {namespace}")
+    return statistics.median(times), shown
+
+
+def write_docs(text: str) -> None:
+    path = REPO / "docs" / "benchmarks.md"
+    path.parent.mkdir(exist_ok=True)
+    current = path.read_text() if path.exists() else "# Benchmarks\n"
+    if SECTION in current:
+        before, rest = current.split(SECTION, 1)
+        after = rest[rest.find("\n## "):] if "\n## " in rest else ""
+        current = before + text.rstrip() + "\n" + after
+    else:
+        current = current.rstrip() + "\n\n" + text.rstrip() + "\n"
+    path.write_text(current)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="500000,5000000")
+    parser.add_argument("--changes", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmups", type=int, default=5, help="applies before the measured ones (JIT warm-up)")
+    parser.add_argument("--layouts", default="plain,bucket16", help="plain | bucketN, comma separated")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    layouts = args.layouts.split(",")
+    work = Path(tempfile.mkdtemp(prefix="bench-apply-"))
+    root, warehouse = work / "staging", work / "warehouse"
+    results = {}
+    try:
+        for size in sizes:
+            started = time.monotonic()
+            stage(root, f"n{size}", size, args.changes)
+            print(f"staged {size} rows + {args.changes} changes in {time.monotonic() - started:.1f}s", flush=True)
+        # the fixed cost first, while no other JVM runs: nothing staged, then everything applied
+        stage(root, "tiny", 1000, 100)
+        empty = submit_seconds(warehouse, root, "empty", "bench_empty")
+        applied = submit_seconds(warehouse, root, "tiny", "bench_tiny", repeats=4)  # the 1st run applies
+        print(f"spark-submit, no batch: {empty[0]:.2f}s; all batches applied: {applied[0]:.2f}s", flush=True)
+        spark = session(warehouse, args.driver_memory)
+        loads = [os.getloadavg()[0]]
+        for layout in layouts:
+            buckets = int(layout[len("bucket"):]) if layout.startswith("bucket") else None
+            tables = {size: Table(spark, root, f"n{size}", f"{layout}_{size}", buckets) for size in sizes}
+            # sizes alternate, so that whatever else the machine does weighs on both alike
+            for round_ in range(args.warmups + args.repeats):
+                for size, table in tables.items():
+                    seconds = table.apply_again()
+                    if round_ >= args.warmups:
+                        table.times.append(seconds)
+            for size, table in tables.items():
+                results[(layout, size)] = table.result()
+                print(layout, size, json.dumps(results[(layout, size)]), flush=True)
+            loads.append(os.getloadavg()[0])
+        spark.stop()
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    command = "python bench/bench_apply.py " + " ".join(sys.argv[1:])
+    lines = [SECTION, "",
+             f"Command: `{command.strip()}` (2 cores, local[2], driver memory {args.driver_memory}, "
+             "Iceberg 1.9.2 Hadoop catalog on local disk, pyspark "
+             f"{__import__('pyspark').__version__}).", "",
+             f"One change batch of {args.changes:,} changes (60% updates, 20% inserts, 20% deletes, keys uniform "
+             "over the table, 10 changes per transaction) applied to a table of each size, merge-on-read, in one "
+             f"Spark session: {args.warmups} warm-up applies, then the median of {args.repeats}, the sizes "
+             "alternating (table and state rolled back to the snapshot in between), timed inside the job (read + "
+             "reduce + one MERGE; the state commit excluded). 1-minute load average during the runs: "
+             f"{', '.join(f'{x:.1f}' for x in loads)} (other work shared the machine when above ~2). \"first\" is the first apply of that table in the session; only the first row's "
+             "ran in a fresh JVM, which is what a lone spark-submit pays on top of the fixed cost below.", "",
+             "| layout | table rows | apply median (s) | measured runs (s) | first (s) | changes/s | snapshot load (s) |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for (layout, size), r in results.items():
+        lines.append(f"| {layout} | {size:,} | {r['median']:.2f} | {', '.join(f'{t:.2f}' for t in r['apply_seconds'])} "
+                     f"| {r['first_apply']:.2f} | {args.changes / r['median']:,.0f} | {r['snapshot_seconds']:.1f} |")
+    lines.append("")
+    for layout in layouts:
+        if len(sizes) >= 2:
+            small, big = results[(layout, sizes[0])]["median"], results[(layout, sizes[-1])]["median"]
+            lines.append(f"- {layout}: ratio {sizes[-1]:,} / {sizes[0]:,} rows = **{big / small:.2f}×**")
+    lines += [f"- fixed spark-submit cost, median of 3: **{empty[0]:.1f} s** with no batch staged "
+              f"(`{empty[1]}`), **{applied[0]:.1f} s** when every batch is already applied (it reads the state "
+              "table: the first Iceberg queries of a fresh JVM)",
+              "",
+              "What keeps the ratio down: a batch without unchanged-TOAST columns MERGEs with a SET list that "
+              "references only source columns, so the target scan reads the key column (plus Iceberg's _file/_pos) "
+              "and no value column: the part of an apply that grows with the table is a one-column scan, small "
+              "next to the fixed part (reading and reducing the batch, planning, writing, committing). Bucketing "
+              "by key (`--bucket-count`) lets each bucket's files be joined only with that bucket's changes, but "
+              "a batch whose keys are spread over the whole table touches every bucket and each commit writes "
+              "N times more (smaller) files, so here it is no clear win; it is not the default. Timings vary "
+              "by ±25% between runs on this 2-core machine.", ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.write_docs:
+        write_docs(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""IcebergConfig, IcebergApplyOperator and IcebergMaintenanceOperator without running Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pglogical.operators import iceberg_apply
+from airflow_provider_pglogical.operators.iceberg_apply import (
+    APPLY_JOB,
+    ICEBERG_EXTENSIONS,
+    IcebergApplyOperator,
+    IcebergConfig,
+    IcebergJarNotFound,
+    iceberg_runtime_jar,
+)
+from airflow_provider_pglogical.operators.iceberg_maintenance import MAINTENANCE_JOB, IcebergMaintenanceOperator
+from airflow_provider_pglogical.spark import apply_changes, maintenance
+
+
+def test_runtime_jar_is_the_pinned_one_from_the_wheel():
+    jar = Path(iceberg_runtime_jar())
+    assert jar.name == "iceberg-spark-runtime-3.5_2.12-1.9.2.jar" and jar.is_file()
+    assert jar.parent.parent.name == "snowpark_connect_deps_iceberg"
+
+
+def test_missing_jar_names_the_extra(monkeypatch):
+    monkeypatch.setattr(iceberg_apply, "ICEBERG_RUNTIME_JAR", "no-such.jar")
+    with pytest.raises(IcebergJarNotFound, match=r"pip install airflow-provider-pglogical\[iceberg-jar\]"):
+        iceberg_runtime_jar()
+
+
+def test_default_config_is_the_embedded_hadoop_catalog(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    conf = IcebergConfig().spark_conf()
+    assert conf == {
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
+        "spark.sql.catalog.lake": "org.apache.iceberg.spark.SparkCatalog",
+        "spark.sql.catalog.lake.type": "hadoop",
+        "spark.sql.catalog.lake.warehouse": (tmp_path / "lakehouse").as_uri(),
+        "spark.jars": iceberg_runtime_jar(),
+    }
+
+
+def test_cluster_config_uses_packages_and_a_catalog_impl():
+    config = IcebergConfig(catalog="prod", catalog_impl="org.apache.iceberg.aws.glue.GlueCatalog",
+                           warehouse="s3://bucket/wh", namespace="sales",
+                           packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"],
+                           extra_conf={"spark.sql.catalog.prod.io-impl": "org.apache.iceberg.aws.s3.S3FileIO"},
+                           write_mode="copy-on-write", bucket_count=16)
+    conf = config.spark_conf()
+    assert conf["spark.sql.catalog.prod.catalog-impl"] == "org.apache.iceberg.aws.glue.GlueCatalog"
+    assert "spark.sql.catalog.prod.type" not in conf and "spark.jars" not in conf
+    assert conf["spark.jars.packages"] == "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"
+    assert conf["spark.sql.catalog.prod.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert config.job_args() == ["--catalog", "prod", "--namespace", "sales", "--write-mode", "copy-on-write",
+                                 "--bucket-count", "16"]
+    with pytest.raises(ValueError, match="write_mode"):
+        IcebergConfig(write_mode="sometimes")
+
+
+def test_apply_operator_fills_the_job_and_its_arguments():
+    op = IcebergApplyOperator(task_id="apply", staging_root="file:///data/staging/{{ ds }}", pipeline="orders",
+                              iceberg=IcebergConfig(warehouse="file:///wh", namespace="sales"),
+                              table_map={"public.orders": "orders"}, conf={"spark.sql.shuffle.partitions": "8"})
+    assert Path(op.application) == APPLY_JOB and APPLY_JOB.is_file()
+    assert {"staging_root", "pipeline", "application_args", "conf"} <= set(op.template_fields)
+    assert op.conf["spark.sql.shuffle.partitions"] == "8"
+    assert op.conf["spark.sql.catalog.lake.warehouse"] == "file:///wh"
+    op.render_template_fields({"ds": "2024-01-01"})
+    assert op.staging_root == "file:///data/staging/2024-01-01"
+    assert op.job_args() == ["--staging-root", "file:///data/staging/2024-01-01", "--pipeline", "orders",
+                             "--catalog", "lake", "--namespace", "sales", "--write-mode", "merge-on-read",
+                             "--table-map", '{"public.orders": "orders"}']
+    # the job accepts exactly what the operator passes
+    args = apply_changes.parse_args(op.job_args())
+    assert (args.staging_root, args.pipeline, args.namespace) == ("file:///data/staging/2024-01-01", "orders", "sales")
+
+
+def test_apply_operator_builds_a_spark_submit_command(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
+    op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p", iceberg=IcebergConfig(warehouse="/wh"))
+    command = op._get_hook()._build_spark_submit_command(op.application)
+    assert command[:3] == ["spark-submit", "--master", "local[2]"]
+    assert f"spark.jars={iceberg_runtime_jar()}" in command
+    assert "--driver-memory" in command and command[command.index("--driver-memory") + 1] == "2g"
+    assert command[-len(op.application_args) - 1:] == [str(APPLY_JOB), *op.application_args]
+
+
+def test_apply_operator_keeps_the_job_result_from_the_log():
+    op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p", iceberg=IcebergConfig(warehouse="/wh"))
+    op._result = {}
+    lines = ["INFO something\n", apply_changes.RESULT_PREFIX + '{"steps": [{"table": "public.t", "rows": 3}]}\n']
+    assert list(op._watch(iter(lines))) == lines
+    assert op._result["steps"][0]["rows"] == 3
+    assert iceberg_apply.RESULT_PREFIX == apply_changes.RESULT_PREFIX
+
+
+def test_maintenance_operator_and_its_procedure_calls():
+    op = IcebergMaintenanceOperator(task_id="maintain", iceberg=IcebergConfig(warehouse="/wh", namespace="sales"),
+                                    tables=["orders"], older_than_hours=12, retain_last=3)
+    assert Path(op.application) == MAINTENANCE_JOB and MAINTENANCE_JOB.is_file()
+    assert op.application_args == ["--catalog", "lake", "--namespace", "sales", "--min-input-files", "5",
+                                   "--older-than-hours", "12", "--retain-last", "3", "--table", "orders"]
+    calls = maintenance.procedure_calls("lake", "`sales`.`orders`", min_input_files=5, retain_last=3,
+                                        older_than=dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc))
+    assert calls == [
+        "CALL `lake`.system.rewrite_data_files(table => '`sales`.`orders`', options => map('min-input-files', '5'))",
+        "CALL `lake`.system.rewrite_position_delete_files(table => '`sales`.`orders`', "
+        "options => map('min-input-files', '5'))",
+        "CALL `lake`.system.expire_snapshots(table => '`sales`.`orders`', older_than => TIMESTAMP '2024-01-02 03:04:05', "
+        "retain_last => 3)",
+    ]

@@ -1,0 +1,118 @@
+"""Pure pieces of the apply job: batch names, positions, which steps a table needs, SQL text."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.replication.staging import batch_name
+from airflow_provider_pglogical.spark.apply_changes import (
+    ApplyError,
+    Batch,
+    TableState,
+    default_target_name,
+    hex16,
+    parse_args,
+    parse_batch,
+    parse_lsn,
+    plan_table,
+    quote,
+    range_predicate,
+    snapshot_details,
+)
+
+T = "public.orders"
+
+
+def batch(kind: str, start: int, end: int | None = None, tables=(T,), details=None, table_details=None) -> Batch:
+    end = start if end is None else end
+    name = batch_name(Lsn(start), Lsn(end), kind)
+    manifest = {"details": details or {}, "tables": {t: {"key": ["id"], "details": table_details or {}} for t in tables}}
+    return Batch(name, start, end, kind, manifest)
+
+
+def steps_of(batches, state):
+    steps, superseded = plan_table(T, sorted(batches, key=lambda b: b.name), state)
+    return [(s.kind, s.batch.start, s.position) for s in steps], superseded
+
+
+def test_batch_names_parse_like_staging_writes_them():
+    name = batch_name(Lsn.parse("1/A0"), Lsn.parse("1/FF"), "changes")
+    assert parse_batch(name) == (0x1000000A0, 0x1000000FF, "changes")
+    assert parse_batch("garbage") is None
+    assert parse_batch(name.lower()) is None
+
+
+def test_lsn_text_and_hex():
+    assert parse_lsn("1/A0") == 0x1000000A0 == parse_lsn("00000001000000A0")
+    assert hex16(0x1000000A0) == Lsn(0x1000000A0).hex16
+
+
+def test_initial_snapshot_then_changes():
+    batches = [batch("snapshot", 100), batch("changes", 100, 200), batch("changes", 200, 300)]
+    assert steps_of(batches, TableState("t")) == (
+        [("snapshot", 100, 100), ("changes", 100, 100), ("changes", 200, 200)], [])
+
+
+def test_applied_batches_are_skipped_and_a_partial_one_resumes_at_the_position():
+    batches = [batch("snapshot", 100), batch("changes", 100, 200), batch("changes", 200, 300)]
+    state = TableState("t", position=200, snapshots={batches[0].name})
+    assert steps_of(batches, state) == ([("changes", 200, 200)], [])
+    assert steps_of(batches, TableState("t", position=300, snapshots={batches[0].name})) == ([], [])
+
+
+def test_late_full_backfill_replays_the_changes_from_its_position():
+    batches = [batch("snapshot", 100), batch("changes", 100, 200), batch("changes", 200, 300),
+               batch("snapshot", 150), batch("changes", 300, 400)]
+    state = TableState("t", position=300, snapshots={batches[0].name})
+    # the backfill at 150 replaces the table; [100, 200) is applied again from 150, then the rest
+    assert steps_of(batches, state) == (
+        [("snapshot", 150, 150), ("changes", 100, 150), ("changes", 200, 200), ("changes", 300, 300)], [])
+
+
+def test_latest_pending_full_snapshot_supersedes_earlier_batches():
+    first, second = batch("snapshot", 100), batch("snapshot", 250)
+    batches = [first, batch("changes", 100, 200), batch("changes", 200, 300), second]
+    assert steps_of(batches, TableState("t")) == ([("snapshot", 250, 250), ("changes", 200, 250)], [first.name])
+
+
+def test_ranged_backfill_does_not_supersede_and_replays_from_its_position():
+    ranged = batch("snapshot", 150, details={"key_range": {"column": "id", "start": 1, "end": 9}})
+    batches = [batch("snapshot", 100), batch("changes", 100, 200), ranged]
+    state = TableState("t", position=200, snapshots={batches[0].name})
+    assert steps_of(batches, state) == ([("snapshot", 150, 150), ("changes", 100, 150)], [])
+
+
+def test_batches_without_the_table_do_not_count():
+    batches = [batch("changes", 100, 200, tables=("public.other",)), batch("changes", 200, 300)]
+    assert steps_of(batches, TableState("t")) == ([("changes", 200, 0)], [])
+
+
+def test_range_predicates():
+    assert range_predicate({"key_range": {"column": "id", "start": 3, "end": 5}}, "b", T) == "`id` >= 3 AND `id` < 5"
+    assert range_predicate({"key_range": {"column": "k", "start": "a'b", "end": None}}, "b", T) == "`k` >= 'a\\'b'"
+    assert range_predicate({"replace_where": "region = 'EU'"}, "b", T) == "(region = 'EU')"
+    assert range_predicate({"row_filter": "x > 1"}, "b", T) is None
+    with pytest.raises(ApplyError, match="key_range or details.replace_where"):
+        range_predicate({"extra_where": '"id" < 5'}, "b", T)
+
+
+def test_snapshot_details_merge_batch_and_table_ignoring_nulls():
+    manifest = {"details": {"key_range": None, "backfill": True},
+                "tables": {T: {"details": {"row_filter": None, "replace_where": "id < 3"}}}}
+    assert snapshot_details(manifest, T) == {"backfill": True, "replace_where": "id < 3"}
+
+
+def test_names_and_quoting():
+    assert default_target_name("public.Order Items") == "public__order_items"
+    assert default_target_name("Sales.orders-2024") == "sales__orders_2024"
+    assert quote("we`ird") == "`we``ird`"
+
+
+def test_command_line():
+    args = parse_args(["--staging-root", "s3a://b/s", "--pipeline", "p", "--namespace", "ns",
+                       "--table-map", '{"public.t": "t"}', "--bucket-count", "16"])
+    assert (args.catalog, args.write_mode, args.bucket_count, args.table_map) == ("lake", "merge-on-read", 16,
+                                                                                  '{"public.t": "t"}')
+    with pytest.raises(SystemExit):
+        parse_args(["--staging-root", "x", "--pipeline", "p", "--namespace", "n", "--write-mode", "eventually"])
