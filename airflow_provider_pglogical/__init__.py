@@ -31,13 +31,25 @@ def get_provider_info() -> dict:
                 "integration-name": "PostgreSQL logical replication",
                 "python-modules": [
                     "airflow_provider_pglogical.operators.publication",
+                    "airflow_provider_pglogical.operators.sync",
+                    "airflow_provider_pglogical.operators.pull",
+                    "airflow_provider_pglogical.operators.iceberg_apply",
+                    "airflow_provider_pglogical.operators.iceberg_maintenance",
+                    "airflow_provider_pglogical.operators.verify",
+                    "airflow_provider_pglogical.operators.subscription",
                 ],
             }
         ],
-        "connection-types": [
+        "sensors": [
             {
-                "hook-class-name": "airflow_provider_pglogical.hooks.pglogical.PgLogicalHook",
-                "connection-type": "pglogical",
+                "integration-name": "PostgreSQL logical replication",
+                "python-modules": ["airflow_provider_pglogical.sensors.pglogical"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "PostgreSQL logical replication",
+                "python-modules": ["airflow_provider_pglogical.triggers.pglogical"],
             }
         ],
     }
