@@ -60,13 +60,15 @@ def main() -> None:
                     shutil.rmtree(staging, ignore_errors=True)
             seconds, _ = timed(snapshot, args.repeat)
             results.append((f"our snapshot, {workers} ctid worker(s)", seconds, f"{raw / seconds:.2f}x raw"))
+            print(results[-1], flush=True)
         if args.dlt_python:
             for backend in ("pyarrow", "connectorx"):
                 def dlt_run():
                     out = tempfile.mkdtemp(prefix="bench-dlt-")
                     try:
+                        # The URI (with the throwaway cluster's password) goes by environment, not argv.
                         subprocess.run([args.dlt_python, os.path.join(os.path.dirname(__file__), "dlt_baseline.py"),
-                                        pg.connection_uri(), backend, out], check=True)
+                                        backend, out], check=True, env={**os.environ, "DLT_SOURCE_URI": pg.connection_uri()})
                     finally:
                         shutil.rmtree(out, ignore_errors=True)
                 seconds, _ = timed(dlt_run, args.repeat)
