@@ -46,6 +46,33 @@ def fetch_query(schema: str, name: str, relkind_partitioned: bool, key: list[dic
     )
 
 
+def _key_texts(table: pa.Table, columns: list[str]) -> list[tuple]:
+    return list(zip(*(pc.cast(table[c], pa.string()).to_pylist() for c in columns))) if columns else []
+
+
+def _current_keys(table: pa.Table, positions: list[int], key: list[str]) -> list[list]:
+    """Per needed row, its key after the batch's later key changes, column by column (for the fetch).
+
+    The row is read from the publisher by key *now*: when an UPDATE later in the batch changed
+    the key (``_old_<key>`` set and different), the row lives under the new key.
+    """
+    keys = _key_texts(table.take(pa.array(positions, pa.int64())), key)
+    is_key_change = pc.and_(pc.equal(table[staging.OP], "U"),
+                            pc.is_valid(table[staging.OLD_KEY_PREFIX + key[0]])) if key else None
+    if is_key_change is not None:
+        change_rows = pc.indices_nonzero(pc.fill_null(is_key_change, False))
+        changed = table.take(change_rows)
+        moves = list(zip(change_rows.to_pylist(), _key_texts(changed, [staging.OLD_KEY_PREFIX + k for k in key]),
+                         _key_texts(changed, key)))
+        for i, position in enumerate(positions):
+            current = keys[i]
+            for row, old, new in moves:
+                if row > position and old == current and new != old:
+                    current = new
+            keys[i] = current
+    return [list(column) for column in zip(*keys)] if keys else [[] for _ in key]
+
+
 def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifest) -> tuple[pa.Table, dict | None]:
     """Return ``table`` with fetched values filled in, and the manifest detail describing the fetch.
 
@@ -60,7 +87,8 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifes
     unchanged_lists = needed_rows[staging.UNCHANGED].to_pylist()
     wanted_names = sorted({name for names in unchanged_lists for name in names})
     wanted = [by_name[n] for n in wanted_names]
-    key_texts = [pc.cast(needed_rows[c["name"]], pa.string()).to_pylist() for c in key]
+    positions = indices.to_pylist()
+    key_texts = _current_keys(table, positions, [c["name"] for c in key])
     cursor.execute("SELECT pg_current_wal_lsn()::text")
     at_lsn = cursor.fetchone()[0]
     partitioned = bool(manifest.details.get("partitioned"))
@@ -68,7 +96,6 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifes
     found = {tuple(row[: len(key)]): row[len(key):] for row in cursor.fetchall()}
 
     # Keys as PostgreSQL prints them, to match the fetched rows.
-    positions = indices.to_pylist()
     row_keys = list(zip(*key_texts)) if key else [()] * len(positions)
     fetched_text = {}
     if found:

@@ -291,3 +291,23 @@ def test_max_bytes_cuts_windows_at_transaction_boundaries(publisher, publisher_h
     # crossed 15 kB, so windows hold whole transactions and nothing is read twice.
     assert sizes == [(2, 200), (2, 200), (1, 100)]
     assert table_rows(replay(root, "p"), "public.t", ["id"]) == [(i,) for i in range(1, 501)]
+
+
+def test_toast_fetch_follows_a_later_key_change_in_the_batch(publisher, publisher_hook, root):
+    """Found by the reliability harness (seed 20261123): a row enters the filter, then its key changes."""
+    publisher.execute(
+        "CREATE TABLE o(id int NOT NULL, region text NOT NULL, status text, note text);"
+        "CREATE UNIQUE INDEX o_key ON o(id, region); ALTER TABLE o REPLICA IDENTITY USING INDEX o_key;"
+        "ALTER TABLE o ALTER COLUMN note SET STORAGE EXTERNAL;"
+        "INSERT INTO o SELECT 407, 'US', 'new', repeat(md5('x'), 200)"
+    )
+    publisher_hook.create_publication("pub", [PublishedTable("o", where="region = 'EU'")])
+    start(publisher_hook, root, ["pub"])
+    publisher.execute("UPDATE o SET region = 'EU' WHERE id = 407")   # enters the filter: note unchanged
+    publisher.execute("UPDATE o SET status = 'paid' WHERE id = 407")
+    publisher.execute("UPDATE o SET id = 880 WHERE id = 407")        # key change, note unchanged
+    result = pull(publisher_hook, root, ["pub"])
+    manifest = staging.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
+    assert manifest.tables["public.o"].details["toast_fetch"]["filled"] == 1
+    assert table_rows(replay(root, "p"), "public.o", ["id", "region", "status", "note"]) == source_rows(
+        publisher, "o", "id, region, status, note")

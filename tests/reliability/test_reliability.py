@@ -1,0 +1,58 @@
+"""The reliability harness: short seeded mode in CI, the long mode on demand.
+
+Short mode (default ``pytest`` run): a few thousand changes in three rounds that together hit
+every kill point once; the seed is printed on failure. Long mode (deselected by default):
+``pytest tests/reliability -m slow`` or ``python -m tests.reliability.harness --rounds N --changes M
+--seed S``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from tests.reliability.harness import KILL_POINTS, Harness, long_schedule, short_schedule
+
+pytestmark = pytest.mark.spark
+
+SEED = int(os.environ.get("PGLOGICAL_RELIABILITY_SEED", "20261123"))
+
+
+def test_short_mode_every_kill_point_then_equal(publisher, subscriber, tmp_path):
+    harness = Harness(publisher, subscriber, tmp_path, SEED)
+    harness.reproduce = f"PGLOGICAL_RELIABILITY_SEED={SEED} pytest tests/reliability -q"
+    harness.setup(initial_rows=200)
+    for kills, truncate in short_schedule():
+        harness.round(1500, kills, truncate=truncate)
+    figures = harness.figures
+    print(f"seed {SEED}: {figures.counts.changes} changes, kills {figures.kills}, missed {figures.missed}")
+    missing = set(KILL_POINTS) - set(figures.kills)
+    assert not missing, f"[seed {SEED}] kill points not hit: {missing}; missed {figures.missed}"
+    known_bug_xfail(harness)
+
+
+def known_bug_xfail(harness: Harness) -> None:
+    """Everything else verified: report the known product bug loudly instead of passing silently.
+
+    PGLOGICAL_RELIABILITY_STRICT=1 turns it into a failure at the first round it shows in."""
+    if harness.figures.known_bug:
+        pytest.xfail(
+            f"[seed {harness.seed}] KNOWN PRODUCT BUG (docs/reliability.md): {len(harness.figures.known_bug)} "
+            f"unchanged-TOAST cell(s) of public.orders are NULL in the lakehouse after the row entered the row "
+            f"filter and then changed key: {sorted(harness.figures.known_bug)[:5]}")
+
+
+@pytest.mark.slow  # deselected by default (pyproject addopts); run with -m slow
+def test_long_mode(publisher, subscriber, tmp_path):
+    rounds = int(os.environ.get("PGLOGICAL_RELIABILITY_ROUNDS", "10"))
+    changes = int(os.environ.get("PGLOGICAL_RELIABILITY_CHANGES", "10000"))
+    harness = Harness(publisher, subscriber, tmp_path, SEED)
+    harness.reproduce = (f"PGLOGICAL_RELIABILITY_SEED={SEED} PGLOGICAL_RELIABILITY_ROUNDS="
+                         f"{rounds} PGLOGICAL_RELIABILITY_CHANGES={changes} pytest tests/reliability -m slow")
+    harness.setup(initial_rows=2000)
+    for kills, truncate in long_schedule(rounds, random.Random(SEED)):
+        harness.round(changes, kills, truncate=truncate)
+    assert harness.figures.counts.changes >= rounds * changes
+    known_bug_xfail(harness)
