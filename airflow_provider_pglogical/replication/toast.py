@@ -2,7 +2,9 @@
 
 PostgreSQL 15 turns an UPDATE that moves a row *into* a row filter into an INSERT, and an
 out-of-line TOASTed column the UPDATE did not touch is sent as ``'u'`` (unchanged) with no value.
-The native subscriber then stores NULL. There is no earlier row to keep the value from, so before
+The native subscriber then stores NULL. Key-changing UPDATEs with unchanged columns are filled
+too: when the row's key changed before the INSERT's fetch ran, only the later fetch by the new
+key can find it. There is no earlier row to keep the value from, so before
 the batch is committed we read those columns from the publisher, one query per table per batch,
 and record in the manifest that (and at which LSN) we did. The value read is the row's current
 one: a later change to the row arrives in a later change row and wins, as it should; a row
@@ -23,9 +25,23 @@ from airflow_provider_pglogical.replication.typemap import map_type
 log = logging.getLogger(__name__)
 
 
-def rows_needing_values(table: pa.Table) -> pa.Array:
-    """Indices of INSERT rows with unchanged-TOAST columns."""
-    mask = pc.and_(pc.equal(table[staging.OP], "I"), pc.is_valid(table[staging.UNCHANGED]))
+def rows_needing_values(table: pa.Table, key: list[str] | None = None) -> pa.Array:
+    """Indices of rows with unchanged-TOAST columns that the lakehouse may not be able to supply.
+
+    INSERTs (a row entering a row filter), and UPDATEs that change the key: the lakehouse row
+    under the old key may itself lack the value (an earlier batch's fetch could not find the row
+    because this very key change had already happened on the publisher).
+    """
+    op = table[staging.OP]
+    wanted = pc.equal(op, "I")
+    if key and all(staging.OLD_KEY_PREFIX + k in table.column_names for k in key):
+        moved = pc.fill_null(pc.is_valid(table[staging.OLD_KEY_PREFIX + key[0]]), False)
+        differs = None
+        for k in key:
+            unequal = pc.fill_null(pc.not_equal(table[staging.OLD_KEY_PREFIX + k], table[k]), False)
+            differs = unequal if differs is None else pc.or_(differs, unequal)
+        wanted = pc.or_(wanted, pc.and_(pc.and_(pc.equal(op, "U"), moved), differs))
+    mask = pc.and_(wanted, pc.is_valid(table[staging.UNCHANGED]))
     return pc.indices_nonzero(pc.fill_null(mask, False))
 
 
@@ -78,7 +94,7 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifes
 
     ``cursor`` must be a publisher session with :data:`values.SESSION_SETTINGS` applied.
     """
-    indices = rows_needing_values(table)
+    indices = rows_needing_values(table, manifest.key)
     if len(indices) == 0:
         return table, None
     by_name = {c["name"]: c for c in manifest.columns}
