@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
+# spark-submit and airflow live in the venv: the Spark provider and the tests call them by name.
+export PATH="$PWD/.venv/bin:$PATH"
 exec .venv/bin/python -m airflow_provider_pglogical.embedded.demo "$@"

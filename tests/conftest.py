@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ os.environ.setdefault("AIRFLOW_HOME", os.path.join(os.path.dirname(__file__), ".
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# spark-submit and airflow come with the interpreter's environment (a venv that may not be activated).
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 from psycopg2 import sql  # noqa: E402
 
