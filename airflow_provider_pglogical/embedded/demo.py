@@ -195,9 +195,12 @@ def verify(env: dict) -> dict:
     from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
     from airflow_provider_pglogical.operators.verify import verify_pipeline
 
+    # Paths from this run's environment: the settings module may have been imported earlier
+    # (e.g. by a DagBag parse) with other values.
     return verify_pipeline(
-        postgres_conn_id=settings.SOURCE_CONN_ID, publications=[settings.PUBLICATION], staging_path=settings.STAGING,
-        pipeline=settings.PIPELINE, iceberg=IcebergConfig(warehouse=settings.WAREHOUSE, namespace=settings.NAMESPACE),
+        postgres_conn_id=settings.SOURCE_CONN_ID, publications=[settings.PUBLICATION],
+        staging_path=env["PGLOGICAL_STAGING"], pipeline=settings.PIPELINE,
+        iceberg=IcebergConfig(warehouse=env["PGLOGICAL_WAREHOUSE"], namespace=settings.NAMESPACE),
         report=lambda message: None,
     )
 
@@ -209,7 +212,7 @@ def summary(pg: LocalPostgres, db: str, env: dict, result: dict, activity: list[
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
     from airflow_provider_pglogical.replication.staging import committed_batches
 
-    batches = committed_batches(ObjectStoragePath(settings.STAGING), settings.PIPELINE)
+    batches = committed_batches(ObjectStoragePath(env["PGLOGICAL_STAGING"]), settings.PIPELINE)
     slot = PgLogicalHook(postgres_conn_id=settings.SOURCE_CONN_ID).get_slot(settings.SLOT)
     print("\n==== summary ====")
     for table in result["tables"]:

@@ -72,12 +72,14 @@ def copy_statement(unit: WorkUnit, extra_where: str | None = None) -> sql.Compos
     )
 
 
+# By name, not oid: verify reads the same tables from another database (a native subscriber).
 _LEAVES = """
 SELECT n.nspname, c.relname, pg_relation_size(c.oid) / current_setting('block_size')::int
-  FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+  FROM pg_partition_tree(format('%%I.%%I', %s, %s)::regclass) t
+  JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE t.isleaf ORDER BY 1, 2
 """
-_BLOCKS = "SELECT pg_relation_size(%s) / current_setting('block_size')::int"
+_BLOCKS = "SELECT pg_relation_size(format('%%I.%%I', %s, %s)::regclass) / current_setting('block_size')::int"
 
 
 def plan_work_units(cursor, tables: Sequence[ResolvedTable], parallelism: int) -> list[WorkUnit]:
@@ -85,10 +87,10 @@ def plan_work_units(cursor, tables: Sequence[ResolvedTable], parallelism: int) -
     relations: list[tuple[ResolvedTable, tuple[str, str], int]] = []
     for table in tables:
         if table.relkind == "p":
-            cursor.execute(_LEAVES, (table.oid,))
+            cursor.execute(_LEAVES, (table.schema, table.name))
             relations += [(table, (s, n), blocks) for s, n, blocks in cursor.fetchall()]
         else:
-            cursor.execute(_BLOCKS, (table.oid,))
+            cursor.execute(_BLOCKS, (table.schema, table.name))
             relations.append((table, (table.schema, table.name), cursor.fetchone()[0]))
     total = sum(blocks for *_, blocks in relations)
     target = max(MIN_BLOCKS_PER_UNIT, total // max(1, parallelism * 4) + 1)
