@@ -15,7 +15,7 @@ import pytest
 
 from tests.reliability.harness import KILL_POINTS, Harness, long_schedule, short_schedule
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.reliability]
 
 SEED = int(os.environ.get("PGLOGICAL_RELIABILITY_SEED", "20261123"))
 
