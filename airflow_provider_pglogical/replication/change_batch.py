@@ -9,7 +9,7 @@ old key. Values arrive as PostgreSQL text bytes and are parsed column-wise by ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -184,7 +184,8 @@ def _unchanged_array(changes: TableChanges, rel: Relation, columns: list[dict], 
     """Per row, the columns whose value must be kept: sent as 'u', or absent from the row's schema
     version in an UPDATE (a column dropped mid-batch keeps its last value)."""
     names = [c.name for c in rel.columns]
-    absent = [c["name"] for c in columns if c["name"] not in set(names)]
+    present = set(names)
+    absent = [c["name"] for c in columns if c["name"] not in present]
     if not changes.unchanged and not absent:
         return pa.nulls(n, UNCHANGED_TYPE)
     out: list[list[str] | None] = [None] * n
@@ -219,5 +220,3 @@ def relations_of(batches: dict[int, TableBatch]) -> list[Relation]:
         b.relation for b in batches.values()
     ]
 
-
-KeyFunc = Callable[[dict], tuple]

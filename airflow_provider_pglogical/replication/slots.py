@@ -144,7 +144,7 @@ def changes_sql(
     flat = plugin_options(options)
     args = [name, str(Lsn.parse(upto_lsn)) if upto_lsn is not None else None, upto_nchanges, *flat]
     placeholders = sql.SQL(", ").join([sql.SQL("%s"), sql.SQL("%s::pg_lsn"), sql.SQL("%s::int")] + [sql.SQL("%s")] * len(flat))
-    query = sql.SQL("SELECT {} FROM {}({})").format(sql.SQL(", ".join(columns)), sql.Identifier(func), placeholders)
+    query = sql.SQL("SELECT {} FROM {}({})").format(sql.SQL(", ").join(map(sql.SQL, columns)), sql.Identifier(func), placeholders)
     return query, args
 
 
