@@ -54,6 +54,18 @@ class TableBatch:
     def qualified_name(self) -> str:
         return self.relation.qualified_name
 
+    @property
+    def versions(self) -> list[Relation]:
+        """Every schema version of the table in the batch, the newest first."""
+        return [self.relation] + [c.changes.relation for c in self.chunks if c.changes is not None]
+
+    @property
+    def truncated(self) -> bool:
+        return any(c.changes is None for c in self.chunks)
+
+    def build(self, types: TypeInfo) -> pa.Table:
+        return build_table(self, types)
+
 
 def group_by_table(transactions: Sequence[Transaction], relations: dict[int, Relation]) -> dict[int, TableBatch]:
     """Group row changes and truncates per table oid, in commit order."""
@@ -80,7 +92,11 @@ def group_by_table(transactions: Sequence[Transaction], relations: dict[int, Rel
 
 def column_entries(batch: TableBatch, types: TypeInfo) -> list[dict]:
     """Manifest columns: the newest relation's columns, then columns only older versions had."""
-    versions = [batch.relation] + [c.changes.relation for c in batch.chunks if c.changes is not None]
+    return union_columns(batch.versions, types)
+
+
+def union_columns(versions: Sequence[Relation], types: TypeInfo) -> list[dict]:
+    """Manifest column entries of ``versions`` (newest first): its columns, then older-only ones."""
     seen: dict[str, dict] = {}
     for rel in versions:
         for col in rel.columns:
@@ -99,7 +115,7 @@ def column_entries(batch: TableBatch, types: TypeInfo) -> list[dict]:
     return list(seen.values())
 
 
-def _mapped(entry: dict) -> MappedType:
+def mapped_type(entry: dict) -> MappedType:
     return map_type(entry["type"], element_type=entry["element_type"], formatted=entry["formatted"])
 
 
@@ -112,14 +128,14 @@ def build_table(batch: TableBatch, types: TypeInfo) -> pa.Table:
     """The staged Arrow table of one table's changes (metadata columns first)."""
     batch.columns = column_entries(batch, types)
     key = batch.key
-    mapped = {c["name"]: _mapped(c) for c in batch.columns}
+    mapped = {c["name"]: mapped_type(c) for c in batch.columns}
     schema = change_schema(batch.columns, key)
     parts = [_chunk_table(chunk, batch.columns, key, mapped, schema) for chunk in batch.chunks]
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
 def change_schema(columns: list[dict], key: list[str]) -> pa.Schema:
-    mapped = {c["name"]: _mapped(c) for c in columns}
+    mapped = {c["name"]: mapped_type(c) for c in columns}
     fields = [
         pa.field(staging.OP, pa.string()),
         pa.field(staging.COMMIT_LSN, pa.int64()),
@@ -215,8 +231,7 @@ def lookup_types(cursor, relations: Iterable[Relation]) -> TypeInfo:
     return {(oid, typmod): (name, formatted, element) for oid, typmod, name, formatted, element in cursor.fetchall()}
 
 
-def relations_of(batches: dict[int, TableBatch]) -> list[Relation]:
-    return [c.changes.relation for b in batches.values() for c in b.chunks if c.changes is not None] + [
-        b.relation for b in batches.values()
-    ]
+def relations_of(batches) -> list[Relation]:
+    """Every relation version of the batch's tables (TableBatch or columnar tables alike)."""
+    return [rel for b in batches.values() for rel in b.versions]
 

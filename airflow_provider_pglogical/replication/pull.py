@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import psycopg2
 from psycopg2 import sql
 
-from airflow_provider_pglogical.replication import change_batch, staging, toast, values
+from airflow_provider_pglogical.replication import change_batch, columnar, staging, toast, values
 from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
 from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.slots import advance_slot, assert_slot_usable, changes_sql
@@ -31,15 +31,21 @@ FETCH_ROWS = 20_000
 
 @dataclass
 class PullWindow:
-    """What one bounded peek returned, assembled."""
+    """What one bounded peek returned: its tables' changes, and what the manifest records besides."""
 
-    transactions: list[Transaction]
+    #: per table oid, a TableBatch or columnar.ColumnarTable (``versions``, ``truncated``, ``build``)
+    tables: dict[int, Any]
+    transaction_count: int
+    #: end LSN of the last transaction in the window (where the slot may advance to)
+    last_end_lsn: int | None
     messages: list[dict]
-    assembler: ChangeAssembler
+    schema_changes: list[dict]
     rows: int
     bytes: int
     #: True when upto_nchanges / max_bytes cut the window short: more may be waiting before upto
     limited: bool
+    #: True when transactions were held back before an unresolved PREPARE (two-phase slots)
+    held_back: bool = False
 
 
 def plugin_options(publications: Sequence[str]) -> dict[str, str]:
@@ -136,12 +142,16 @@ def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Tra
 
 def peek_window(
     connect_kwargs: Mapping[str, Any], slot: str, publications: Sequence[str], upto: Lsn, max_changes: int,
-    max_bytes: int | None,
+    max_bytes: int | None, *, vectorised: bool = True,
 ) -> PullWindow:
-    """Peek ``[confirmed, upto)`` bounded by ``max_changes`` messages (and ``max_bytes``), and assemble it.
+    """Peek ``[confirmed, upto)`` bounded by ``max_changes`` messages (and ``max_bytes``), and decode it.
 
     The rows travel as binary ``COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(…))``:
-    no text-encoded bytea to decode, no per-row cursor or Python-level write overhead.
+    no text-encoded bytea to decode, no per-row cursor or Python-level write overhead. They are
+    decoded column-wise (:mod:`.columnar`); a window that needs more (or is malformed) goes through
+    the message-by-message assembler instead.
+
+    :param vectorised: False forces the message-by-message assembler (for comparisons).
     """
     conn = psycopg2.connect(**connect_kwargs)
     conn.autocommit = True
@@ -162,11 +172,41 @@ def peek_window(
                 chunks = sink.chunks
     finally:
         conn.close()
+    window = None
+    if vectorised:
+        try:
+            decoded = columnar.decode_window(chunks, PROTO_VERSION, _message)
+            window = PullWindow(decoded.tables, decoded.transaction_count, decoded.last_end_lsn, decoded.messages,
+                                decoded.schema_changes, decoded.rows, decoded.bytes, limited)
+        except columnar.NeedsAssembler as why:
+            log.info("decoding this window message by message: %s", why)
+    if window is None:
+        window = _assembled_window(chunks, limited)
+    if window.rows >= max_changes:
+        window.limited = True
+    return window
+
+
+def _assembled_window(chunks: list[bytes], limited: bool) -> PullWindow:
+    """The message-by-message path: every message of protocols 1-4, precise errors."""
     assembler = ChangeAssembler(PROTO_VERSION)
     transactions, messages, rows, nbytes = _assemble(chunks, assembler)
-    if rows >= max_changes:
-        limited = True
-    return PullWindow(transactions, messages, assembler, rows, nbytes, limited)
+    limit = assembler.advance_limit
+    if limit is not None:
+        transactions = [t for t in transactions if t.end_lsn is not None and t.end_lsn <= limit]
+    messages = messages + [
+        _message(m.message, transactional=True, commit_lsn=t.commit_lsn) for t in transactions for m in t.messages
+    ]
+    schema_changes = [
+        {"table": c.new.qualified_name, "lsn": str(Lsn(c.lsn)) if c.lsn else None,
+         "columns": list(c.new.column_names), "previous_columns": list(c.old.column_names)}
+        for t in transactions for c in t.schema_changes
+    ]
+    return PullWindow(
+        change_batch.group_by_table(transactions, assembler.relations), len(transactions),
+        transactions[-1].end_lsn if transactions else None, messages, schema_changes, rows, nbytes, limited,
+        held_back=limit is not None,
+    )
 
 
 class _ListSink:
@@ -224,49 +264,38 @@ def run_pull(
         upto = Lsn.parse(cursor.fetchone()[0])
 
     window = peek_window(hook.connect_kwargs(), slot, publications, upto, max_changes, max_bytes)
-    transactions = window.transactions
-    limit = window.assembler.advance_limit
-    if limit is not None:
-        transactions = [t for t in transactions if t.end_lsn is not None and t.end_lsn <= limit]
-    if window.limited or limit is not None:
-        end = Lsn(transactions[-1].end_lsn) if transactions else position
+    if window.limited or window.held_back:
+        end = Lsn(window.last_end_lsn) if window.transaction_count else position
     else:
         end = max(upto, position)
 
-    if not transactions:
+    if not window.transaction_count:
         with hook._cursor() as cursor:
             moved = advance_slot(cursor, slot, end) if end > position else position
         report(f"no changes in [{position}, {upto}); slot {slot} advanced to {moved}")
         return {"batch": None, "start_lsn": str(position), "end_lsn": str(moved), "advanced_to": str(moved),
                 "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
 
-    manifest = stage_batch(hook, root, pipeline, position, end, transactions, window, report)
+    manifest = stage_batch(hook, root, pipeline, position, end, window)
     path = str(root / pipeline / manifest.name)
     if before_advance is not None:
         before_advance(path)
     with hook._cursor() as cursor:
         advanced = advance_slot(cursor, slot, end)
     seconds = time.monotonic() - started
-    report(f"staged {sum(t.rows for t in manifest.tables.values()):,} change rows of {len(transactions):,} "
+    report(f"staged {sum(t.rows for t in manifest.tables.values()):,} change rows of {window.transaction_count:,} "
            f"transactions in {seconds:.1f}s as {manifest.name}; slot {slot} advanced to {advanced}")
     return _summary(root, manifest, recovered=False, advanced_to=advanced)
 
 
-def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, transactions: list[Transaction],
-                window: PullWindow, report: Callable[[str], None]) -> BatchManifest:
+def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: PullWindow) -> BatchManifest:
     """Build, TOAST-fill and write the batch; the manifest is written last."""
-    assembler = window.assembler
-    tables = change_batch.group_by_table(transactions, assembler.relations)
+    tables = window.tables
     manifest = BatchManifest(pipeline=pipeline, kind="changes", start_lsn=str(start), end_lsn=str(end))
-    manifest.details = {"transactions": len(transactions), "decoded_rows": window.rows, "decoded_bytes": window.bytes}
-    manifest.messages = window.messages + [
-        _message(m.message, transactional=True, commit_lsn=t.commit_lsn) for t in transactions for m in t.messages
-    ]
-    manifest.schema_changes = [
-        {"table": c.new.qualified_name, "lsn": str(Lsn(c.lsn)) if c.lsn else None,
-         "columns": list(c.new.column_names), "previous_columns": list(c.old.column_names)}
-        for t in transactions for c in t.schema_changes
-    ]
+    manifest.details = {"transactions": window.transaction_count, "decoded_rows": window.rows,
+                        "decoded_bytes": window.bytes}
+    manifest.messages = window.messages
+    manifest.schema_changes = window.schema_changes
     writer = BatchWriter(root, manifest)
     _clear_uncommitted(writer)
     conn = psycopg2.connect(**hook.connect_kwargs())
@@ -277,13 +306,13 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, tr
             types = change_batch.lookup_types(cursor, change_batch.relations_of(tables))
             partitioned = _partitioned(cursor, [b.relation.oid for b in tables.values()])
             for oid, batch in tables.items():
-                data = change_batch.build_table(batch, types)
+                data = batch.build(types)
                 rel = batch.relation
                 table = TableManifest(
                     schema=rel.namespace, name=rel.name, columns=batch.columns, key=batch.key,
                     replica_identity=rel.replica_identity,
                     details={"partitioned": oid in partitioned,
-                             "truncated": any(c.changes is None for c in batch.chunks)},
+                             "truncated": batch.truncated},
                 )
                 writer.add_table(table)
                 data, fetched = toast.fill_unchanged_toast(cursor, data, table)

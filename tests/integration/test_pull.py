@@ -333,9 +333,8 @@ def test_toast_fetch_after_a_key_change_in_a_later_batch(publisher, publisher_ho
     first = pull_module.peek_window(publisher_hook.connect_kwargs(), "s1", ["pub"],
                                     pull_module.Lsn.parse(boundary), 1000, None)
     manifest = pull_module.stage_batch(publisher_hook, root, "p", publisher_hook.get_slot("s1").confirmed_flush_lsn,
-                                       pull_module.Lsn(first.transactions[-1].end_lsn), first.transactions, first,
-                                       lambda m: None)
-    publisher_hook.advance_slot("s1", pull_module.Lsn(first.transactions[-1].end_lsn))
+                                       pull_module.Lsn(first.last_end_lsn), first)
+    publisher_hook.advance_slot("s1", pull_module.Lsn(first.last_end_lsn))
     assert manifest.tables["public.o"].details["toast_fetch"]["missing"] == 1  # 407 is gone already
     second = pull(publisher_hook, root, ["pub"])
     later = staging.read_manifest(root, "p", second["batch"].rsplit("/", 1)[1])
