@@ -1,20 +1,24 @@
 """Pull benchmark: raw SQL peek vs pg_recvlogical vs our pull, on one 1M-change workload, one run.
 
-    .venv/bin/python bench/bench_pull.py --changes 1000000
+    .venv/bin/python bench/bench_pull.py --changes 1000000 --repeat 3
 
-1. Creates one slot per measurement, then writes the workload (``--changes`` inserts/updates in
-   transactions of ``--txn-size``), so every slot sees the same backlog.
+1. Creates the slots first (one per consuming measurement), then writes the workload
+   (``--changes`` inserts in transactions of ``--txn-size``), so every slot sees the same backlog.
 2. Raw peek: ``SELECT count(*) FROM pg_logical_slot_peek_binary_changes(slot, NULL, NULL, …)``.
-3. ``pg_recvlogical`` (the walsender) from the slot to /dev/null, up to the backlog's end LSN.
-4. Ours: ``run_pull`` from the slot to a committed batch (decode + Arrow + Parquet + advance).
-5. Windows: the same backlog pulled in bounded windows of ``--window`` changes; the cost of the
-   1st and the 10th window, and the slot's restart_lsn lag behind confirmed_flush_lsn meanwhile.
+3. ``pg_recvlogical`` (the walsender) from a slot to /dev/null, up to the backlog's end LSN.
+4. Ours: ``run_pull`` from a slot to a committed batch (decode + Arrow + Parquet + advance).
+   Each is run ``--repeat`` times (a fresh slot for the consuming ones); medians are reported.
+5. Windows: a second backlog of ``--window`` x ``--windows`` changes, written at a steady pace over
+   ``--backlog-seconds`` (a long backlog builds up over time, and the server logs a
+   running-transactions record every 15 s of activity), pulled in bounded windows: the cost of each
+   window and how far the slot's restart_lsn lags behind confirmed_flush_lsn meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -46,11 +50,34 @@ def workload(pg, changes: int, txn_size: int, checkpoint_every: int) -> None:
             pg.execute("CHECKPOINT")  # also logs a running-xacts record, where restart_lsn can move
 
 
+def paced_workload(pg, changes: int, txn_size: int, seconds: float, start_id: int) -> None:
+    """``changes`` inserts spread evenly over ``seconds``, as a backlog builds up in production."""
+    pg.execute("CREATE TABLE IF NOT EXISTS orders(id bigint PRIMARY KEY, customer int, status text, total numeric(12,2),"
+               " created timestamptz, note text, flag bool)")
+    began = time.monotonic()
+    done = 0
+    while done < changes:
+        n = min(txn_size, changes - done)
+        first = start_id + done + 1
+        pg.execute(
+            f"INSERT INTO orders SELECT g, g % 1000, 'new', g / 100.0, now(), md5(g::text), true"
+            f"  FROM generate_series({first}, {first + n - 1}) g"
+        )
+        done += n
+        ahead = began + seconds * done / changes - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--txn-size", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--window", type=int, default=100_000)
+    parser.add_argument("--windows", type=int, default=10)
+    parser.add_argument("--backlog-seconds", type=float, default=60.0,
+                        help="write the windows' backlog over this long (0: as fast as possible)")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="CHECKPOINT every N workload transactions (0: only what the server does itself)")
     args = parser.parse_args()
@@ -58,7 +85,9 @@ def main() -> None:
         pg.execute("CREATE TABLE orders(id bigint PRIMARY KEY, customer int, status text, total numeric(12,2),"
                    " created timestamptz, note text, flag bool); CREATE PUBLICATION pub FOR TABLE orders")
         hook = PgLogicalHook(postgres_conn_id="benchpull")
-        for slot in ("raw", "recv", "ours", "windows"):
+        recv_slots = [f"recv{i}" for i in range(args.repeat)]
+        our_slots = [f"ours{i}" for i in range(args.repeat)]
+        for slot in ["raw", *recv_slots, *our_slots]:
             hook.create_slot(slot)
         t0 = time.perf_counter()
         workload(pg, args.changes, args.txn_size, args.checkpoint_every)
@@ -66,32 +95,44 @@ def main() -> None:
         print(f"workload: {args.changes:,} inserts in transactions of {args.txn_size} "
               f"({time.perf_counter() - t0:.1f}s); WAL end {end_lsn}")
 
-        t = time.perf_counter()
-        (messages,) = pg.query(f"SELECT count(*) FROM pg_logical_slot_peek_binary_changes('raw', NULL, NULL, {OPTIONS})")[0]
-        raw = time.perf_counter() - t
-
+        raws, recvs, ours = [], [], []
         env = {**os.environ, "PGPASSWORD": pg.password}
-        t = time.perf_counter()
-        subprocess.run([str(pg.bindir / "pg_recvlogical"), "-h", pg.host, "-p", str(pg.port), "-U", pg.superuser,
-                        "-d", "postgres", "--slot", "recv", "--start", "-o", "proto_version=1",
-                        "-o", "publication_names=pub", "-E", end_lsn, "-f", "/dev/null", "--no-loop"],
-                       check=True, env=env)
-        recv = time.perf_counter() - t
+        for i in range(args.repeat):
+            t = time.perf_counter()
+            (messages,) = pg.query(
+                f"SELECT count(*) FROM pg_logical_slot_peek_binary_changes('raw', NULL, NULL, {OPTIONS})")[0]
+            raws.append(time.perf_counter() - t)
 
-        root = ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-pull-')}")
-        t = time.perf_counter()
-        result = run_pull(hook, slot="ours", publications=["pub"], root=root, pipeline="bench",
-                          max_changes=messages + 10, report=lambda m: None)
-        ours = time.perf_counter() - t
-        assert result["changes"] == args.changes, result
+            t = time.perf_counter()
+            subprocess.run([str(pg.bindir / "pg_recvlogical"), "-h", pg.host, "-p", str(pg.port), "-U", pg.superuser,
+                            "-d", "postgres", "--slot", recv_slots[i], "--start", "-o", "proto_version=1",
+                            "-o", "publication_names=pub", "-E", end_lsn, "-f", "/dev/null", "--no-loop"],
+                           check=True, env=env)
+            recvs.append(time.perf_counter() - t)
 
+            root = ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-pull-')}")
+            t = time.perf_counter()
+            result = run_pull(hook, slot=our_slots[i], publications=["pub"], root=root, pipeline="bench",
+                              max_changes=messages + 10, report=lambda m: None)
+            ours.append(time.perf_counter() - t)
+            assert result["changes"] == args.changes, result
+        raw, recv, our = (statistics.median(x) for x in (raws, recvs, ours))
+        runs = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
         report([
-            ("raw SQL peek (count(*))", raw, f"{messages / raw:,.0f} messages/s"),
-            ("pg_recvlogical to /dev/null", recv, f"{messages / recv:,.0f} messages/s"),
-            ("our pull to a committed batch", ours, f"{messages / ours:,.0f} messages/s"),
+            ("raw SQL peek (count(*))", raw, f"{messages / raw:,.0f} messages/s  runs {runs(raws)}"),
+            ("pg_recvlogical to /dev/null", recv, f"{messages / recv:,.0f} messages/s  runs {runs(recvs)}"),
+            ("our pull to a committed batch", our, f"{messages / our:,.0f} messages/s  runs {runs(ours)}"),
         ])
-        print(f"ours vs raw peek: {raw / ours:.2f}x the rate; ours vs pg_recvlogical: {recv / ours:.2f}x the rate")
+        print(f"medians of {args.repeat}: ours vs raw peek: {raw / our:.2f}x the rate; "
+              f"ours vs pg_recvlogical: {recv / our:.2f}x the rate")
+        for slot in ["raw", *recv_slots, *our_slots]:
+            hook.drop_slot(slot)
 
+        hook.create_slot("windows")
+        backlog = args.window * args.windows
+        t0 = time.perf_counter()
+        paced_workload(pg, backlog, args.txn_size, args.backlog_seconds, start_id=args.changes)
+        print(f"windows backlog: {backlog:,} inserts over {time.perf_counter() - t0:.0f}s")
         windows = []
         root = ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-windows-')}")
         while True:

@@ -18,7 +18,9 @@ which handles every message of protocols 1 to 4 and reports malformed input prec
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +45,17 @@ _VECTORISED_TUPLE_KINDS = np.zeros(256, bool)
 _VECTORISED_TUPLE_KINDS[[_NULL, _TOAST, _TEXT]] = True
 _OPS = pa.array(["I", "U", "D", "T"])
 _OP_INDEX = {_I: 0, _U: 1, _D: 2}
+
+
+#: rows per unit of parallel work: numpy and Arrow release the GIL, so parts decode and build on
+#: separate cores; a part is large enough that per-call overhead stays small
+PART_ROWS = 100_000
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+def _parts(rows: np.ndarray) -> list[np.ndarray]:
+    count = min(WORKERS, -(-len(rows) // PART_ROWS))
+    return np.array_split(rows, count) if count > 1 else [rows]
 
 
 class NeedsAssembler(Exception):
@@ -219,14 +232,21 @@ class ColumnarTable:
         self.columns = change_batch.union_columns(self.versions, types)
         key = self.key
         schema = change_batch.change_schema(self.columns, key)
-        parts = [self._group_table(g, key, schema) for g in self.groups]
+        if len(self.groups) > 1:
+            with ThreadPoolExecutor(WORKERS) as pool:
+                parts = list(pool.map(lambda g: self._group_table(g, key, schema), self.groups))
+        else:
+            parts = [self._group_table(g, key, schema) for g in self.groups]
         order = [g.index for g in self.groups]
         if self.truncates:
             parts.append(self._truncate_table(schema))
             order.append(np.array([t[0] for t in self.truncates], np.int64))
-        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        if len(parts) > 1:
-            table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+        if len(parts) == 1:
+            return parts[0]
+        table = pa.concat_tables(parts)
+        index = np.concatenate(order)
+        if (np.diff(index) < 0).any():  # schema versions or truncates interleave: back to message order
+            table = table.take(pa.array(np.argsort(index, kind="stable")))
         return table
 
     def _meta(self, op: pa.Array, txn: np.ndarray, seq: np.ndarray) -> list[pa.Array]:
@@ -330,7 +350,8 @@ def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) ->
         raise NeedsAssembler("streamed or two-phase messages")
     txns, begins, commits = _transactions(buf, kind)
     txn_of = np.searchsorted(begins, np.arange(count), side="right") - 1
-    inside = (txn_of >= 0) & (np.arange(count) < commits[np.maximum(txn_of, 0)])
+    inside = (txn_of >= 0) & (np.arange(count) < commits[np.maximum(txn_of, 0)]) if len(begins) \
+        else np.zeros(count, bool)
 
     is_data = (kind == _I) | (kind == _U) | (kind == _D)
     if not inside[is_data].all():
@@ -367,9 +388,10 @@ def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) ->
         elif k == _M:
             loose_messages.append(message_entry(msg, False, None))
     cumulative = np.cumsum(counted) - counted
-    seq = cumulative - cumulative[begins][np.maximum(txn_of, 0)]
+    seq = cumulative - cumulative[begins][np.maximum(txn_of, 0)] if len(begins) else cumulative
 
     tables: dict[int, ColumnarTable] = {}
+    work: list[tuple[ColumnarTable, Relation, np.ndarray]] = []
     data_index = np.nonzero(is_data)[0]
     oids = ((buf.head[data_index] >> np.uint64(24)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
     for oid in np.unique(oids).tolist():
@@ -380,8 +402,11 @@ def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) ->
         table = tables[oid] = ColumnarTable(history[-1][1], buf, txns)
         version = np.searchsorted(np.array([h[0] for h in history]), rows, side="right") - 1
         for v in np.unique(version).tolist():
-            picked = rows[version == v]
-            table.groups.append(_group(buf, history[v][1], picked, txn_of[picked], seq[picked], kind[picked]))
+            work += [(table, history[v][1], part) for part in _parts(rows[version == v])]
+    with ThreadPoolExecutor(WORKERS) as pool:
+        groups = pool.map(lambda w: _group(buf, w[1], w[2], txn_of[w[2]], seq[w[2]], kind[w[2]]), work)
+        for (table, _rel, _rows), group in zip(work, groups):
+            table.groups.append(group)
     for i, msg in truncates:
         for oid in msg.relation_oids:
             if oid not in known:

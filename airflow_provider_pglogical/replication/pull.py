@@ -318,7 +318,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
                 data, fetched = toast.fill_unchanged_toast(cursor, data, table)
                 if fetched:
                     table.details["toast_fetch"] = fetched
-                writer.write_part(table.qualified_name, data)
+                writer.write_parts(table.qualified_name, data, columnar.WORKERS, columnar.PART_ROWS)
     finally:
         conn.close()
     writer.commit()

@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Protocol
 
@@ -163,6 +164,26 @@ class BatchWriter:
         with (self.directory / entry["path"]).open("wb") as fh:
             pq.write_table(data, fh, compression="zstd")
         self._count(table, entry, data.num_rows)
+
+    def write_parts(self, qualified_name: str, data: pa.Table, workers: int, min_rows: int) -> None:
+        """Write ``data`` as up to ``workers`` Parquet files of at least ``min_rows`` rows each, in
+        parallel (Parquet encoding releases the GIL); file names follow row order."""
+        count = max(1, min(workers, data.num_rows // max(1, min_rows)))
+        if count == 1:
+            self.write_part(qualified_name, data)
+            return
+        size = -(-data.num_rows // count)
+        slices = [data.slice(offset, size) for offset in range(0, data.num_rows, size)]
+        files = [self._next_file(qualified_name) for _ in slices]
+
+        def write(item: tuple[pa.Table, tuple[TableManifest, dict]]) -> None:
+            part, (table, entry) = item
+            with (self.directory / entry["path"]).open("wb") as fh:
+                pq.write_table(part, fh, compression="zstd")
+            self._count(table, entry, part.num_rows)
+
+        with ThreadPoolExecutor(len(slices)) as pool:
+            list(pool.map(write, zip(slices, files)))
 
     @contextlib.contextmanager
     def part_writer(self, qualified_name: str, schema: pa.Schema) -> Iterator["_CountingWriter"]:
