@@ -8,6 +8,8 @@ Vectorised pyarrow casts do the common types; only bytea and arrays need per-val
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -117,18 +119,36 @@ def parse_array_literal(text: str, column: str = "?") -> list[str | None]:
     return out
 
 
-#: parsers pyarrow's CSV reader handles natively (given ``CSV_READ_OPTIONS``)
-_CSV_NATIVE = {"text", "bool", "int", "float", "decimal", "date", "timestamp", "timestamptz"}
+#: parsers whose text output pyarrow's CSV reader converts itself: it never holds a backslash,
+#: tab or newline, so COPY's text format leaves it as it is
+_COPY_NATIVE = {"bool", "int", "float", "decimal", "date", "timestamp", "timestamptz"}
 
 
-def csv_read_types(mapped: dict[str, MappedType]) -> tuple[dict[str, pa.DataType], list[str]]:
-    """Column types for pyarrow's CSV reader, and the columns to convert afterwards (read as text)."""
+def copy_read_types(mapped: dict[str, MappedType]) -> tuple[dict[str, pa.DataType], list[str]]:
+    """Column types for reading COPY text format with pyarrow's CSV reader, and the columns read as
+    strings: those must go through :func:`unescape_copy_text` (and, unless plain text, be converted
+    by :func:`text_to_arrow`) afterwards."""
     types: dict[str, pa.DataType] = {}
-    later: list[str] = []
+    strings: list[str] = []
     for name, mapping in mapped.items():
-        if mapping.parser in _CSV_NATIVE:
+        if mapping.parser in _COPY_NATIVE:
             types[name] = mapping.arrow
         else:
             types[name] = pa.string()
-            later.append(name)
-    return types, later
+            strings.append(name)
+    return types, strings
+
+
+# COPY TO's text format escapes exactly these (and never emits octal or hex sequences).
+_COPY_ESCAPES = {"\\": "\\", "n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f", "v": "\v"}
+_COPY_ESCAPE = re.compile(r"\\(.)", re.S)
+
+
+def unescape_copy_text(texts: pa.Array) -> pa.Array:
+    """Undo COPY text format's backslash escapes; only values holding a backslash go through Python."""
+    mask = pc.fill_null(pc.match_substring(texts, "\\"), False)
+    if not pc.any(mask).as_py():
+        return texts
+    fixed = [_COPY_ESCAPE.sub(lambda m: _COPY_ESCAPES.get(m.group(1), m.group(1)), v)
+             for v in pc.filter(texts, mask).to_pylist()]
+    return pc.replace_with_mask(texts, mask, pa.array(fixed, texts.type))

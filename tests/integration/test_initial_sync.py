@@ -181,3 +181,29 @@ def test_backfill_of_one_table_and_a_key_range(publisher, publisher_hook, root):
         run_backfill(publisher_hook, tables=["c"], publications=["p"], root=root, pipeline="p")
     # Backfills use temporary slots: only the pipeline's own slot remains.
     assert [s.name for s in publisher_hook.list_slots() if s.database == publisher.name] == ["s1"]
+
+
+def test_text_values_with_escapes_arrive_exactly(publisher, publisher_hook, root):
+    """COPY text format escapes tabs, newlines and backslashes inside values; the staged values
+    must equal the source's, for text, bytea, arrays and json alike (and the literal text \\N is
+    not NULL)."""
+    publisher.execute(r"""
+        CREATE TABLE tricky(id int PRIMARY KEY, t text, b bytea, a text[], j jsonb, v varchar(20));
+        INSERT INTO tricky VALUES
+          (1, E'tab\there\nnew line\r\\back\\slash', E'\\x00095c0a'::bytea, ARRAY[E'a\tb', E'c\\d', 'x"y', NULL],
+           '{"k": "line\nbreak \\\\ slash"}', E'\\N'),
+          (2, '', NULL, '{}', 'null', NULL),
+          (3, E'\\N', '\x'::bytea, ARRAY['plain'], '[1, 2]', E'\b\f\v'),
+          (4, NULL, NULL, NULL, NULL, 'ünïcødé ✓');
+        CREATE PUBLICATION pub FOR TABLE tricky;
+    """)
+    run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    staged = staged_rows(root, "p")["tricky"]
+    source = publisher.query("SELECT id, t, b, a, j::text, v FROM tricky ORDER BY id")
+    expected = [(i, t, bytes(b) if b is not None else None, a, j, v) for i, t, b, a, j, v in source]
+    got = [(i, t, b, a, j, v) for i, t, b, a, j, v in staged]
+    assert [r[:4] + r[5:] for r in got] == [r[:4] + r[5:] for r in expected]
+    import json
+    assert [json.loads(r[4]) if r[4] is not None else None for r in got] == [
+        json.loads(r[4]) if r[4] is not None else None for r in expected]
+    assert got[0][1] == "tab\there\nnew line\r\\back\\slash" and got[0][5] == "\\N" and got[2][1] == "\\N"

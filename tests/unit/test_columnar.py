@@ -146,3 +146,14 @@ def test_parts_split_large_groups_and_build_in_order(monkeypatch):
     window = columnar.decode_window(copy_chunks(rows), 1, entry)
     assert [len(g.index) for g in window.tables[OID].groups] == [3, 2, 2]
     assert [r["id"] for r in window.tables[OID].build({}).to_pylist()] == [str(i) for i in range(7)]
+
+
+def test_copy_text_unescape_touches_only_escaped_values():
+    import pyarrow as pa
+
+    from airflow_provider_pglogical.replication.values import unescape_copy_text
+
+    texts = pa.array(["plain", "a\\tb\\nc", "\\\\N", None, "\\b\\f\\v\\r", "é\\\\"])
+    assert unescape_copy_text(texts).to_pylist() == ["plain", "a\tb\nc", "\\N", None, "\b\f\v\r", "é\\"]
+    untouched = pa.array(["x", None])
+    assert unescape_copy_text(untouched) is untouched
