@@ -109,18 +109,19 @@ def stage(root: Path, pipeline: str, size: int, changes: int, seed: int = 7) -> 
     writer.commit()
 
 
-def session(warehouse: Path, driver_memory: str):
+def session(warehouse: Path, driver_memory: str, extra: dict[str, str]):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master("local[2]").appName("bench-apply")
     conf = {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.driver.memory": driver_memory,
             "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true", "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "4"}
+            **extra}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    job.tune_session(spark)  # the job's own defaults, where --conf did not set a value
     return spark
 
 
@@ -196,6 +197,9 @@ def main() -> None:
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--skip-submit", action="store_true", help="do not measure the fixed spark-submit cost")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="Spark property over the job's defaults (repeatable)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     layouts = args.layouts.split(",")
@@ -209,10 +213,13 @@ def main() -> None:
             print(f"staged {size} rows + {args.changes} changes in {time.monotonic() - started:.1f}s", flush=True)
         # the fixed cost first, while no other JVM runs: nothing staged, then everything applied
         stage(root, "tiny", 1000, 100)
-        empty = submit_seconds(warehouse, root, "empty", "bench_empty")
-        applied = submit_seconds(warehouse, root, "tiny", "bench_tiny", repeats=4)  # the 1st run applies
+        if args.skip_submit:
+            empty = applied = (float("nan"), "not measured (--skip-submit)")
+        else:
+            empty = submit_seconds(warehouse, root, "empty", "bench_empty")
+            applied = submit_seconds(warehouse, root, "tiny", "bench_tiny", repeats=4)  # the 1st run applies
         print(f"spark-submit, no batch: {empty[0]:.2f}s; all batches applied: {applied[0]:.2f}s", flush=True)
-        spark = session(warehouse, args.driver_memory)
+        spark = session(warehouse, args.driver_memory, dict(c.split("=", 1) for c in args.conf))
         loads = [os.getloadavg()[0]]
         for layout in layouts:
             buckets = int(layout[len("bucket"):]) if layout.startswith("bucket") else None

@@ -15,9 +15,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 
-from common import cluster, psql, report, timed
+from common import client_cpu, cluster, psql, report, server_cpu, timed
 
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
@@ -46,8 +47,19 @@ def main() -> None:
         pg.execute("CREATE PUBLICATION pub FOR TABLE bench")
         hook = PgLogicalHook(postgres_conn_id="benchsnap")
         results = []
-        raw, _ = timed(lambda: psql(pg, "COPY bench TO STDOUT"), args.repeat)
-        results.append(("raw COPY TO STDOUT (psql > /dev/null)", raw, "1.00x raw"))
+        cpu: dict[str, tuple[float, float]] = {}
+
+        def measured(name: str, fn) -> float:
+            """Median wall time of ``fn``, and its mean client and server CPU seconds per run."""
+            client, server = client_cpu(), server_cpu(pg)
+            seconds, _ = timed(fn, args.repeat)
+            time.sleep(0.5)  # let the postmaster reap the sessions that just closed
+            cpu[name] = ((client_cpu() - client) / args.repeat, (server_cpu(pg) - server) / args.repeat)
+            return seconds
+
+        name = "raw COPY TO STDOUT (psql > /dev/null)"
+        raw = measured(name, lambda: psql(pg, "COPY bench TO STDOUT"))
+        results.append((name, raw, "1.00x raw"))
         for workers in (1, 2):
             def snapshot():
                 slot = f"bench_{uuid.uuid4().hex[:8]}"
@@ -58,8 +70,9 @@ def main() -> None:
                 finally:
                     hook.drop_slot(slot)
                     shutil.rmtree(staging, ignore_errors=True)
-            seconds, _ = timed(snapshot, args.repeat)
-            results.append((f"our snapshot, {workers} ctid worker(s)", seconds, f"{raw / seconds:.2f}x raw"))
+            name = f"our snapshot, {workers} ctid worker(s)"
+            seconds = measured(name, snapshot)
+            results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
             print(results[-1], flush=True)
         if args.dlt_python:
             for backend in ("pyarrow", "connectorx"):
@@ -71,10 +84,12 @@ def main() -> None:
                                         backend, out], check=True, env={**os.environ, "DLT_SOURCE_URI": pg.connection_uri()})
                     finally:
                         shutil.rmtree(out, ignore_errors=True)
-                seconds, _ = timed(dlt_run, args.repeat)
-                results.append((f"dlt sql_database, {backend} backend", seconds, f"{raw / seconds:.2f}x raw"))
+                name = f"dlt sql_database, {backend} backend"
+                seconds = measured(name, dlt_run)
+                results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
         print(f"rows: {args.rows:,}; medians of {args.repeat} runs")
-        report(results)
+        report([(n, sec, f"{note}  CPU per run: client {cpu[n][0]:.1f} s + server {cpu[n][1]:.1f} s")
+                for n, sec, note in results])
         ours1 = results[1][1]
         ours2 = results[2][1]
         print(f"two workers vs one: {ours1 / ours2:.2f}x")

@@ -29,6 +29,22 @@ def cluster(name: str):
         pg.stop()
 
 
+def server_cpu(pg: LocalPostgres) -> float:
+    """CPU seconds the cluster's processes used so far: the postmaster's own plus its reaped
+    children's (every backend that has exited, e.g. the COPY sessions of a finished run)."""
+    pid = int((pg.data_dir / "postmaster.pid").read_text().split()[0])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+def client_cpu() -> float:
+    """CPU seconds of this process and its waited-for children (psql, dlt)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def timed(fn, repeat: int = 3) -> tuple[float, list[float]]:
     """Median wall time of ``fn()`` over ``repeat`` runs (and all runs)."""
     runs = []

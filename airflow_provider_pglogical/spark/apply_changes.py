@@ -771,6 +771,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def session_defaults(default_parallelism: int) -> dict[str, str]:
+    """Spark SQL settings for applying batches that are small next to their tables.
+
+    * a few shuffle partitions per core, not 200;
+    * a MERGE joins the whole target (its key and row position) with the batch: with a hash map
+      of the batch's rows per shuffle partition (adaptive execution turns the sort-merge join into
+      a shuffled hash join when every partition's map fits the threshold), no target row is sorted.
+    """
+    return {
+        "spark.sql.shuffle.partitions": str(max(4, 2 * default_parallelism)),
+        "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": "256m",
+    }
+
+
+def tune_session(spark) -> None:
+    """Apply :func:`session_defaults` where the submitter did not set its own value."""
+    conf = spark.sparkContext.getConf()
+    for key, value in session_defaults(spark.sparkContext.defaultParallelism).items():
+        if not conf.contains(key):
+            spark.conf.set(key, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
@@ -783,9 +805,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel(args.log_level)
-    if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
-        # batches are small next to the tables: a few shuffle partitions per core, not 200
-        spark.conf.set("spark.sql.shuffle.partitions", str(max(4, 2 * spark.sparkContext.defaultParallelism)))
+    tune_session(spark)
     summary = run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
                   json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count)
     print(RESULT_PREFIX + json.dumps(summary), flush=True)
