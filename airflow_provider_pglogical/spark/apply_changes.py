@@ -772,17 +772,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def session_defaults(default_parallelism: int) -> dict[str, str]:
-    """Spark SQL settings for applying batches that are small next to their tables.
-
-    * a few shuffle partitions per core, not 200;
-    * a MERGE joins the whole target (its key and row position) with the batch: with a hash map
-      of the batch's rows per shuffle partition (adaptive execution turns the sort-merge join into
-      a shuffled hash join when every partition's map fits the threshold), no target row is sorted.
-    """
-    return {
-        "spark.sql.shuffle.partitions": str(max(4, 2 * default_parallelism)),
-        "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": "256m",
-    }
+    """Spark SQL settings for applying batches that are small next to their tables: a few shuffle
+    partitions per core, not 200."""
+    return {"spark.sql.shuffle.partitions": str(max(4, 2 * default_parallelism))}
 
 
 def tune_session(spark) -> None:
