@@ -29,6 +29,8 @@ os.environ.setdefault("AIRFLOW_HOME", str(Path(__file__).resolve().parents[2] / 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# spark-submit lives beside this interpreter (the venv's bin), also when run as ``python -m``
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
 
 from tests.reliability.workload import (  # noqa: E402
@@ -117,7 +119,6 @@ class Figures:
     toast_cells: int = 0
     verify_parse_errors: int = 0
     #: (key, columns) cells hit by the known product bug (see docs/reliability.md)
-    known_bug: set = field(default_factory=set)
     counts: Counts = field(default_factory=Counts)
 
     def killed(self, point: str) -> None:
@@ -318,9 +319,7 @@ class Harness:
         # subscriber may differ only by NULLs in unchanged-TOAST cells of rows that entered the filter
         result = self.run_verify([FILTERED_PUBLICATION])
         if not result["equal"]:
-            unexplained = self.classify_known_bug(result)
-            if unexplained or os.environ.get("PGLOGICAL_RELIABILITY_STRICT"):
-                self.fail("the lakehouse differs from the publisher's projection:\n" + self.explain(result))
+            self.fail("the lakehouse differs from the publisher's projection:\n" + self.explain(result))
         self.figures.toast_cells = self.compare_filtered_with_subscriber()
 
     def run_verify(self, publications: list[str], source_conn_id: str | None = None) -> dict:
@@ -373,68 +372,6 @@ class Harness:
                                                                   else v) for k, v in row.items()}, default=str))
         return "\n".join(lines) or json.dumps(result)[:2000]
 
-    def staged_history(self, table: str) -> list[dict]:
-        from airflow_provider_pglogical.replication import staging
-        from airflow_provider_pglogical.replication.lsn import Lsn
-
-        rows = []
-        for name, _start, _end, kind in staging.committed_batches(self.root, PIPELINE):
-            if kind != "changes":
-                continue
-            manifest = staging.read_manifest(self.root, PIPELINE, name)
-            if table in manifest.tables:
-                for row in staging.read_table(self.root, PIPELINE, name, manifest.tables[table]).to_pylist():
-                    lsn = row["_commit_lsn"]
-                    row["_order"] = (int(Lsn.parse(lsn)) if isinstance(lsn, str) else lsn, row["_seq"])
-                    rows.append(row)
-        return sorted(rows, key=lambda r: r["_order"])
-
-    def classify_known_bug(self, result: dict) -> list[str]:
-        """Known product bug (see docs/reliability.md): a row enters the row filter through an UPDATE
-        (an INSERT with unchanged-TOAST cells), then its key changes; the pull fetches the missing
-        cells by the *old* key, finds nothing, and the lakehouse keeps NULL. Returns what does not fit."""
-        unexplained = []
-        qualified = f"public.{FILTERED_TABLE}"
-        for table in result.get("tables", []):
-            if table["equal"]:
-                continue
-            if table["table"] != qualified or table.get("source_rows") != table.get("target_rows") or \
-                    table.get("differing_buckets", 0) and len(table.get("only_in_source", [])) >= 200:
-                unexplained.append(f"{table['table']}: not the known pattern")
-                continue
-            history = self.staged_history(qualified)
-            target = {tuple(str(r[k]) for k in FILTERED_KEY): r for r in table.get("only_in_target", [])}
-            for source in table.get("only_in_source", []):
-                key = tuple(str(source[k]) for k in FILTERED_KEY)
-                lake = target.pop(key, None)
-                cols = [c for c in source if lake is not None and source[c] != lake[c]]
-                if lake is None or not cols or any(c not in TOAST_COLUMNS or lake[c] is not None for c in cols):
-                    unexplained.append(f"{key}: lakehouse {lake and {c: lake[c] for c in cols}}")
-                    continue
-                if not self._entered_then_rekeyed(history, key, cols):
-                    unexplained.append(f"{key}: NULL {cols} without a filter entry followed by a key change")
-                    continue
-                self.figures.known_bug.add((key, tuple(cols)))
-            unexplained += [f"{k}: only in the lakehouse" for k in target]
-        return unexplained
-
-    @staticmethod
-    def _entered_then_rekeyed(history: list[dict], key: tuple, cols: list[str]) -> bool:
-        """Walk back from ``key`` through key-changing UPDATEs; True when an earlier key of the row
-        arrived as an INSERT with ``cols`` unchanged-TOAST."""
-        keys, rekeyed = {key}, False
-        for row in reversed(history):
-            new = tuple(str(row[k]) for k in FILTERED_KEY)
-            old = tuple(str(row.get("_old_" + k)) for k in FILTERED_KEY) if row.get("_old_id") is not None else None
-            if new not in keys:
-                continue
-            if row["_op"] == "U" and old and old != new:
-                keys.add(old)
-                rekeyed = True
-            elif row["_op"] == "I" and rekeyed and set(cols) <= set(row.get("_unchanged_toast") or []):
-                return True
-        return False
-
     def compare_filtered_with_subscriber(self) -> int:
         """Differences publisher projection vs native subscriber of the row-filtered table; returns the
         count of documented TOAST cells, fails on anything else."""
@@ -480,8 +417,7 @@ class Harness:
                     f"{counts.prepared_committed}+{counts.prepared_rolled_back} prepared committed+rolled back, "
                     f"{counts.big_transactions} big, {counts.truncates} truncates, columns added "
                     f"{counts.added_columns}); kills {sorted(kills)}; verified equal "
-                    f"(native subscriber TOAST NULL cells: {self.figures.toast_cells}; known-bug lakehouse cells so far: "
-                    f"{len(self.figures.known_bug)})")
+                    f"(native subscriber TOAST NULL cells: {self.figures.toast_cells})")
         return counts
 
 
@@ -568,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         "added_columns": f.counts.added_columns, "kills_survived": f.kills, "kills_missed": f.missed,
         "change_batches": f.batches, "spark_submits": f.spark_submits, "unexplained_diffs": 0,
         "native_subscriber_toast_null_cells_last_round": f.toast_cells,
-        "known_bug_cells": sorted(map(str, f.known_bug)), "verify_parse_errors": f.verify_parse_errors, "seconds": round(time.monotonic() - started),
+        "verify_parse_errors": f.verify_parse_errors, "seconds": round(time.monotonic() - started),
     }, indent=1))
     return 0
 
