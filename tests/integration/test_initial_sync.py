@@ -207,3 +207,68 @@ def test_text_values_with_escapes_arrive_exactly(publisher, publisher_hook, root
     assert [json.loads(r[4]) if r[4] is not None else None for r in got] == [
         json.loads(r[4]) if r[4] is not None else None for r in expected]
     assert got[0][1] == "tab\there\nnew line\r\\back\\slash" and got[0][5] == "\\N" and got[2][1] == "\\N"
+
+
+def test_a_workload_during_the_copy_is_neither_lost_nor_doubled(publisher, publisher_hook, root, monkeypatch):
+    """Writers keep committing while the snapshot copies (slowed down so they overlap for sure):
+    the snapshot plus the following change batch replay to exactly the source's rows."""
+    import threading
+
+    from airflow_provider_pglogical.replication.pull import run_pull
+    from tests.integration.replay import replay, table_rows
+
+    publisher.execute(
+        "CREATE TABLE busy(id int NOT NULL, v int, region text NOT NULL);"
+        "CREATE UNIQUE INDEX busy_key ON busy(id, region); ALTER TABLE busy REPLICA IDENTITY USING INDEX busy_key;"
+        "INSERT INTO busy SELECT g, 0, CASE WHEN g % 3 = 0 THEN 'US' ELSE 'EU' END FROM generate_series(1, 20000) g;"
+        "CREATE PUBLICATION pub FOR TABLE busy WHERE (region = 'EU')"
+    )
+    copying, stop = threading.Event(), threading.Event()
+    real_copy_unit = snapshot._copy_unit
+
+    def slow_copy_unit(*args, **kwargs):
+        copying.set()
+        time.sleep(0.3)  # every work unit starts late: the writers get in between
+        return real_copy_unit(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot, "_copy_unit", slow_copy_unit)
+    statements: list[str] = []
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        copying.wait(30)
+        conn = publisher.connect()
+        try:
+            with conn.cursor() as cur:
+                write(cur)
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            errors.append(err)
+        finally:
+            conn.close()
+
+    def write(cur) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            statement = [
+                f"UPDATE busy SET v = v + 1 WHERE id = {1 + i * 37 % 20000}",
+                f"INSERT INTO busy VALUES ({20000 + i}, {i}, 'EU')",
+                f"DELETE FROM busy WHERE id = {1 + i * 53 % 20000}",
+                f"UPDATE busy SET region = 'US' WHERE id = {1 + i * 71 % 20000}",  # leaves the filter
+                f"UPDATE busy SET region = 'EU' WHERE id = {1 + i * 89 % 20000}",  # may enter it
+            ][i % 5]
+            cur.execute(statement)
+            statements.append(statement)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p", parallelism=2)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert len(statements) > 20, "the writers did not overlap the copy"
+    run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    lake = table_rows(replay(root, "p"), "public.busy", ["id", "v", "region"])
+    assert lake == sorted(publisher.query("SELECT id, v, region FROM busy WHERE region = 'EU'"))
