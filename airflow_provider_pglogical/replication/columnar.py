@@ -288,11 +288,10 @@ class ColumnarTable:
             if group.old is None or j is None:
                 arrays.append(pa.nulls(n, mapped.arrow))
                 continue
-            starts = np.zeros(n, np.int64)
+            # Rows without an old tuple take an empty span at their own value's start: offsets stay sorted.
+            starts = vals.starts[0].copy()
             lengths = np.zeros(n, np.int64)
             valid = np.zeros(n, bool)
-            # Rows without an old tuple take an empty span at their own value's start: offsets stay sorted.
-            starts[:] = vals.starts[0]
             starts[group.old_rows] = group.old.starts[j]
             lengths[group.old_rows] = group.old.lengths[j]
             valid[group.old_rows] = group.old.kinds[j] == _TEXT
