@@ -206,6 +206,12 @@ class Harness:
                          report=lambda m: None)
         self.apply()
 
+    def committed_batches(self, kind: str) -> int:
+        """Committed batches of ``kind`` in staging (whichever run, killed or not, staged them)."""
+        from airflow_provider_pglogical.replication import staging
+
+        return sum(1 for *_, k in staging.committed_batches(self.root, PIPELINE) if k == kind)
+
     # --- pull ------------------------------------------------------------------------------
     def pull_all(self, kills: set[str], changes: int) -> None:
         from airflow_provider_pglogical.replication.pull import run_pull
@@ -502,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         "prepared_rolled_back": f.counts.prepared_rolled_back, "truncates": f.counts.truncates,
         "key_changes": f.counts.key_changes, "filter_crossings": f.counts.filter_crossings,
         "added_columns": f.counts.added_columns, "kills_survived": f.kills, "kills_missed": f.missed,
-        "change_batches": f.batches, "spark_submits": f.spark_submits, "unexplained_diffs": 0,
+        "change_batches": harness.committed_batches("changes"), "snapshot_batches": harness.committed_batches("snapshot"),
+        "spark_submits": f.spark_submits, "unexplained_diffs": 0,
         "native_subscriber_toast_null_cells_last_round": f.toast_cells,
         "verify_parse_errors": f.verify_parse_errors, "seconds": round(time.monotonic() - started),
     }, indent=1))
