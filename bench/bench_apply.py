@@ -31,6 +31,8 @@ import pyarrow as pa
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# spark-submit lives beside this interpreter (the venv's bin), also when the venv is not activated
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, TableManifest  # noqa: E402
@@ -269,12 +271,23 @@ def main() -> None:
               "references only source columns, so the target scan reads the key column (plus Iceberg's _file/_pos) "
               "and no value column. What still grows with the table is the join: Spark 3.5 plans the MERGE as "
               "`target RIGHT OUTER JOIN batch`, a sort-merge join that shuffles and sorts every target row's key "
-              "and file position (the batch side cannot be broadcast for a right outer join). Bucketing by key "
-              "(`--bucket-count`) does not remove that shuffle on Spark 3.5 (a storage-partitioned join needs both "
-              "sides bucketed; Spark 3.5 has no one-side-shuffle SPJ), and with keys spread over the whole table each "
-              "commit writes N times more files, so it is not the default. The next lever is to stage the reduced "
-              "batch as a bucketed Iceberg table and MERGE with storage-partitioned joins enabled. On this 2-core "
-              "machine timings move by ±25% between runs and with other jobs' load (see the load average above).",
+              "with its row position (the physical plan shows 91.6 MiB shuffled for the 500k-row table, most of it "
+              "the `_file` path string; ~10x that at 5M), and the batch side cannot be broadcast for a right outer "
+              "join. Bucketing by key (`--bucket-count`) does not remove that shuffle on Spark 3.5 (a "
+              "storage-partitioned join needs both sides bucketed; Spark 3.5 has no one-side-shuffle SPJ), and with "
+              "keys spread over the whole table each commit writes N times more files, so it is not the default.",
+              "",
+              "Tried and dropped (A/B in one session each, `--warmups 2 --repeats 3`): "
+              "`spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold=256m` (AQE did not turn the join into a "
+              "shuffled hash join: 2.21x against 2.15x without); a materialised batch behind a selective-looking "
+              "filter with a low `spark.sql.optimizer.runtime.bloomFilter.applicationSideScanSizeThreshold`, so that "
+              "Spark would inject a bloom filter of the batch's keys into the target scan (it did not, the plan kept "
+              "the full shuffle); and a MERGE with only WHEN MATCHED clauses (an inner join, the batch broadcast) "
+              "plus an INSERT of the absent keys (ratio 1.82x, but 3x slower in absolute terms, and two commits, "
+              "which would need a WAP branch to stay atomic for readers). The lever left is to stage the reduced "
+              "batch as an Iceberg table bucketed like the target and MERGE with storage-partitioned joins. On this "
+              "2-core machine timings move by about ±25% between runs and with other jobs' load (see the load "
+              "average above).",
               ""]
     text = "\n".join(lines)
     print(text)
