@@ -296,6 +296,15 @@ class Lakehouse:
     def exists(self, table: str) -> bool:
         return self.spark.catalog.tableExists(f"{self.catalog}.{self.namespace}.{table}")
 
+    def bucketed(self, table: str, column: str) -> bool:
+        """True when ``table`` is partitioned by ``bucket(bucket_count, column)`` and nothing else."""
+        spec = [r for r in self.spark.sql(f"DESCRIBE TABLE {self.name(table)}").collect()]
+        start = next((i for i, r in enumerate(spec) if r.col_name.strip() == "# Partitioning"), None)
+        if start is None:
+            return False
+        parts = [r.data_type.strip() for r in spec[start + 1:] if r.col_name.startswith("Part ")]
+        return parts == [f"bucket({int(self.bucket_count)}, {column})"]
+
     # state ---------------------------------------------------------------------------------
     def read_state(self, pipeline: str) -> dict[str, TableState]:
         state_table = self.name(STATE_TABLE)
@@ -639,8 +648,7 @@ class Applier:
         keep = reduced.unchanged_columns
         if keep and reduced.moved_unchanged:
             frame = self._fetch_moved(frame, target, keys, values)
-        view = "__pglogical_changes"
-        frame.createOrReplaceTempView(view)
+        source, staged = self._merge_source(frame, target, keys)
         sets = []
         for index, name in enumerate(values):
             if name in keep:
@@ -649,13 +657,34 @@ class Applier:
                 sets.append(f"{quote(name)} = s.{quote(name)}")
         matched_update = f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)} " if sets else ""
         self.spark.sql(
-            f"MERGE INTO {self.lakehouse.name(target)} t USING {view} s ON {_join(manifest)} "
+            f"MERGE INTO {self.lakehouse.name(target)} t USING {source} s ON {_join(manifest)} "
             "WHEN MATCHED AND s.__op = 'D' THEN DELETE "
             f"{matched_update}"
             f"WHEN NOT MATCHED AND s.__op <> 'D' THEN INSERT ({', '.join(map(quote, batch_columns))}) "
             f"VALUES ({', '.join('s.' + quote(c) for c in batch_columns)})"
         )
+        if staged:
+            self.spark.sql(f"DROP TABLE IF EXISTS {source} PURGE")
         return reduced.rows
+
+    def _merge_source(self, frame, target: str, keys: list[str]) -> tuple[str, bool]:
+        """What the MERGE reads the reduced batch from: a temporary view or, for a bucketed target,
+        an Iceberg table bucketed the same way (True).
+
+        A MERGE shuffles every target row to join it with the batch, so its cost grows with the
+        table. When both sides are Iceberg tables bucketed alike on the join key, Spark joins them
+        bucket by bucket without that shuffle (a storage-partitioned join, ``session_defaults``).
+        The table is replaced on every use, so one left by a killed run does no harm.
+        """
+        from pyspark.sql import functions as F
+
+        if not (self.lakehouse.bucket_count and keys and self.lakehouse.bucketed(target, keys[0])):
+            frame.createOrReplaceTempView("__pglogical_changes")
+            return "__pglogical_changes", False
+        staged = self.lakehouse.name(f"_pglogical_batch__{target}")
+        (frame.writeTo(staged).using("iceberg").tableProperty("format-version", "2")
+         .partitionedBy(F.bucket(int(self.lakehouse.bucket_count), F.col(keys[0]))).createOrReplace())
+        return staged, True
 
     def _fetch_moved(self, frame, target, keys, values):
         """Moved rows (``__ok`` != key) take kept values from the lakehouse row of their old key."""
@@ -772,9 +801,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def session_defaults(default_parallelism: int) -> dict[str, str]:
-    """Spark SQL settings for applying batches that are small next to their tables: a few shuffle
-    partitions per core, not 200."""
-    return {"spark.sql.shuffle.partitions": str(max(4, 2 * default_parallelism))}
+    """Spark SQL settings for applying batches that are small next to their tables.
+
+    * a few shuffle partitions per core, not 200;
+    * storage-partitioned joins: a bucketed target MERGEs with a batch bucketed alike without
+      shuffling the target (only tables created with ``--bucket-count`` are bucketed).
+    """
+    return {
+        "spark.sql.shuffle.partitions": str(max(4, 2 * default_parallelism)),
+        "spark.sql.sources.v2.bucketing.enabled": "true",
+        "spark.sql.iceberg.planning.preserve-data-grouping": "true",
+        "spark.sql.sources.v2.bucketing.pushPartValues.enabled": "true",
+        "spark.sql.requireAllClusterKeysForCoPartition": "false",
+    }
 
 
 def tune_session(spark) -> None:

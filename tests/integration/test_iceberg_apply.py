@@ -379,6 +379,24 @@ def test_apply_every_change_kind_type_and_schema_change_then_reapply_exactly(lak
     assert lake.everything("shop") == before
 
 
+def test_bucketed_tables_merge_through_a_bucketed_batch_table_exactly(lake):
+    """With --bucket-count the targets are bucketed by key, each batch MERGEs from an Iceberg table
+    bucketed alike (a storage-partitioned join), and the result is the same as unbucketed."""
+    first = applied(lake.warehouse, "shop_bucketed", lake.root, extra=["--bucket-count", "4"])
+    assert [s["kind"] for s in first["steps"]].count("changes") == 8
+    assert_shop(lake, "shop_bucketed")
+    spec = [r.data_type for r in lake.spark.sql("DESCRIBE TABLE lake.shop_bucketed.public__orders").collect()
+            if r.col_name.startswith("Part ")]
+    assert spec == ["bucket(4, id)"]
+    tables = {r.tableName for r in lake.spark.sql("SHOW TABLES IN lake.shop_bucketed").collect()}
+    assert not [t for t in tables if t.startswith("_pglogical_batch")], tables  # dropped after each MERGE
+    before = lake.everything("shop_bucketed")
+    lake.spark.sql("UPDATE lake.shop_bucketed._pglogical_state SET position = '0000000000001000' "
+                   "WHERE source_table = 'public.orders'")
+    applied(lake.warehouse, "shop_bucketed", lake.root, extra=["--bucket-count", "4"])
+    assert lake.everything("shop_bucketed") == before
+
+
 def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(lake):
     # the dangerous point: the MERGEs of round 2 (steps 5-8: C1, and C2 of tags) are committed,
     # their positions are not
