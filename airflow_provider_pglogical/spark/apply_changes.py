@@ -281,6 +281,10 @@ class Staging:
 # --- the lakehouse side -----------------------------------------------------------------------
 
 
+#: name prefix of the temporary tables a bucketed target's batch is staged in
+BATCH_TABLE_PREFIX = "_pglogical_batch__"
+
+
 class Lakehouse:
     def __init__(self, spark, catalog: str, namespace: str, write_mode: str, bucket_count: int | None):
         self.spark = spark
@@ -295,6 +299,12 @@ class Lakehouse:
 
     def exists(self, table: str) -> bool:
         return self.spark.catalog.tableExists(f"{self.catalog}.{self.namespace}.{table}")
+
+    def drop_batch_tables(self) -> None:
+        """Drop the bucketed batch tables a killed run left (see ``Applier._merge_source``)."""
+        for row in self.spark.sql(f"SHOW TABLES IN {quote(self.catalog)}.{quote(self.namespace)}").collect():
+            if row.tableName.startswith(BATCH_TABLE_PREFIX):
+                self.spark.sql(f"DROP TABLE IF EXISTS {self.name(row.tableName)} PURGE")
 
     def bucketed(self, table: str, column: str) -> bool:
         """True when ``table`` is partitioned by ``bucket(bucket_count, column)`` and nothing else."""
@@ -674,16 +684,19 @@ class Applier:
         A MERGE shuffles every target row to join it with the batch, so its cost grows with the
         table. When both sides are Iceberg tables bucketed alike on the join key, Spark joins them
         bucket by bucket without that shuffle (a storage-partitioned join, ``session_defaults``).
-        The table is replaced on every use, so one left by a killed run does no harm.
+        Each MERGE gets a table of its own name, dropped after it; ones a killed run left behind
+        are dropped when the next run starts (:meth:`Lakehouse.drop_batch_tables`).
         """
+        import uuid
+
         from pyspark.sql import functions as F
 
         if not (self.lakehouse.bucket_count and keys and self.lakehouse.bucketed(target, keys[0])):
             frame.createOrReplaceTempView("__pglogical_changes")
             return "__pglogical_changes", False
-        staged = self.lakehouse.name(f"_pglogical_batch__{target}")
+        staged = self.lakehouse.name(f"{BATCH_TABLE_PREFIX}{target}__{uuid.uuid4().hex[:12]}")
         (frame.writeTo(staged).using("iceberg").tableProperty("format-version", "2")
-         .partitionedBy(F.bucket(int(self.lakehouse.bucket_count), F.col(keys[0]))).createOrReplace())
+         .partitionedBy(F.bucket(int(self.lakehouse.bucket_count), F.col(keys[0]))).create())
         return staged, True
 
     def _fetch_moved(self, frame, target, keys, values):
@@ -726,6 +739,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         log.info("no committed batch under %s", staging.directory)
         return {"pipeline": pipeline, "batches": 0, "steps": []}
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
+    if bucket_count:
+        lakehouse.drop_batch_tables()
     applier = Applier(spark, staging, lakehouse)
     states = lakehouse.read_state(pipeline)
     for source, state in states.items():
