@@ -29,23 +29,6 @@ from airflow_provider_pglogical.embedded.postgres import LocalPostgres, wait_unt
 _counter = itertools.count()
 
 
-#: the longest test files, longest first: ``pytest -n 2 --dist loadfile`` (CI) hands files out in
-#: collection order, alternating between the two workers, so the long ones spread over both and the
-#: short files fill in around them
-LONGEST_FIRST = (
-    "tests/reliability/", "tests/integration/test_dags.py", "tests/integration/test_iceberg_apply.py",
-    "tests/integration/test_toast_filter_crossing.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Order the longest files first (a stable sort: the order inside and between the others stays)."""
-    def rank(item) -> int:
-        return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
-
-    items.sort(key=rank)
-
-
 @pytest.fixture(scope="session")
 def publisher_cluster():
     cluster = LocalPostgres(name="publisher").start()

@@ -51,4 +51,4 @@ def test_job_imports_nothing_from_airflow_or_the_package():
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert {m.split(".")[0] for m in modules} <= {
         "__future__", "argparse", "json", "logging", "os", "re", "signal", "sys", "time", "dataclasses",
-        "functools", "pyspark"}
+        "functools", "uuid", "pyspark"}
