@@ -28,45 +28,39 @@ from common import cluster, report
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
-from airflow_provider_pglogical.replication.pull import plugin_options, run_pull  # noqa: E402
+from airflow_provider_pglogical.replication.pull import run_pull  # noqa: E402
 
-OPTIONS = "'proto_version', '1', 'publication_names', 'pub'"
+PEEK_COUNT = ("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1',"
+              " 'publication_names', 'pub')")
 
 
-def workload(pg, changes: int, txn_size: int, checkpoint_every: int) -> None:
+INSERT = ("INSERT INTO orders SELECT g, g %% 1000, 'new', g / 100.0, now(), md5(g::text), true"
+          "  FROM generate_series(%s, %s) g")
+
+
+def workload(pg, changes: int, txn_size: int, checkpoint_every: int = 0, *, seconds: float = 0.0,
+             start_id: int = 0) -> None:
+    """``changes`` inserts in transactions of ``txn_size``; spread evenly over ``seconds`` when
+    given (a backlog building up in production), else as fast as possible."""
     pg.execute("CREATE TABLE IF NOT EXISTS orders(id bigint PRIMARY KEY, customer int, status text, total numeric(12,2),"
                " created timestamptz, note text, flag bool)")
-    done = 0
-    txns = 0
-    while done < changes:
-        n = min(txn_size, changes - done)
-        pg.execute(
-            f"INSERT INTO orders SELECT g, g % 1000, 'new', g / 100.0, now(), md5(g::text), true"
-            f"  FROM generate_series({done + 1}, {done + n}) g"
-        )
-        done += n
-        txns += 1
-        if checkpoint_every and txns % checkpoint_every == 0:
-            pg.execute("CHECKPOINT")  # also logs a running-xacts record, where restart_lsn can move
-
-
-def paced_workload(pg, changes: int, txn_size: int, seconds: float, start_id: int) -> None:
-    """``changes`` inserts spread evenly over ``seconds``, as a backlog builds up in production."""
-    pg.execute("CREATE TABLE IF NOT EXISTS orders(id bigint PRIMARY KEY, customer int, status text, total numeric(12,2),"
-               " created timestamptz, note text, flag bool)")
+    conn = pg.connect()
     began = time.monotonic()
-    done = 0
-    while done < changes:
-        n = min(txn_size, changes - done)
-        first = start_id + done + 1
-        pg.execute(
-            f"INSERT INTO orders SELECT g, g % 1000, 'new', g / 100.0, now(), md5(g::text), true"
-            f"  FROM generate_series({first}, {first + n - 1}) g"
-        )
-        done += n
-        ahead = began + seconds * done / changes - time.monotonic()
-        if ahead > 0:
-            time.sleep(ahead)
+    done = txns = 0
+    try:
+        with conn.cursor() as cur:
+            while done < changes:
+                n = min(txn_size, changes - done)
+                cur.execute(INSERT, (start_id + done + 1, start_id + done + n))
+                done += n
+                txns += 1
+                if checkpoint_every and txns % checkpoint_every == 0:
+                    cur.execute("CHECKPOINT")  # also logs a running-xacts record, where restart_lsn can move
+                ahead = began + seconds * done / changes - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+    finally:
+        conn.close()
 
 
 def main() -> None:
@@ -99,8 +93,7 @@ def main() -> None:
         env = {**os.environ, "PGPASSWORD": pg.password}
         for i in range(args.repeat):
             t = time.perf_counter()
-            (messages,) = pg.query(
-                f"SELECT count(*) FROM pg_logical_slot_peek_binary_changes('raw', NULL, NULL, {OPTIONS})")[0]
+            (messages,) = pg.query(PEEK_COUNT, params=("raw",))[0]
             raws.append(time.perf_counter() - t)
 
             t = time.perf_counter()
@@ -131,7 +124,7 @@ def main() -> None:
         hook.create_slot("windows")
         backlog = args.window * args.windows
         t0 = time.perf_counter()
-        paced_workload(pg, backlog, args.txn_size, args.backlog_seconds, start_id=args.changes)
+        workload(pg, backlog, args.txn_size, seconds=args.backlog_seconds, start_id=args.changes)
         print(f"windows backlog: {backlog:,} inserts over {time.perf_counter() - t0:.0f}s")
         windows = []
         root = ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-windows-')}")
