@@ -37,22 +37,31 @@ class _Chunk:
     truncate_seq: int | None = None
 
 
-@dataclass
-class TableBatch:
-    """All changes of one table in one batch, and the schema they are staged under."""
+class StagedTableNames:
+    """The staged key and name of a table's changes, from its newest ``relation`` and the
+    manifest ``columns`` (shared by both decoders' per-table results)."""
 
-    relation: Relation  # the newest version seen in the batch
-    columns: list[dict]  # manifest column entries (union of the versions seen, newest order first)
-    chunks: list[_Chunk] = field(default_factory=list)
+    relation: Relation
+    columns: list[dict]
 
     @property
     def key(self) -> list[str]:
+        """The replica-identity columns; every column when the table has none."""
         key = list(self.relation.key_columns)
         return key or [c["name"] for c in self.columns]
 
     @property
     def qualified_name(self) -> str:
         return self.relation.qualified_name
+
+
+@dataclass
+class TableBatch(StagedTableNames):
+    """All changes of one table in one batch, and the schema they are staged under."""
+
+    relation: Relation  # the newest version seen in the batch
+    columns: list[dict]  # manifest column entries (union of the versions seen, newest order first)
+    chunks: list[_Chunk] = field(default_factory=list)
 
     @property
     def versions(self) -> list[Relation]:

@@ -201,7 +201,7 @@ class _Transactions:
 
 
 @dataclass
-class ColumnarTable:
+class ColumnarTable(change_batch.StagedTableNames):
     """One table's changes in the window, built into the staged Arrow table on demand."""
 
     relation: Relation  # newest version
@@ -218,15 +218,6 @@ class ColumnarTable:
     @property
     def truncated(self) -> bool:
         return bool(self.truncates)
-
-    @property
-    def key(self) -> list[str]:
-        key = list(self.relation.key_columns)
-        return key or [c["name"] for c in self.columns]
-
-    @property
-    def qualified_name(self) -> str:
-        return self.relation.qualified_name
 
     def build(self, types: change_batch.TypeInfo) -> pa.Table:
         self.columns = change_batch.union_columns(self.versions, types)
