@@ -293,8 +293,8 @@ def test_max_bytes_cuts_windows_at_transaction_boundaries(publisher, publisher_h
     assert table_rows(replay(root, "p"), "public.t", ["id"]) == [(i,) for i in range(1, 501)]
 
 
-def test_toast_fetch_follows_a_later_key_change_in_the_batch(publisher, publisher_hook, root):
-    """Found by the reliability harness (seed 20261123): a row enters the filter, then its key changes."""
+def start_filtered_toast_table(publisher, publisher_hook, root) -> None:
+    """Row 407 outside the filter ``region = 'EU'``, an external TOAST note; the pipeline started."""
     publisher.execute(
         "CREATE TABLE o(id int NOT NULL, region text NOT NULL, status text, note text);"
         "CREATE UNIQUE INDEX o_key ON o(id, region); ALTER TABLE o REPLICA IDENTITY USING INDEX o_key;"
@@ -303,6 +303,11 @@ def test_toast_fetch_follows_a_later_key_change_in_the_batch(publisher, publishe
     )
     publisher_hook.create_publication("pub", [PublishedTable("o", where="region = 'EU'")])
     start(publisher_hook, root, ["pub"])
+
+
+def test_toast_fetch_follows_a_later_key_change_in_the_batch(publisher, publisher_hook, root):
+    """Found by the reliability harness (seed 20261123): a row enters the filter, then its key changes."""
+    start_filtered_toast_table(publisher, publisher_hook, root)
     publisher.execute("UPDATE o SET region = 'EU' WHERE id = 407")   # enters the filter: note unchanged
     publisher.execute("UPDATE o SET status = 'paid' WHERE id = 407")
     publisher.execute("UPDATE o SET id = 880 WHERE id = 407")        # key change, note unchanged
@@ -316,14 +321,7 @@ def test_toast_fetch_follows_a_later_key_change_in_the_batch(publisher, publishe
 def test_toast_fetch_after_a_key_change_in_a_later_batch(publisher, publisher_hook, root):
     """The row enters the filter in one batch; its key changes before that batch's fetch runs and the
     key change itself lands in the next batch: the next batch's fetch supplies the value."""
-    publisher.execute(
-        "CREATE TABLE o(id int NOT NULL, region text NOT NULL, status text, note text);"
-        "CREATE UNIQUE INDEX o_key ON o(id, region); ALTER TABLE o REPLICA IDENTITY USING INDEX o_key;"
-        "ALTER TABLE o ALTER COLUMN note SET STORAGE EXTERNAL;"
-        "INSERT INTO o SELECT 407, 'US', 'new', repeat(md5('x'), 200)"
-    )
-    publisher_hook.create_publication("pub", [PublishedTable("o", where="region = 'EU'")])
-    start(publisher_hook, root, ["pub"])
+    start_filtered_toast_table(publisher, publisher_hook, root)
     publisher.execute("UPDATE o SET region = 'EU' WHERE id = 407")  # enters the filter: note unchanged
     boundary = publisher.query("SELECT pg_current_wal_flush_lsn()::text")[0][0]
     publisher.execute("UPDATE o SET id = 880 WHERE id = 407")       # key change, note unchanged
