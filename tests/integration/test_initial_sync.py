@@ -272,3 +272,41 @@ def test_a_workload_during_the_copy_is_neither_lost_nor_doubled(publisher, publi
     run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
     lake = table_rows(replay(root, "p"), "public.busy", ["id", "v", "region"])
     assert lake == sorted(publisher.query("SELECT id, v, region FROM busy WHERE region = 'EU'"))
+
+
+SCHEMA_TABLES = """
+CREATE SCHEMA sales;
+CREATE TABLE sales.orders(id int PRIMARY KEY, region text, total numeric(10,2));
+CREATE TABLE sales.lines(order_id int, line int, sku text, PRIMARY KEY(order_id, line));
+CREATE TABLE other(id int PRIMARY KEY, note text);
+"""
+
+
+@pytest.mark.parametrize("publications", [["by_schema"], ["everything"], ["filtered", "by_schema"], ["filtered"]])
+def test_all_tables_and_schema_publications_match_the_native_subscriber(
+    publisher, subscriber, publisher_hook, subscriber_hook, root, publications
+):
+    publisher.execute(
+        SCHEMA_TABLES
+        + "INSERT INTO sales.orders SELECT g, (ARRAY['EU','US','APAC'])[1 + g % 3], g / 7.0 FROM generate_series(1, 3000) g;"
+        "INSERT INTO sales.lines SELECT g / 3, g % 3, 'sku-' || g FROM generate_series(3, 6000) g;"
+        "INSERT INTO other SELECT g, 'n' || g FROM generate_series(1, 2000) g"
+    )
+    subscriber.execute(SCHEMA_TABLES)
+    publisher_hook.create_publication("filtered", [PublishedTable("sales.orders", where="region = 'EU'")])
+    publisher_hook.create_publication("by_schema", schemas=["sales"])
+    publisher_hook.create_publication("everything", all_tables=True)
+    result = run_initial_sync(publisher_hook, slot="s_ours", publications=publications, root=root, pipeline="p")
+    tables = sorted(result["tables"])
+    expected_tables = {
+        ("by_schema",): ["sales.lines", "sales.orders"],
+        ("everything",): ["public.other", "sales.lines", "sales.orders"],
+        ("filtered", "by_schema"): ["sales.lines", "sales.orders"],
+        ("filtered",): ["sales.orders"],
+    }[tuple(publications)]
+    assert tables == expected_tables
+    expected = native_rows(subscriber_hook, subscriber, publisher, "s_native", publications, tables)
+    assert staged_rows(root, "p") == {name.split(".", 1)[1]: rows for name, rows in expected.items()}
+    # A schema publication beside a filtered one publishes every row (filters are OR-ed; none is all).
+    orders = len(expected["sales.orders"])
+    assert orders == (1000 if publications == ["filtered"] else 3000)
