@@ -157,3 +157,9 @@ def test_copy_text_unescape_touches_only_escaped_values():
     assert unescape_copy_text(texts).to_pylist() == ["plain", "a\tb\nc", "\\N", None, "\b\f\v\r", "é\\"]
     untouched = pa.array(["x", None])
     assert unescape_copy_text(untouched) is untouched
+    # A slice shares its parent's values buffer: a backslash outside the slice changes nothing.
+    sliced = texts.slice(3, 3)
+    assert unescape_copy_text(sliced).to_pylist() == [None, "\b\f\v\r", "é\\"]
+    assert unescape_copy_text(texts.slice(0, 1)).to_pylist() == ["plain"]
+    assert unescape_copy_text(pa.array([None, None], pa.string())).to_pylist() == [None, None]
+    assert unescape_copy_text(pa.array([], pa.string())).to_pylist() == []
