@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
 import uuid
 
-from common import client_cpu, cluster, psql, report, server_cpu, timed
+from common import client_cpu, cluster, peak_rss_growth, psql, report, server_cpu, timed
 
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
@@ -48,14 +49,20 @@ def main() -> None:
         hook = PgLogicalHook(postgres_conn_id="benchsnap")
         results = []
         cpu: dict[str, tuple[float, float]] = {}
+        memory: dict[str, float] = {}
 
         def measured(name: str, fn) -> float:
-            """Median wall time of ``fn``, and its mean client and server CPU seconds per run."""
+            """Median wall time of ``fn``; its mean client and server CPU seconds per run, and the
+            most this process's resident memory grew during any run."""
             client, server = client_cpu(), server_cpu(pg)
-            seconds, _ = timed(fn, args.repeat)
+            runs = []
+            for _ in range(args.repeat):
+                with peak_rss_growth() as grown:
+                    runs.append(timed(fn, 1)[0])
+                memory[name] = max(memory.get(name, 0.0), grown())
             time.sleep(0.5)  # let the postmaster reap the sessions that just closed
             cpu[name] = ((client_cpu() - client) / args.repeat, (server_cpu(pg) - server) / args.repeat)
-            return seconds
+            return statistics.median(runs)
 
         name = "raw COPY TO STDOUT (psql > /dev/null)"
         raw = measured(name, lambda: psql(pg, "COPY bench TO STDOUT"))
@@ -88,7 +95,8 @@ def main() -> None:
                 seconds = measured(name, dlt_run)
                 results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
         print(f"rows: {args.rows:,}; medians of {args.repeat} runs")
-        report([(n, sec, f"{note}  CPU per run: client {cpu[n][0]:.1f} s + server {cpu[n][1]:.1f} s")
+        report([(n, sec, f"{note}  CPU per run: client {cpu[n][0]:.1f} s + server {cpu[n][1]:.1f} s"
+                         + (f"  peak RSS +{memory[n]:.0f} MB" if n.startswith("our") else ""))
                 for n, sec, note in results])
         ours1 = results[1][1]
         ours2 = results[2][1]

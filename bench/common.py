@@ -45,6 +45,22 @@ def client_cpu() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+@contextmanager
+def peak_rss_growth():
+    """Yield a function giving how far this process's peak resident memory rose above its resident
+    memory at entry, in MB. Linux: writing 5 to /proc/self/clear_refs resets the peak (VmHWM)."""
+
+    def status(field: str) -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError(f"{field} not in /proc/self/status")
+
+    Path("/proc/self/clear_refs").write_text("5")
+    before = status("VmRSS")
+    yield lambda: status("VmHWM") - before
+
+
 def timed(fn, repeat: int = 3) -> tuple[float, list[float]]:
     """Median wall time of ``fn()`` over ``repeat`` runs (and all runs)."""
     runs = []
