@@ -13,6 +13,21 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
+def checked_parallelism(operator: BaseOperator) -> int:
+    """The rendered ``parallelism`` as a count of connections, or a clear error before any work."""
+    value = operator.parallelism
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1 or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(
+            f"{type(operator).__name__} {operator.task_id!r}: parallelism must be a whole number of "
+            f"connections, 1 or more (got {value!r}); pass e.g. parallelism=2"
+        )
+    return count
+
+
 class PgInitialSyncOperator(BaseOperator):
     """Create the pipeline's slot and stage a filtered, parallel snapshot of its publications.
 
@@ -44,10 +59,11 @@ class PgInitialSyncOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
+        parallelism = checked_parallelism(self)
         hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
         return run_initial_sync(
             hook, slot=self.slot, publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
-            pipeline=self.pipeline, parallelism=int(self.parallelism), report=self.log.info,
+            pipeline=self.pipeline, parallelism=parallelism, report=self.log.info,
         )
 
 
@@ -67,7 +83,7 @@ class PgBackfillOperator(BaseOperator):
     :param postgres_conn_id: the publisher's Airflow connection.
     """
 
-    template_fields: Sequence[str] = ("tables", "key_range", "publications", "staging_path", "pipeline")
+    template_fields: Sequence[str] = ("tables", "key_range", "publications", "staging_path", "pipeline", "parallelism")
     ui_color = "#fce8cf"
 
     def __init__(
@@ -85,10 +101,11 @@ class PgBackfillOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
+        parallelism = checked_parallelism(self)
         tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
         key_range = KeyRange(**self.key_range) if self.key_range else None
         return run_backfill(
             PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
             publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
-            pipeline=self.pipeline, key_range=key_range, parallelism=int(self.parallelism), report=self.log.info,
+            pipeline=self.pipeline, key_range=key_range, parallelism=parallelism, report=self.log.info,
         )
