@@ -135,12 +135,21 @@ def plugin_options(options: Mapping[str, Any] | None) -> list[str]:
     return flat
 
 
+#: the decoding function for (consume, binary)
+_CHANGE_FUNCTIONS = {
+    (False, False): "pg_logical_slot_peek_changes",
+    (False, True): "pg_logical_slot_peek_binary_changes",
+    (True, False): "pg_logical_slot_get_changes",
+    (True, True): "pg_logical_slot_get_binary_changes",
+}
+
+
 def changes_sql(
     name: str, *, binary: bool, consume: bool, upto_lsn: Lsn | str | None, upto_nchanges: int | None,
     options: Mapping[str, Any] | None, columns: Sequence[str] = ("lsn::text", "xid::text::bigint", "data"),
 ) -> tuple[sql.Composed, list]:
     """``SELECT lsn, xid, data FROM pg_logical_slot_{peek,get}[_binary]_changes(...)``."""
-    func = "pg_logical_slot_{}{}_changes".format("get" if consume else "peek", "_binary" if binary else "")
+    func = _CHANGE_FUNCTIONS[consume, binary]
     flat = plugin_options(options)
     args = [name, str(Lsn.parse(upto_lsn)) if upto_lsn is not None else None, upto_nchanges, *flat]
     placeholders = sql.SQL(", ").join([sql.SQL("%s"), sql.SQL("%s::pg_lsn"), sql.SQL("%s::int")] + [sql.SQL("%s")] * len(flat))
