@@ -19,13 +19,14 @@ import tempfile
 import time
 import uuid
 
+from psycopg2 import sql
+
 from common import client_cpu, cluster, peak_rss_growth, psql, report, server_cpu, timed
 
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
 from airflow_provider_pglogical.replication.initial_sync import run_initial_sync  # noqa: E402
-from airflow_provider_pglogical.replication.publications import PublishedTable  # noqa: E402
 
 TABLE = """
 CREATE TABLE bench(id bigint PRIMARY KEY, customer int, status text, total numeric(12,2),
@@ -43,7 +44,7 @@ def main() -> None:
     parser.add_argument("--dlt-python", default=None, help="a Python with dlt[parquet] and connectorx installed")
     args = parser.parse_args()
     with cluster("benchsnap") as pg:
-        pg.execute(TABLE.format(rows=args.rows))
+        pg.execute(sql.SQL(TABLE).format(rows=sql.Literal(args.rows)))
         pg.execute("VACUUM ANALYZE bench")
         pg.execute("CREATE PUBLICATION pub FOR TABLE bench")
         hook = PgLogicalHook(postgres_conn_id="benchsnap")

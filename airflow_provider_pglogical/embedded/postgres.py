@@ -17,6 +17,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from psycopg2 import sql
 
 DEFAULT_SETTINGS: dict[str, str] = {
     "wal_level": "logical",
@@ -177,7 +181,7 @@ class LocalPostgres:
         conn.autocommit = autocommit
         return conn
 
-    def execute(self, statements: str, dbname: str = "postgres") -> None:
+    def execute(self, statements: str | sql.Composable, dbname: str = "postgres") -> None:
         """Run SQL (possibly several statements) in autocommit mode."""
         conn = self.connect(dbname)
         try:
