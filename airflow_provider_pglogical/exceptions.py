@@ -26,7 +26,24 @@ class SubscriptionError(PgLogicalError):
 class PublisherCheckError(PgLogicalError):
     """``check_publisher`` found problems; ``problems`` lists each one with its fix."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], rolled_back: str | None = None) -> None:
         self.problems = problems
         lines = "\n".join(f"  - {problem}" for problem in problems)
-        super().__init__(f"the publisher is not ready for logical replication ({len(problems)} problem(s)):\n{lines}")
+        undone = (f" Publication {rolled_back!r} was left exactly as it was before this run (the change was "
+                  "rolled back)." if rolled_back else "")
+        super().__init__(
+            f"the publisher is not ready for logical replication ({len(problems)} problem(s)):\n{lines}\n{undone}".rstrip()
+        )
+
+
+class InvalidInputError(PgLogicalError, ValueError):
+    """An argument is unusable (a name, a number, a path, an SQL fragment); found before any change."""
+
+
+class PipelineStateError(PgLogicalError):
+    """The pipeline's record forbids the run: no committed snapshot yet, another publication set,
+    another slot, or a slot the pipeline cannot prove it created."""
+
+
+class ConcurrentRunError(SlotError):
+    """Another pull, initial sync or backfill of the same slot holds the pipeline's lock."""

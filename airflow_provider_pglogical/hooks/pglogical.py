@@ -11,7 +11,7 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import SubscriptionError
-from airflow_provider_pglogical.replication import health, published, slots, subscriptions
+from airflow_provider_pglogical.replication import health, publication_sync, published, slots, subscriptions
 from airflow_provider_pglogical.replication import publications as pubs
 from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.publications import PublicationInfo, PublishedTable
@@ -113,6 +113,40 @@ class PgLogicalHook(PostgresHook):
             self.log.info("Publication %s exists already", name)
             return False
         return True
+
+    def ensure_publication(
+        self,
+        name: str,
+        tables: Sequence[PublishedTable] | None = None,
+        *,
+        all_tables: bool = False,
+        schemas: Sequence[str] | None = None,
+        publish: Sequence[str] = pubs.PUBLISH_OPERATIONS,
+        publish_via_partition_root: bool = False,
+        check: bool = True,
+    ) -> publication_sync.PublicationChange:
+        """Create the publication, or converge it to what is declared, and check it: in one transaction.
+
+        A failed check (e.g. a row filter on a column outside the replica identity, which would make
+        the application's UPDATEs fail) rolls the DDL back, so nothing remains.
+
+        :param name: publication name.
+        :param tables: tables with optional column lists and row filters.
+        :param all_tables: ``FOR ALL TABLES``.
+        :param schemas: ``FOR TABLES IN SCHEMA``.
+        :param publish: the DML operations to publish.
+        :param publish_via_partition_root: publish partitions' changes as their root table's.
+        :param check: run the publisher checks before committing.
+        :return: whether it was created, and each change made to an existing one.
+        """
+        conn = psycopg2.connect(**self.connect_kwargs())
+        try:
+            return publication_sync.ensure_publication(
+                conn, name, tables, all_tables=all_tables, schemas=schemas, publish=publish,
+                publish_via_partition_root=publish_via_partition_root, check=check,
+            )
+        finally:
+            conn.close()
 
     def add_publication_tables(self, name: str, tables: Sequence[PublishedTable]) -> None:
         """``ALTER PUBLICATION … ADD TABLE``; tables already in the publication are skipped."""

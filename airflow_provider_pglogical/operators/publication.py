@@ -29,7 +29,12 @@ def _as_published(tables: Sequence[PublishedTable | dict | str] | None) -> list[
 
 
 class PgCreatePublicationOperator(BaseOperator):
-    """Create a publication if it does not exist, then check the publisher can replicate it.
+    """Create the publication, or converge an existing one to what is declared, and check it.
+
+    The DDL and the checks run in one transaction: when a check fails (for example a row filter
+    on a column outside the replica identity, which would make the application's UPDATEs fail),
+    nothing is left behind. Re-running with other tables, filters or options changes the
+    publication (``ALTER PUBLICATION … SET``) and returns what changed.
 
     :param publication: the publication's name.
     :param tables: tables to publish (``PublishedTable``, ``"schema.table"`` or
@@ -38,7 +43,7 @@ class PgCreatePublicationOperator(BaseOperator):
     :param schemas: ``FOR TABLES IN SCHEMA``.
     :param publish: the DML operations to publish.
     :param publish_via_partition_root: publish partitions as their root table.
-    :param check: run ``check_publisher`` afterwards and fail with every problem found.
+    :param check: check the result before committing and fail (changing nothing) with every problem found.
     :param postgres_conn_id: the publisher's Airflow connection.
     """
 
@@ -63,14 +68,18 @@ class PgCreatePublicationOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict:
         hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-        created = hook.create_publication(
+        change = hook.ensure_publication(
             self.publication, _as_published(self.tables), all_tables=self.all_tables, schemas=self.schemas,
-            publish=self.publish, publish_via_partition_root=self.publish_via_partition_root,
+            publish=self.publish, publish_via_partition_root=self.publish_via_partition_root, check=self.check,
         )
-        if self.check:
-            hook.check_publisher([self.publication])
+        if change.created:
+            self.log.info("Created publication %s", self.publication)
+        elif change.changes:
+            self.log.info("Changed publication %s: %s", self.publication, "; ".join(change.changes))
+        else:
+            self.log.info("Publication %s is as declared already", self.publication)
         tables = [t.qualified_name for t in hook.published_tables([self.publication])]
-        return {"publication": self.publication, "created": created, "tables": tables}
+        return {**change.as_dict(), "tables": tables}
 
 
 class PgCheckPublisherOperator(BaseOperator):

@@ -8,6 +8,7 @@ from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.replication.validation import check_staging_root
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -53,7 +54,6 @@ class PgSlotPullOperator(BaseOperator):
     def execute(self, context: Context) -> dict:
         return run_pull(
             PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
-            publications=list(self.publications), root=ObjectStoragePath(self.staging_path), pipeline=self.pipeline,
-            max_changes=int(self.max_changes), max_bytes=int(self.max_bytes) if self.max_bytes else None,
-            report=self.log.info,
+            publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+            pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes, report=self.log.info,
         )

@@ -8,6 +8,7 @@ from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.validation import check_staging_root
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -62,7 +63,7 @@ class PgInitialSyncOperator(BaseOperator):
         parallelism = checked_parallelism(self)
         hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
         return run_initial_sync(
-            hook, slot=self.slot, publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
+            hook, slot=self.slot, publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
             pipeline=self.pipeline, parallelism=parallelism, report=self.log.info,
         )
 
@@ -106,6 +107,6 @@ class PgBackfillOperator(BaseOperator):
         key_range = KeyRange(**self.key_range) if self.key_range else None
         return run_backfill(
             PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
-            publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
+            publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
             pipeline=self.pipeline, key_range=key_range, parallelism=parallelism, report=self.log.info,
         )

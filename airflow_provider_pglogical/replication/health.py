@@ -49,8 +49,13 @@ _ATTNAMES = "SELECT attnum, attname FROM pg_attribute WHERE attrelid = %s AND at
 _EXISTING_TABLES = "SELECT to_regclass(t) IS NOT NULL FROM unnest(%s::text[]) t"
 
 
-def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequence[str] = ()) -> list[str]:
-    """Every problem that would stop logical replication of ``publications``; empty when ready."""
+def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequence[str] = (),
+                            replica_identity: bool = True) -> list[str]:
+    """Every problem that would stop logical replication of ``publications``; empty when ready.
+
+    :param replica_identity: also report published tables whose replica identity cannot carry
+        the publication (those break the application's UPDATEs, not the replication itself).
+    """
     problems: list[str] = []
     wal_level, max_slots, used_slots, max_senders, used_senders, can_replicate, role = _fetch(cursor, _SETTINGS)[0]
     if wal_level != "logical":
@@ -80,6 +85,9 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
     missing = [r[0] for r in _fetch(cursor, _MISSING_PUBLICATIONS, (list(publications),))]
     for name in missing:
         problems.append(f"publication {name!r} does not exist: create it (create_publication) or fix the name")
+    problems += _reserved_column_problems(cursor, publications)
+    if not replica_identity:
+        return problems
     for pub, updates_or_deletes, table, relkind, replident, attrs, filter_cols, ri_cols, oid in _fetch(
         cursor, _PUBLISHED_RELATIONS, (list(publications),)
     ):
@@ -119,6 +127,34 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
                     f"{names} while the publication publishes UPDATE/DELETE, so PostgreSQL will fail the next "
                     f"UPDATE of {table}: {hint}"
                 )
+    return problems
+
+
+_PUBLISHED_COLUMNS = """
+SELECT DISTINCT format('%%I.%%I', schemaname, tablename), a
+  FROM pg_publication_tables, unnest(attnames) a
+ WHERE pubname = ANY(%s) AND a LIKE '\\_%%'
+ ORDER BY 1, 2
+"""
+
+
+def _reserved_column_problems(cursor, publications: Sequence[str]) -> list[str]:
+    """Published columns named like a staging metadata column (``_op``, ``_old_<key>``, …).
+
+    Found here, before a slot exists: once changes of such a column sit in the slot, leaving it
+    out of the column list no longer helps (PostgreSQL decodes old changes with the old list).
+    """
+    from airflow_provider_pglogical.replication import staging  # the staging contract's names
+
+    problems = []
+    for table, column in _fetch(cursor, _PUBLISHED_COLUMNS, (list(publications),)):
+        if column in staging.CHANGE_METADATA or column.startswith(staging.OLD_KEY_PREFIX):
+            problems.append(
+                f"column {column!r} of {table} is named like a staging metadata column (reserved: "
+                f"{', '.join(staging.CHANGE_METADATA)} and {staging.OLD_KEY_PREFIX}<column>): rename it "
+                f"(ALTER TABLE {table} RENAME COLUMN ...), or leave it out of every publication's column list, "
+                "before the initial sync creates the slot"
+            )
     return problems
 
 

@@ -12,7 +12,9 @@ from typing import Iterable, Sequence
 
 from psycopg2 import sql
 
-from airflow_provider_pglogical.exceptions import ColumnListConflict, PublicationError
+from airflow_provider_pglogical.exceptions import PublicationError
+from airflow_provider_pglogical.replication.sql_fragments import check_row_filter, where_clause_text
+from airflow_provider_pglogical.replication.validation import check_identifier
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
 
@@ -46,11 +48,23 @@ class PublishedTable:
 
 
 def _table_clause(table: PublishedTable) -> sql.Composed:
-    parts = [sql.Identifier(*table.qualified)]
-    if table.columns:
+    """``schema.table (cols) WHERE (filter)``; the filter is proven one expression first."""
+    schema, name = table.qualified
+    check_identifier(schema, "schema")
+    check_identifier(name, "table")
+    parts = [sql.Identifier(schema, name)]
+    if table.columns is not None:
+        if isinstance(table.columns, str) or not table.columns:
+            raise PublicationError(
+                f"column list of {schema}.{name} is {table.columns!r}: pass a non-empty list of column names, "
+                "or columns=None to publish every column"
+            )
+        for column in table.columns:
+            check_identifier(column, f"column of {schema}.{name}")
         parts.append(sql.SQL(" ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.columns))))
-    if table.where:
-        parts.append(sql.SQL(" WHERE ({})").format(sql.SQL(table.where)))
+    if table.where is not None:
+        text = where_clause_text(check_row_filter(table.where, f"{schema}.{name}"))
+        parts.append(sql.SQL(" WHERE ({})").format(sql.SQL(text)))
     return sql.Composed(parts)
 
 
@@ -91,6 +105,7 @@ def create_publication_sql(
     publish_via_partition_root: bool = False,
 ) -> sql.Composed:
     """``CREATE PUBLICATION`` for a table list, ``FOR ALL TABLES`` or ``FOR TABLES IN SCHEMA``."""
+    check_identifier(name, "publication")
     if all_tables and (tables or schemas):
         raise PublicationError(f"publication {name!r}: all_tables=True cannot be combined with tables or schemas")
     targets: list[sql.Composable] = []
@@ -110,6 +125,7 @@ def create_publication_sql(
 
 def alter_publication_tables_sql(name: str, action: str, tables: Sequence[PublishedTable]) -> sql.Composed:
     """``ALTER PUBLICATION … ADD | SET | DROP TABLE …`` (DROP takes names only)."""
+    check_identifier(name, "publication")
     action = action.upper()
     if action not in ("ADD", "SET", "DROP"):
         raise ValueError(f"action must be ADD, SET or DROP, not {action!r}")
@@ -127,6 +143,32 @@ def alter_publication_options_sql(
     if not options:
         raise ValueError("set_publication_options needs publish or publish_via_partition_root")
     return sql.SQL("ALTER PUBLICATION {} SET ({})").format(sql.Identifier(name), sql.SQL(", ").join(options))
+
+
+def set_publication_objects_sql(
+    name: str, tables: Sequence[PublishedTable] | None, schemas: Sequence[str] | None
+) -> sql.Composed:
+    """``ALTER PUBLICATION … SET TABLE …, TABLES IN SCHEMA …``: replace what it publishes."""
+    check_identifier(name, "publication")
+    targets: list[sql.Composable] = []
+    if tables:
+        targets.append(_tables_clause(tables))
+    if schemas:
+        targets.append(sql.SQL("TABLES IN SCHEMA {}").format(sql.SQL(", ").join(map(sql.Identifier, schemas))))
+    if not targets:
+        raise ValueError("set_publication_objects_sql needs tables or schemas")
+    return sql.SQL("ALTER PUBLICATION {} SET {}").format(sql.Identifier(name), sql.SQL(", ").join(targets))
+
+
+def drop_publication_objects_sql(name: str, info: "PublicationInfo") -> list[sql.Composed]:
+    """Statements that empty a publication of its tables and schemas (SET needs at least one)."""
+    statements = []
+    if info.tables:
+        statements.append(alter_publication_tables_sql(name, "DROP", [PublishedTable.of(t.schema, t.table) for t in info.tables]))
+    if info.schemas:
+        statements.append(sql.SQL("ALTER PUBLICATION {} DROP TABLES IN SCHEMA {}").format(
+            sql.Identifier(name), sql.SQL(", ").join(map(sql.Identifier, info.schemas))))
+    return statements
 
 
 def drop_publication_sql(name: str, missing_ok: bool = True) -> sql.Composed:

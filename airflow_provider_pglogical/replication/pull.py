@@ -18,10 +18,14 @@ import psycopg2
 from psycopg2 import sql
 
 from airflow_provider_pglogical.replication import change_batch, columnar, staging, toast, values
+from airflow_provider_pglogical.exceptions import SlotError
 from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
+from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
+from airflow_provider_pglogical.replication.initial_sync import check_sync_arguments, require_streaming
 from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.slots import advance_slot, assert_slot_usable, changes_sql
 from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath, TableManifest
+from airflow_provider_pglogical.replication.validation import check_count
 
 log = logging.getLogger(__name__)
 
@@ -240,15 +244,45 @@ def find_staged(root: StagingPath, pipeline: str, position: Lsn) -> tuple[str, L
 def run_pull(
     hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, max_changes: int = 200_000,
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
-    before_advance: Callable[[str], None] | None = None,
+    before_advance: Callable[[str], None] | None = None, lock_wait_seconds: float = 60.0,
 ) -> dict:
     """Stage the slot's next window of changes as one batch, then advance the slot past it.
+
+    Refuses (changing nothing) before the pipeline's initial snapshot is committed, and when the
+    slot or the publications differ from the pipeline's record. Holds the slot's consumer lock
+    from the peek to the advance, so concurrent runs never stage overlapping batches.
 
     :param max_changes: ``upto_nchanges`` of the peek: decoded messages per batch (a larger
         transaction still comes whole).
     :param max_bytes: stop reading (at a transaction boundary) once this many bytes were decoded.
     :param before_advance: test hook, called with the batch path between commit and advance.
+    :param lock_wait_seconds: how long to wait for another run of the slot before failing.
     """
+    publications = check_sync_arguments(slot, publications, root, pipeline)
+    max_changes = check_count(max_changes, "max_changes")
+    max_bytes = check_count(max_bytes, "max_bytes", optional=True)
+    with hook._cursor() as cursor:
+        require_logical_wal(cursor)
+    require_streaming(root, pipeline, publications, "pull", slot=slot)
+    with slot_consumer_lock(hook.connect_kwargs(), slot, "pull", lock_wait_seconds):
+        return _pull_locked(hook, slot, publications, root, pipeline, max_changes, max_bytes, report, before_advance)
+
+
+def require_logical_wal(cursor) -> None:
+    """Without ``wal_level = logical`` no slot can decode: say so, not "the slot does not exist"."""
+    cursor.execute("SELECT current_setting('wal_level')")
+    level = cursor.fetchone()[0]
+    if level != "logical":
+        raise SlotError(
+            f"the publisher runs with wal_level = {level}, so no logical slot can exist or decode: set "
+            "wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart the server, then run the "
+            "initial sync again. Nothing was changed"
+        )
+
+
+def _pull_locked(hook, slot: str, publications: list[str], root: StagingPath, pipeline: str, max_changes: int,
+                 max_bytes: int | None, report: Callable[[str], None],
+                 before_advance: Callable[[str], None] | None) -> dict:
     started = time.monotonic()
     with hook._cursor() as cursor:
         slot_info = assert_slot_usable(cursor, slot)
@@ -315,7 +349,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
                              "truncated": batch.truncated},
                 )
                 writer.add_table(table)
-                data, fetched = toast.fill_unchanged_toast(cursor, data, table)
+                data, fetched = toast.fill_unchanged_toast(cursor, data, table, relation_oid=rel.oid)
                 if fetched:
                     table.details["toast_fetch"] = fetched
                 writer.write_parts(table.qualified_name, data, columnar.WORKERS, columnar.PART_ROWS)

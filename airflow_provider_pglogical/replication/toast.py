@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+import psycopg2.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
@@ -89,14 +90,43 @@ def _current_keys(table: pa.Table, positions: list[int], key: list[str]) -> list
     return [list(column) for column in zip(*keys)] if keys else [[] for _ in key]
 
 
-def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifest) -> tuple[pa.Table, dict | None]:
+def current_name(cursor, oid: int) -> tuple[str, str] | None:
+    """The relation's schema and name now (it may have been renamed since the change); None once dropped."""
+    cursor.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                   "WHERE c.oid = %s", (oid,))
+    row = cursor.fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def _not_fetchable(table: pa.Table, manifest: staging.TableManifest, count: int, why: str) -> tuple[pa.Table, dict]:
+    """The relation (or a column) is gone from the publisher: the batch goes on without the values.
+
+    Retrying could never succeed, and blocking would pin the slot's WAL forever; the rows keep
+    their unchanged-TOAST marks, the lakehouse keeps what it has, and the manifest says so.
+    """
+    log.warning("%s: %d row(s) with unchanged TOAST value(s) cannot be filled from the publisher (%s); they keep "
+                "the lakehouse's values, or NULL where it has none", manifest.qualified_name, count, why)
+    return table, {"rows": count, "filled": 0, "missing": count, "unavailable": why}
+
+
+def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifest,
+                         relation_oid: int | None = None) -> tuple[pa.Table, dict | None]:
     """Return ``table`` with fetched values filled in, and the manifest detail describing the fetch.
 
-    ``cursor`` must be a publisher session with :data:`values.SESSION_SETTINGS` applied.
+    ``cursor`` must be a publisher session (autocommit) with :data:`values.SESSION_SETTINGS` applied.
+
+    :param relation_oid: the relation's OID from the change stream: the fetch follows a rename,
+        and a dropped relation (or column) never blocks the batch.
     """
     indices = rows_needing_values(table, manifest.key)
     if len(indices) == 0:
         return table, None
+    schema, name = manifest.schema, manifest.name
+    if relation_oid is not None:
+        now = current_name(cursor, relation_oid)
+        if now is None:
+            return _not_fetchable(table, manifest, len(indices), "the table was dropped on the publisher")
+        schema, name = now
     by_name = {c["name"]: c for c in manifest.columns}
     key = [by_name[k] for k in manifest.key]
     needed_rows = table.take(indices)
@@ -108,7 +138,10 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifes
     cursor.execute("SELECT pg_current_wal_lsn()::text")
     at_lsn = cursor.fetchone()[0]
     partitioned = bool(manifest.details.get("partitioned"))
-    cursor.execute(fetch_query(manifest.schema, manifest.name, partitioned, key, wanted), key_texts)
+    try:
+        cursor.execute(fetch_query(schema, name, partitioned, key, wanted), key_texts)
+    except (psycopg2.errors.UndefinedTable, psycopg2.errors.UndefinedColumn) as err:
+        return _not_fetchable(table, manifest, len(positions), str(err).strip().splitlines()[0])
     found = {tuple(row[: len(key)]): row[len(key):] for row in cursor.fetchall()}
 
     # Keys as PostgreSQL prints them, to match the fetched rows.

@@ -1,0 +1,108 @@
+"""Up-front checks of the names, numbers and paths a user passes, before anything is changed.
+
+Each check raises :class:`InvalidInputError` naming the argument, the value, the problem and the
+fix. Operators call them on their rendered (templated) values; the ``run_*`` functions call them
+again, so a direct Python caller is held to the same rules.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from airflow_provider_pglogical.exceptions import InvalidInputError
+
+#: PostgreSQL's NAMEDATALEN - 1: longer identifiers are silently truncated by the server
+MAX_IDENTIFIER_BYTES = 63
+
+#: a pipeline name is a directory under the staging root: plain characters, no separators
+_PIPELINE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_identifier(value: Any, what: str) -> str:
+    """A PostgreSQL object name (slot, publication): a non-empty string of at most 63 bytes.
+
+    :param what: how the user knows the argument, e.g. ``"slot"`` or ``"publication"``.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"{what} name {value!r} is not a non-empty string: pass the {what}'s name")
+    if "\x00" in value:
+        raise InvalidInputError(f"{what} name {value!r} holds a NUL character: PostgreSQL names cannot")
+    size = len(value.encode())
+    if size > MAX_IDENTIFIER_BYTES:
+        raise InvalidInputError(
+            f"{what} name {value!r} is {size} bytes long: PostgreSQL truncates names to "
+            f"{MAX_IDENTIFIER_BYTES} bytes, so the object would never be found under this name. "
+            f"Choose a {what} name of at most {MAX_IDENTIFIER_BYTES} bytes"
+        )
+    return value
+
+
+def check_identifiers(values: Any, what: str) -> list[str]:
+    """A non-empty list of object names (e.g. ``publications``); a lone string is an error, as
+    iterating it would give its letters."""
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+        raise InvalidInputError(f"{what}s {values!r} is not a non-empty list of names: pass e.g. {what}s=['name']")
+    return [check_identifier(v, what) for v in values]
+
+
+def check_slot_name(value: Any) -> str:
+    """Slot names are stricter than other names: lower-case letters, digits and underscores."""
+    check_identifier(value, "slot")
+    if not re.fullmatch(r"[a-z0-9_]+", value):
+        raise InvalidInputError(
+            f"slot name {value!r} is not valid: PostgreSQL allows only lower-case letters, digits and "
+            "underscores in replication slot names"
+        )
+    return value
+
+
+def check_pipeline_name(value: Any) -> str:
+    """The pipeline's name is its directory under the staging root: no separators, no ``..``."""
+    check_identifier(value, "pipeline")
+    if not _PIPELINE_NAME.fullmatch(value) or ".." in value:
+        raise InvalidInputError(
+            f"pipeline name {value!r} is not a plain directory name (it must not hold '/', '\\', '..' or "
+            "start with '.'; letters, digits, '_', '-' and '.' are allowed): it would write outside its "
+            "staging directory. Choose a name such as 'orders'"
+        )
+    return value
+
+
+def check_staging_root(root: Any) -> Any:
+    """The staging root is an absolute URI (``file:///abs/path``, ``s3://bucket/prefix``).
+
+    A relative path would land under whichever working directory the worker has, and differ
+    between the pull and the apply.
+    """
+    protocol = getattr(root, "protocol", None)
+    text = str(root)
+    if protocol is not None:  # an ObjectStoragePath: its string form drops file://
+        absolute = bool(protocol) and (protocol not in ("file", "local") or str(root.path).startswith("/"))
+        path = str(root.path)
+    else:
+        absolute = bool(_URI_SCHEME.match(text)) and (not text.startswith("file:") or text.startswith("file:///"))
+        path = text
+    if not absolute or ".." in path.split("/"):
+        raise InvalidInputError(
+            f"staging path {text!r} is not an absolute URI: pass e.g. 'file:///data/staging' or "
+            "'s3://bucket/staging' (no relative parts, no '..')"
+        )
+    return root
+
+
+def check_count(value: Any, what: str, *, optional: bool = False) -> int | None:
+    """A whole number >= 1 (after templating, so digit strings count); ``None`` if ``optional``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(
+            f"{what} must be a whole number, 1 or more (got {value!r})"
+            + ("; leave it unset for no limit" if optional else "")
+        )
+    return value

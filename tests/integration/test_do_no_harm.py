@@ -1,0 +1,273 @@
+"""Do no harm: bad or careless input fails with a clear error and changes nothing.
+
+Each test asserts the message (object, problem, fix) and that the publisher's publications, slots
+(plugin and LSNs), subscriptions and the staging files are exactly as before, and that the
+application can still UPDATE and DELETE.
+"""
+
+from __future__ import annotations
+
+import pytest
+from airflow.sdk import ObjectStoragePath
+
+from airflow_provider_pglogical.exceptions import (
+    InvalidInputError,
+    PipelineStateError,
+    PublisherCheckError,
+    SlotError,
+)
+from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
+from airflow_provider_pglogical.replication.initial_sync import run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.replication.staging import committed_batches
+from tests.support.source_state import SourceState, assert_application_can_write
+
+ORDERS = """
+CREATE TABLE orders(id int PRIMARY KEY, region text NOT NULL, total numeric);
+INSERT INTO orders SELECT g, CASE WHEN g % 2 = 0 THEN 'EU' ELSE 'US' END, g FROM generate_series(1, 20) g;
+CREATE TABLE victim(id int PRIMARY KEY); INSERT INTO victim VALUES (1);
+CREATE TABLE keyless(a int, b text); INSERT INTO keyless VALUES (1, 'x'), (1, 'x');
+"""
+
+
+@pytest.fixture
+def staging_dir(tmp_path):
+    return tmp_path / "staging"
+
+
+@pytest.fixture
+def root(staging_dir):
+    return ObjectStoragePath(staging_dir.as_uri())
+
+
+def publication_task(publisher, **kwargs) -> PgCreatePublicationOperator:
+    return PgCreatePublicationOperator(task_id="publication", postgres_conn_id=publisher.conn_id, **kwargs)
+
+
+# -- publications: DDL and checks in one transaction ----------------------------------------------
+
+
+@pytest.mark.parametrize("table, problem", [
+    (PublishedTable("orders", where="region = 'EU'"), "uses column(s) region outside the replica identity"),
+    (PublishedTable("keyless"), "has no replica identity"),
+    (PublishedTable("orders", columns=["region", "total"]), "leaves out replica-identity column(s) id"),
+])
+def test_a_failed_check_leaves_no_publication_behind(publisher, staging_dir, table, problem):
+    publisher.execute(ORDERS)
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(PublisherCheckError) as raised:
+        publication_task(publisher, publication="orders_pub", tables=[table]).execute({})
+    message = str(raised.value)
+    assert problem in message and "public." in message and "orders_pub" in message
+    assert "was left exactly as it was" in message and "rolled back" in message
+    assert SourceState.capture(publisher, staging_dir) == before
+    assert publisher.query("SELECT count(*) FROM pg_publication")[0][0] == 0
+    assert_application_can_write(publisher, "public.orders")
+
+
+def test_rerunning_converges_the_publication_and_reports_what_changed(publisher, publisher_hook):
+    publisher.execute(ORDERS)
+    first = publication_task(publisher, publication="p", tables=[PublishedTable("orders", where="id > 5")]).execute({})
+    assert first["created"] is True and first["tables"] == ["public.orders"]
+    # A bad change to an existing publication is rolled back: the old definition stays whole.
+    before = SourceState.capture(publisher)
+    with pytest.raises(PublisherCheckError, match="outside the replica identity"):
+        publication_task(publisher, publication="p", tables=[PublishedTable("orders", where="region = 'EU'")]).execute({})
+    assert SourceState.capture(publisher) == before
+    assert_application_can_write(publisher, "public.orders")
+    # A corrected definition converges: other filter, another table, other operations.
+    second = publication_task(
+        publisher, publication="p", tables=[PublishedTable("orders", where="id > 10"), PublishedTable("victim")],
+        publish=["insert", "update", "delete"],
+    ).execute({})
+    assert second["created"] is False
+    assert second["changes"] == [
+        "publish: insert, update, delete, truncate -> insert, update, delete",
+        "table public.orders: \"public.orders\" WHERE (id > 5) -> \"public.orders\" WHERE (id > 10)",
+        "added \"public.victim\"",
+    ]
+    info = publisher_hook.describe_publication("p")
+    assert [t.psql_line() for t in info.tables] == ['"public.orders" WHERE (id > 10)', '"public.victim"']
+    assert not info.truncates
+    # As declared already: nothing changes, nothing is reported.
+    third = publication_task(
+        publisher, publication="p", tables=[PublishedTable("orders", where="id > 10"), PublishedTable("victim")],
+        publish=["insert", "update", "delete"],
+    ).execute({})
+    assert (third["created"], third["changes"]) == (False, [])
+
+
+@pytest.mark.parametrize("where", [
+    "true); DROP TABLE public.victim; --",
+    "id > 0; DROP TABLE public.victim",
+    "id > 0) OR (true",
+    "id > 0 ORDER BY 1",
+    "id > 0 UNION SELECT",
+    "",
+])
+def test_a_row_filter_is_exactly_one_expression(publisher, publisher_hook, where):
+    publisher.execute(ORDERS)
+    publisher_hook.create_publication("existing", [PublishedTable("orders")])
+    before = SourceState.capture(publisher)
+    for name in ("fresh", "existing"):
+        with pytest.raises(InvalidInputError) as raised:
+            publication_task(publisher, publication=name, tables=[PublishedTable("orders", where=where)]).execute({})
+        message = str(raised.value)
+        assert "row filter of public.orders" in message and "expression" in message
+    assert SourceState.capture(publisher) == before
+    assert publisher.query("SELECT count(*) FROM victim") == [(1,)]
+    assert_application_can_write(publisher, "public.orders")
+
+
+def test_a_row_filter_with_a_trailing_comment_still_works(publisher, publisher_hook):
+    publisher.execute(ORDERS)
+    publication_task(publisher, publication="p", tables=[PublishedTable("orders", where="id > 5 -- big ones")]).execute({})
+    assert [t.row_filter for t in publisher_hook.describe_publication("p").tables] == ["(id > 5)"]
+
+
+def test_names_longer_than_postgres_keeps_are_refused(publisher, publisher_hook, staging_dir, root):
+    publisher.execute(ORDERS)
+    long_name = "p" * 64
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(InvalidInputError, match="64 bytes long: PostgreSQL truncates names to 63 bytes"):
+        publication_task(publisher, publication=long_name, tables=["orders"]).execute({})
+    with pytest.raises(InvalidInputError, match="publication name 'p{64}' is 64 bytes long"):
+        run_initial_sync(publisher_hook, slot="s1", publications=[long_name], root=root, pipeline="p")
+    with pytest.raises(InvalidInputError, match="slot name 'S-1' is not valid"):
+        run_initial_sync(publisher_hook, slot="S-1", publications=["p"], root=root, pipeline="p")
+    assert SourceState.capture(publisher, staging_dir) == before
+
+
+# -- initial sync: a pipeline owns its slot ------------------------------------------------------
+
+
+def test_a_failed_first_attempt_does_not_claim_the_slot_name(publisher, publisher_hook, staging_dir, root, monkeypatch):
+    """The role lacks REPLICATION: nothing is created, and no record claims the slot's name."""
+    publisher.execute(ORDERS)
+    publisher_hook.create_publication("p", [PublishedTable("orders")])
+    publisher.execute("CREATE ROLE weak LOGIN PASSWORD 'weak'; GRANT SELECT ON ALL TABLES IN SCHEMA public TO weak")
+    cluster = publisher.cluster
+    monkeypatch.setenv("AIRFLOW_CONN_WEAK", f"postgres://weak:weak@{cluster.host}:{cluster.port}/{publisher.name}")
+    from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(PublisherCheckError, match="role 'weak' has neither REPLICATION nor SUPERUSER"):
+        run_initial_sync(PgLogicalHook(postgres_conn_id="weak"), slot="s1", publications=["p"], root=root,
+                         pipeline="p")
+    assert SourceState.capture(publisher, staging_dir) == before
+    # Another tool now takes the name; the next initial sync must leave its slot alone.
+    publisher.query("SELECT pg_create_logical_replication_slot('s1', 'test_decoding')")
+    other = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(SlotError) as raised:
+        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    message = str(raised.value)
+    assert "pipeline 'p' did not create it" in message and "plugin test_decoding" in message
+    assert "Choose another slot name" in message
+    assert SourceState.capture(publisher, staging_dir) == other
+    publisher.execute("DROP OWNED BY weak; DROP ROLE weak")
+
+
+def test_a_recreated_slot_of_the_same_name_is_not_taken_over(publisher, publisher_hook, staging_dir, root,
+                                                             monkeypatch):
+    """The pipeline's slot was dropped and someone re-created one of that name with pgoutput."""
+    publisher.execute(ORDERS)
+    publisher_hook.create_publication("p", [PublishedTable("orders")])
+    # An attempt that failed after creating its slot drops it again, keeping its record.
+    with pytest.raises(InvalidInputError):
+        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", parallelism=0)
+    from airflow_provider_pglogical.replication import initial_sync
+
+    def failing_copy(*args, **kwargs):  # the copy fails after the slot exists (e.g. a lost connection)
+        raise RuntimeError("copy failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(initial_sync, "copy_tables", failing_copy)
+        with pytest.raises(RuntimeError, match="copy failed"):
+            run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    assert publisher_hook.get_slot("s1") is None, "a failed copy must drop the slot it created"
+    publisher.execute("INSERT INTO orders VALUES (100, 'EU', 1)")
+    publisher.query("SELECT pg_create_logical_replication_slot('s1', 'pgoutput')")
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(SlotError, match="is not the one pipeline 'p' created"):
+        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    assert SourceState.capture(publisher, staging_dir) == before
+
+
+def test_reserved_column_names_are_refused_before_a_slot_exists(publisher, publisher_hook, staging_dir, root):
+    publisher.execute('CREATE TABLE t(id int PRIMARY KEY, "_op" text, "_old_id" int); INSERT INTO t VALUES (1, \'a\', 2)')
+    publisher_hook.create_publication("p", [PublishedTable("t")])
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(PublisherCheckError) as raised:
+        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    message = str(raised.value)
+    assert "column '_op' of public.t is named like a staging metadata column" in message
+    assert "column '_old_id' of public.t" in message and "RENAME COLUMN" in message
+    assert SourceState.capture(publisher, staging_dir) == before
+    # Leaving the columns out of the column list is a way out before the slot exists.
+    publisher_hook.set_publication_tables("p", [PublishedTable("t", columns=["id"])])
+    result = run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    assert result["tables"] == {"public.t": 1}
+
+
+# -- pulls: refuse what would lose changes ---------------------------------------------------------
+
+
+def test_a_pull_refuses_another_publication_set(publisher, publisher_hook, staging_dir, root):
+    publisher.execute(ORDERS)
+    publisher_hook.create_publication("p", [PublishedTable("orders")])
+    publisher_hook.create_publication("other", [PublishedTable("victim")])
+    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    publisher.execute("UPDATE orders SET total = 0 WHERE id = 1")
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(PipelineStateError) as raised:
+        run_pull(publisher_hook, slot="s1", publications=["other"], root=root, pipeline="p")
+    message = str(raised.value)
+    assert "snapshotted from publication(s) ['p']" in message and "added: ['other']" in message
+    assert "left out: ['p']" in message and "PgBackfillOperator" in message
+    with pytest.raises(PipelineStateError, match="consumes slot 's1', not 's2'"):
+        run_pull(publisher_hook, slot="s2", publications=["p"], root=root, pipeline="p")
+    with pytest.raises(PipelineStateError, match="publication\\(s\\) \\['p'\\], but this backfill"):
+        run_backfill(publisher_hook, tables=["victim"], publications=["other"], root=root, pipeline="p")
+    assert SourceState.capture(publisher, staging_dir) == before
+    # The right arguments still get the change.
+    assert run_pull(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")["changes"] == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_changes": 0}, "max_changes must be a whole number, 1 or more \\(got 0\\)"),
+    ({"max_changes": -5}, "max_changes must be a whole number, 1 or more \\(got -5\\)"),
+    ({"max_bytes": 0}, "max_bytes must be a whole number, 1 or more \\(got 0\\); leave it unset"),
+    ({"pipeline": "../escape"}, "pipeline name '../escape' is not a plain directory name"),
+    ({"pipeline": "/abs/olute"}, "pipeline name '/abs/olute' is not a plain directory name"),
+    ({"root": "relative/staging"}, "staging path 'relative/staging' is not an absolute URI"),
+    ({"publications": "p"}, "publications 'p' is not a non-empty list of names"),
+])
+def test_pull_arguments_are_checked_before_anything(publisher, publisher_hook, staging_dir, root, kwargs, message):
+    publisher.execute(ORDERS)
+    publisher_hook.create_publication("p", [PublishedTable("orders")])
+    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    publisher.execute("UPDATE orders SET total = 0 WHERE id = 1")
+    arguments = {"slot": "s1", "publications": ["p"], "root": root, "pipeline": "p", **kwargs}
+    if isinstance(arguments["root"], str):
+        arguments["root"] = ObjectStoragePath(arguments["root"])
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(InvalidInputError, match=message):
+        run_pull(publisher_hook, **arguments)
+    assert SourceState.capture(publisher, staging_dir) == before
+    assert not (staging_dir.parent / "escape").exists() and not (staging_dir / "relative").exists()
+
+
+def test_the_operators_check_templated_values(publisher, staging_dir):
+    from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
+
+    for staging_path, problem in [("staging", "is not an absolute URI"), ("file://rel/x", "is not an absolute URI"),
+                                  ("file:///data/../x", "no '..'")]:
+        task = PgSlotPullOperator(task_id="pull", slot="s1", publications=["p"], staging_path=staging_path,
+                                  pipeline="p", postgres_conn_id=publisher.conn_id)
+        with pytest.raises(InvalidInputError, match=problem):
+            task.execute({})
+    task = PgSlotPullOperator(task_id="pull", slot="s1", publications=["p"], staging_path=staging_dir.as_uri(),
+                              pipeline="p", max_changes="-1", postgres_conn_id=publisher.conn_id)
+    with pytest.raises(InvalidInputError, match="max_changes must be a whole number, 1 or more \\(got '-1'\\)"):
+        task.execute({})
