@@ -7,6 +7,8 @@ application can still UPDATE and DELETE.
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from airflow.sdk import ObjectStoragePath
 
@@ -20,7 +22,7 @@ from airflow_provider_pglogical.operators.publication import PgCreatePublication
 from airflow_provider_pglogical.replication.initial_sync import run_backfill, run_initial_sync
 from airflow_provider_pglogical.replication.publications import PublishedTable
 from airflow_provider_pglogical.replication.pull import run_pull
-from airflow_provider_pglogical.replication.staging import committed_batches
+from airflow_provider_pglogical.replication.staging import read_manifest, read_table
 from tests.support.source_state import SourceState, assert_application_can_write
 
 ORDERS = """
@@ -271,3 +273,77 @@ def test_the_operators_check_templated_values(publisher, staging_dir):
                               pipeline="p", max_changes="-1", postgres_conn_id=publisher.conn_id)
     with pytest.raises(InvalidInputError, match="max_changes must be a whole number, 1 or more \\(got '-1'\\)"):
         task.execute({})
+
+
+def test_a_second_run_waits_boundedly_then_names_the_holder(publisher, publisher_hook, staging_dir, root):
+    from airflow_provider_pglogical.exceptions import ConcurrentRunError
+    from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
+
+    publisher.execute(ORDERS)
+    publisher_hook.create_publication("p", [PublishedTable("orders")])
+    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    publisher.execute("UPDATE orders SET total = 0 WHERE id = 1")
+    before = SourceState.capture(publisher, staging_dir)
+    with slot_consumer_lock(publisher_hook.connect_kwargs(), "s1", "pull"):
+        with pytest.raises(ConcurrentRunError) as raised:
+            run_pull(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", lock_wait_seconds=0.2)
+        message = str(raised.value)
+        assert "slot 's1' is being consumed by another run" in message and "pglogical pull of slot s1" in message
+        assert "waited 0.2s and changed nothing" in message and "max_active_runs=1" in message
+        with pytest.raises(ConcurrentRunError):
+            run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p",
+                             lock_wait_seconds=0.2)
+    assert SourceState.capture(publisher, staging_dir) == before
+    assert run_pull(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")["changes"] == 1
+
+
+def test_wal_level_replica_is_named_not_a_missing_slot(tmp_path, monkeypatch):
+    from airflow_provider_pglogical.embedded.postgres import LocalPostgres
+    from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+
+    with LocalPostgres(name="replica-wal", settings={"wal_level": "replica"}) as cluster:
+        cluster.execute("CREATE TABLE t(id int PRIMARY KEY); INSERT INTO t VALUES (1); CREATE PUBLICATION p FOR TABLE t")
+        monkeypatch.setenv("AIRFLOW_CONN_REPLICA_WAL", cluster.connection_uri("postgres"))
+        hook = PgLogicalHook(postgres_conn_id="replica_wal")
+        root = ObjectStoragePath((tmp_path / "staging").as_uri())
+        with pytest.raises(PublisherCheckError, match="wal_level is 'replica': set wal_level = logical"):
+            run_initial_sync(hook, slot="s1", publications=["p"], root=root, pipeline="p")
+        with pytest.raises(SlotError, match="runs with wal_level = replica, so no logical slot can exist"):
+            run_pull(hook, slot="s1", publications=["p"], root=root, pipeline="p")
+        assert cluster.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        assert not (tmp_path / "staging").exists()
+
+
+TOAST_ORDERS = """
+CREATE TABLE orders(id int NOT NULL, region text NOT NULL, n int, note text);
+CREATE UNIQUE INDEX orders_id_region ON orders(id, region);
+ALTER TABLE orders REPLICA IDENTITY USING INDEX orders_id_region;
+ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
+INSERT INTO orders SELECT g, 'US', 0, repeat(md5(g::text), 100) FROM generate_series(1, 4) g;
+INSERT INTO orders VALUES (100, 'EU', 0, 'small');
+"""
+
+
+@pytest.mark.parametrize("then, filled", [
+    ("ALTER TABLE orders RENAME TO orders_renamed", 3),  # the fetch follows the table's OID
+    ("DROP TABLE orders", 0),  # nothing to fetch from: the batch goes on, and says so
+])
+def test_a_renamed_or_dropped_table_does_not_block_the_pull(publisher, publisher_hook, root, then, filled):
+    """Rows enter the row filter with unchanged TOAST values; then the table goes away."""
+    publisher.execute(TOAST_ORDERS)
+    publisher_hook.create_publication("p", [PublishedTable("orders", where="region = 'EU'")])
+    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    publisher.execute("UPDATE orders SET region = 'EU', n = 1 WHERE id <= 3")
+    publisher.execute(then)
+    result = run_pull(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    assert result["changes"] == 3
+    manifest = read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
+    fetch = manifest.tables["public.orders"].details["toast_fetch"]
+    assert (fetch["rows"], fetch["filled"], fetch["missing"]) == (3, filled, 3 - filled)
+    notes = read_table(root, "p", manifest.name, manifest.tables["public.orders"]).to_pydict()
+    expected = [hashlib.md5(str(i).encode()).hexdigest() * 100 for i in (1, 2, 3)]
+    assert sorted(notes["note"], key=str) == (expected if filled else [None] * 3)
+    if not filled:
+        assert "dropped" in fetch["unavailable"]
+    # The slot moved on: the next pull does not trip over the same rows again.
+    assert run_pull(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")["changes"] == 0

@@ -12,11 +12,12 @@ import time
 import pytest
 from airflow.sdk import ObjectStoragePath
 
-from airflow_provider_pglogical.exceptions import ColumnListConflict, PublicationError, SlotError
+from airflow_provider_pglogical.exceptions import ColumnListConflict, PipelineStateError, PublicationError, SlotError
 from airflow_provider_pglogical.replication import snapshot
 from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
 from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.replication.pull import run_pull
 from airflow_provider_pglogical.replication.staging import committed_batches, read_manifest
 from tests.integration.sync_helpers import native_rows, staged_rows
 
@@ -154,6 +155,15 @@ def test_copy_killed_mid_way_then_rerun_gives_a_complete_batch(publisher, publis
     proc.wait()
     assert list(staging.glob("*/*.parquet")), "the copy had not started before the deadline"
     assert committed_batches(root, "p") == []
+    # The pipeline has a slot but no committed snapshot: a pull must not consume the slot.
+    slot_before = publisher_hook.get_slot("s1")
+    publisher.execute("INSERT INTO big VALUES (0, 'during the failed sync')")
+    with pytest.raises(PipelineStateError, match="pipeline 'p' has no committed initial snapshot .*its initial "
+                                                 "sync has not finished"):
+        run_pull(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    after = publisher_hook.get_slot("s1")
+    assert (after.confirmed_flush_lsn, after.restart_lsn) == (slot_before.confirmed_flush_lsn, slot_before.restart_lsn)
+    publisher.execute("DELETE FROM big WHERE id = 0")
     result = run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
     assert result["tables"] == {"public.big": 400000}
     ids = [row[0] for row in staged_rows(root, "p")["big"]]
