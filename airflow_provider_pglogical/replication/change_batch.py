@@ -24,10 +24,6 @@ TypeInfo = dict[tuple[int, int], tuple[str, str, str | None]]
 UNCHANGED_TYPE = pa.list_(pa.string())
 
 
-class ReservedColumnName(ValueError):
-    """A source column collides with a staging metadata column."""
-
-
 @dataclass
 class _Chunk:
     """One TableChanges (or a TRUNCATE) with its transaction's commit facts."""
@@ -111,11 +107,6 @@ def union_columns(versions: Sequence[Relation], types: TypeInfo) -> list[dict]:
         for col in rel.columns:
             if col.name in seen:
                 continue
-            if col.name.startswith("_") and (col.name in staging.CHANGE_METADATA or col.name.startswith(staging.OLD_KEY_PREFIX)):
-                raise ReservedColumnName(
-                    f"column {col.name!r} of {rel.qualified_name} collides with a staging metadata column; "
-                    "rename it or leave it out of the publication's column list"
-                )
             typname, formatted, element = types.get((col.type_oid, col.typmod), ("text", "text", None))
             seen[col.name] = {
                 "name": col.name, "type": typname, "type_oid": col.type_oid, "typmod": col.typmod,
@@ -153,7 +144,7 @@ def change_schema(columns: list[dict], key: list[str]) -> pa.Schema:
         pa.field(staging.COMMIT_TS, pa.timestamp("us", tz="UTC")),
         pa.field(staging.UNCHANGED, UNCHANGED_TYPE),
     ]
-    fields += [pa.field(c["name"], mapped[c["name"]].arrow) for c in columns]
+    fields += [pa.field(staging.staged_name(c["name"]), mapped[c["name"]].arrow) for c in columns]
     fields += [pa.field(staging.OLD_KEY_PREFIX + k, mapped[k].arrow) for k in key]
     return pa.schema(fields)
 

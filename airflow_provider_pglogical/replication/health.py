@@ -85,7 +85,6 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
     missing = [r[0] for r in _fetch(cursor, _MISSING_PUBLICATIONS, (list(publications),))]
     for name in missing:
         problems.append(f"publication {name!r} does not exist: create it (create_publication) or fix the name")
-    problems += _reserved_column_problems(cursor, publications)
     if not replica_identity:
         return problems
     for pub, updates_or_deletes, table, relkind, replident, attrs, filter_cols, ri_cols, oid in _fetch(
@@ -127,34 +126,6 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
                     f"{names} while the publication publishes UPDATE/DELETE, so PostgreSQL will fail the next "
                     f"UPDATE of {table}: {hint}"
                 )
-    return problems
-
-
-_PUBLISHED_COLUMNS = """
-SELECT DISTINCT format('%%I.%%I', schemaname, tablename), a
-  FROM pg_publication_tables, unnest(attnames) a
- WHERE pubname = ANY(%s) AND a LIKE '\\_%%'
- ORDER BY 1, 2
-"""
-
-
-def _reserved_column_problems(cursor, publications: Sequence[str]) -> list[str]:
-    """Published columns named like a staging metadata column (``_op``, ``_old_<key>``, …).
-
-    Found here, before a slot exists: once changes of such a column sit in the slot, leaving it
-    out of the column list no longer helps (PostgreSQL decodes old changes with the old list).
-    """
-    from airflow_provider_pglogical.replication import staging  # the staging contract's names
-
-    problems = []
-    for table, column in _fetch(cursor, _PUBLISHED_COLUMNS, (list(publications),)):
-        if column in staging.CHANGE_METADATA or column.startswith(staging.OLD_KEY_PREFIX):
-            problems.append(
-                f"column {column!r} of {table} is named like a staging metadata column (reserved: "
-                f"{', '.join(staging.CHANGE_METADATA)} and {staging.OLD_KEY_PREFIX}<column>): rename it "
-                f"(ALTER TABLE {table} RENAME COLUMN ...), or leave it out of every publication's column list, "
-                "before the initial sync creates the slot"
-            )
     return problems
 
 

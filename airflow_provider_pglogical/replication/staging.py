@@ -43,6 +43,22 @@ COMMIT_TS = "_commit_ts"
 UNCHANGED = "_unchanged_toast"
 OLD_KEY_PREFIX = "_old_"
 CHANGE_METADATA = (OP, COMMIT_LSN, SEQ, XID, COMMIT_TS, UNCHANGED)
+#: marks a source column staged under another name (see :func:`staged_name`)
+ESCAPE = "~"
+
+
+def staged_name(column: str) -> str:
+    """The name a source column has in a staged *change* file: its own, unless that is taken.
+
+    A source column may be called anything, ``_op`` or ``_old_id`` included, and may be added at
+    any time after the slot exists. Names a metadata column has or could have (a metadata name,
+    ``_old_…``) and names starting with :data:`ESCAPE` are staged as ``ESCAPE + name``: no staged
+    source name then starts with ``_`` when it is taken, none equals another, and none equals a
+    metadata name. Snapshot files hold source columns only and keep every name as it is.
+    """
+    if column in CHANGE_METADATA or column.startswith(OLD_KEY_PREFIX) or column.startswith(ESCAPE):
+        return ESCAPE + column
+    return column
 
 
 class StagingPath(Protocol):

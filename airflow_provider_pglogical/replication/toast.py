@@ -39,7 +39,8 @@ def rows_needing_values(table: pa.Table, key: list[str] | None = None) -> pa.Arr
         moved = pc.fill_null(pc.is_valid(table[staging.OLD_KEY_PREFIX + key[0]]), False)
         differs = None
         for k in key:
-            unequal = pc.fill_null(pc.not_equal(table[staging.OLD_KEY_PREFIX + k], table[k]), False)
+            unequal = pc.fill_null(pc.not_equal(table[staging.OLD_KEY_PREFIX + k], table[staging.staged_name(k)]),
+                                   False)
             differs = unequal if differs is None else pc.or_(differs, unequal)
         wanted = pc.or_(wanted, pc.and_(pc.and_(pc.equal(op, "U"), moved), differs))
     mask = pc.and_(wanted, pc.is_valid(table[staging.UNCHANGED]))
@@ -73,14 +74,14 @@ def _current_keys(table: pa.Table, positions: list[int], key: list[str]) -> list
     The row is read from the publisher by key *now*: when an UPDATE later in the batch changed
     the key (``_old_<key>`` set and different), the row lives under the new key.
     """
-    keys = _key_texts(table.take(pa.array(positions, pa.int64())), key)
+    keys = _key_texts(table.take(pa.array(positions, pa.int64())), [staging.staged_name(k) for k in key])
     is_key_change = pc.and_(pc.equal(table[staging.OP], "U"),
                             pc.is_valid(table[staging.OLD_KEY_PREFIX + key[0]])) if key else None
     if is_key_change is not None:
         change_rows = pc.indices_nonzero(pc.fill_null(is_key_change, False))
         changed = table.take(change_rows)
         moves = list(zip(change_rows.to_pylist(), _key_texts(changed, [staging.OLD_KEY_PREFIX + k for k in key]),
-                         _key_texts(changed, key)))
+                         _key_texts(changed, [staging.staged_name(k) for k in key])))
         for i, position in enumerate(positions):
             current = keys[i]
             for row, old, new in moves:
@@ -177,8 +178,9 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifes
             continue
         mapped = map_type(entry["type"], element_type=entry["element_type"], formatted=entry["formatted"])
         parsed = values.text_to_arrow(pa.array(replacement, pa.string()), mapped, name)
-        column = pc.replace_with_mask(table[name].combine_chunks(), pa.array(mask), parsed)
-        table = table.set_column(table.schema.get_field_index(name), name, column)
+        staged = staging.staged_name(name)
+        column = pc.replace_with_mask(table[staged].combine_chunks(), pa.array(mask), parsed)
+        table = table.set_column(table.schema.get_field_index(staged), staged, column)
     for i, position in enumerate(positions):
         if fetched_text.get(i) is not None:
             filled_rows += 1

@@ -60,6 +60,8 @@ STATE_TABLE = "_pglogical_state"
 BATCH_NAME = re.compile(r"^([0-9A-F]{16})-([0-9A-F]{16})-(snapshot|changes)$")
 #: metadata columns of a staged change row (see ``replication/staging.py``)
 OP, COMMIT_LSN, SEQ, UNCHANGED, OLD_KEY_PREFIX = "_op", "_commit_lsn", "_seq", "_unchanged_toast", "_old_"
+CHANGE_METADATA = (OP, COMMIT_LSN, SEQ, "_xid", "_commit_ts", UNCHANGED)
+ESCAPE = "~"
 WRITE_MODES = ("merge-on-read", "copy-on-write")
 RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
 #: table property holding the replica-identity key (JSON list) of every table the job creates
@@ -102,6 +104,13 @@ def column_type(column: dict) -> str:
 def quote(name: str) -> str:
     """A Spark SQL identifier, quoted."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def staged_name(column: str) -> str:
+    """A source column's name in a staged change file (``replication/staging.py``'s rule)."""
+    if column in CHANGE_METADATA or column.startswith(OLD_KEY_PREFIX) or column.startswith(ESCAPE):
+        return ESCAPE + column
+    return column
 
 
 def default_target_name(source: str) -> str:
@@ -433,7 +442,8 @@ def read_rows(spark, files: list[str], types: dict[str, str], keys: list[str], c
     present = set(raw.columns)
 
     def value(name):
-        return (F.col(name) if name in present else F.lit(None)).cast(types[name]).alias(name)
+        staged = staged_name(name) if changes else name  # snapshot files keep every name as it is
+        return (F.col(quote(staged)) if staged in present else F.lit(None)).cast(types[name]).alias(name)
 
     columns = [value(name) for name in types]
     if not changes:

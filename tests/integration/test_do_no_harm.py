@@ -196,22 +196,6 @@ def test_a_recreated_slot_of_the_same_name_is_not_taken_over(publisher, publishe
     assert SourceState.capture(publisher, staging_dir) == before
 
 
-def test_reserved_column_names_are_refused_before_a_slot_exists(publisher, publisher_hook, staging_dir, root):
-    publisher.execute('CREATE TABLE t(id int PRIMARY KEY, "_op" text, "_old_id" int); INSERT INTO t VALUES (1, \'a\', 2)')
-    publisher_hook.create_publication("p", [PublishedTable("t")])
-    before = SourceState.capture(publisher, staging_dir)
-    with pytest.raises(PublisherCheckError) as raised:
-        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
-    message = str(raised.value)
-    assert "column '_op' of public.t is named like a staging metadata column" in message
-    assert "column '_old_id' of public.t" in message and "RENAME COLUMN" in message
-    assert SourceState.capture(publisher, staging_dir) == before
-    # Leaving the columns out of the column list is a way out before the slot exists.
-    publisher_hook.set_publication_tables("p", [PublishedTable("t", columns=["id"])])
-    result = run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
-    assert result["tables"] == {"public.t": 1}
-
-
 # -- pulls: refuse what would lose changes ---------------------------------------------------------
 
 
