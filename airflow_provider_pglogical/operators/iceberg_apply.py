@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
+
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
 
@@ -169,7 +171,9 @@ class IcebergApplyOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Run the job; returns the pipeline, the state table and how many steps and rows were applied."""
-        # staging_root and pipeline are rendered by now: rebuild the command line from them
+        # staging_root and pipeline are rendered by now: check them, then rebuild the command line
+        check_staging_root(str(self.staging_root))
+        check_pipeline_name(self.pipeline)
         self.application_args = self.job_args()
         self._result: dict[str, Any] = {}
         super().execute(context)

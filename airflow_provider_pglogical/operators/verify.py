@@ -13,6 +13,7 @@ from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
 from airflow_provider_pglogical.replication import verify
+from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -104,6 +105,8 @@ class PgVerifyOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
 
     def execute(self, context: Context) -> dict:
+        check_staging_root(str(self.staging_path))
+        check_pipeline_name(self.pipeline)
         result = verify_pipeline(
             postgres_conn_id=self.postgres_conn_id, publications=list(self.publications),
             staging_path=self.staging_path, pipeline=self.pipeline, iceberg=self.iceberg, table_map=self.table_map,
