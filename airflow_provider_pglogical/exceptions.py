@@ -45,5 +45,12 @@ class PipelineStateError(PgLogicalError):
     another slot, or a slot the pipeline cannot prove it created."""
 
 
+class SlotLostError(SlotError):
+    """The pipeline's slot was invalidated or dropped: the changes since its last batch are gone.
+
+    Permanent: retrying cannot bring them back. The fix is a resync (``on_slot_lost="resync"``).
+    """
+
+
 class ConcurrentRunError(SlotError):
     """Another pull, initial sync or backfill of the same slot holds the pipeline's lock."""

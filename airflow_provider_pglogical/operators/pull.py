@@ -30,17 +30,22 @@ class PgSlotPullOperator(BaseOperator):
     :param pipeline: the pipeline's name (staging sub-directory).
     :param max_changes: decoded messages per batch (``upto_nchanges``); a bigger transaction still comes whole.
     :param max_bytes: stop at a transaction boundary once this many bytes were decoded.
+    :param new_tables: a table added to the publications after the initial sync: ``"snapshot"`` it
+        before its changes are staged (default), or ``"fail"`` naming the backfill to run.
+    :param on_slot_lost: the slot was invalidated or dropped: ``"fail"`` (default; no retries help) or
+        ``"resync"``: recreate it and re-snapshot every table, replacing the lakehouse tables.
     :param postgres_conn_id: the publisher's Airflow connection.
     :return: (XCom) ``{"batch", "start_lsn", "end_lsn", "advanced_to", "tables", "transactions", "changes", "recovered"}``.
     """
 
-    template_fields: Sequence[str] = ("slot", "publications", "staging_path", "pipeline", "max_changes", "max_bytes")
+    template_fields: Sequence[str] = ("slot", "publications", "staging_path", "pipeline", "max_changes", "max_bytes",
+                                       "new_tables", "on_slot_lost")
     ui_color = "#d8f0ff"
 
     def __init__(
         self, *, slot: str, publications: Sequence[str], staging_path: str, pipeline: str,
-        max_changes: int = 200_000, max_bytes: int | None = None,
-        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
+        on_slot_lost: str = "fail", postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.slot = slot
@@ -49,11 +54,14 @@ class PgSlotPullOperator(BaseOperator):
         self.pipeline = pipeline
         self.max_changes = max_changes
         self.max_bytes = max_bytes
+        self.new_tables = new_tables
+        self.on_slot_lost = on_slot_lost
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
         return run_pull(
             PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
             publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-            pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes, report=self.log.info,
+            pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes, new_tables=self.new_tables,
+            on_slot_lost=self.on_slot_lost, report=self.log.info,
         )

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.backfill import KeyRange, run_backfill
+from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
 from airflow_provider_pglogical.replication.validation import check_staging_root
 
 if TYPE_CHECKING:

@@ -1,26 +1,21 @@
-"""Initial sync and backfill: a snapshot batch positioned exactly where the change stream continues.
+"""Initial sync: a snapshot batch positioned exactly where the change stream continues.
 
 Initial sync creates the pipeline's slot with an exported snapshot and copies the published
 tables inside that snapshot: the batch sits at the slot's consistent LSN, so the slot's first
-change batch continues it with no gap and no overlap. A backfill re-snapshots some tables while
-the pipeline keeps flowing: a *temporary* slot gives a fresh snapshot and its consistent LSN C;
-the apply job replaces those tables at C and re-applies change rows committed at or after C.
+change batch continues it with no gap and no overlap. (Backfills: :mod:`.backfill`.)
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
-
-from psycopg2 import sql
+from typing import Callable, Sequence
 
 from airflow_provider_pglogical.exceptions import (
     PipelineStateError,
     PublicationError,
     PublisherCheckError,
     SlotError,
+    SlotLostError,
 )
 from airflow_provider_pglogical.replication import health, validation
 from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
@@ -30,6 +25,7 @@ from airflow_provider_pglogical.replication.pipeline_record import (
     read_record,
     write_record,
 )
+from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.published import ResolvedTable
 from airflow_provider_pglogical.replication.snapshot import copy_tables
 from airflow_provider_pglogical.replication.staging import (
@@ -43,28 +39,6 @@ from airflow_provider_pglogical.replication.staging import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class KeyRange:
-    """A half-open key range ``[start, end)`` of one column, for a ranged backfill."""
-
-    column: str
-    start: Any = None
-    end: Any = None
-
-    def where(self) -> sql.Composed:
-        parts = []
-        if self.start is not None:
-            parts.append(sql.SQL("{} >= {}").format(sql.Identifier(self.column), sql.Literal(self.start)))
-        if self.end is not None:
-            parts.append(sql.SQL("{} < {}").format(sql.Identifier(self.column), sql.Literal(self.end)))
-        if not parts:
-            raise ValueError(f"key range on {self.column!r} needs a start or an end")
-        return sql.SQL(" AND ").join(parts)
-
-    def as_details(self) -> dict:
-        return {"column": self.column, "start": self.start, "end": self.end}
-
-
 def require_tables(tables: list[ResolvedTable], publications: Sequence[str]) -> list[ResolvedTable]:
     if not tables:
         raise PublicationError(
@@ -74,9 +48,15 @@ def require_tables(tables: list[ResolvedTable], publications: Sequence[str]) -> 
     return tables
 
 
-def _initial_snapshot_batch(root: StagingPath, pipeline: str, slot: str) -> BatchManifest | None:
-    for name, _start, _end, kind in committed_batches(root, pipeline):
-        if kind == "snapshot":
+def _initial_snapshot_batch(root: StagingPath, pipeline: str, slot: str,
+                            record: PipelineRecord | None) -> BatchManifest | None:
+    """The committed snapshot batch of the slot the record describes (its creation LSN), if any.
+
+    After a resync the pipeline has several initial batches for one slot name: only the one at
+    the current slot's creation LSN counts.
+    """
+    for name, start, _end, kind in committed_batches(root, pipeline):
+        if kind == "snapshot" and (record is None or start == Lsn.parse(record.created_lsn)):
             manifest = read_manifest(root, pipeline, name)
             if manifest.details.get("initial") and manifest.details.get("slot") == slot:
                 return manifest
@@ -89,37 +69,6 @@ def check_sync_arguments(slot: str, publications: Sequence[str], root: StagingPa
     validation.check_pipeline_name(pipeline)
     validation.check_staging_root(root)
     return validation.check_identifiers(publications, "publication")
-
-
-def require_streaming(root: StagingPath, pipeline: str, publications: Sequence[str], what: str,
-                      slot: str | None = None) -> PipelineRecord:
-    """The pipeline's record, when its initial snapshot is committed and the arguments match it."""
-    record = read_record(root, pipeline)
-    where = str(root / pipeline)
-    if record is None or record.state != STREAMING:
-        raise PipelineStateError(
-            f"pipeline {pipeline!r} has no committed initial snapshot under {where} "
-            f"({'no pipeline record' if record is None else 'its initial sync has not finished'}), so a {what} "
-            "would stage changes with nothing to apply them to: run (or re-run, it resumes) the initial sync "
-            "(PgInitialSyncOperator) first. Nothing was changed"
-        )
-    if slot is not None and record.slot != slot:
-        raise PipelineStateError(
-            f"pipeline {pipeline!r} consumes slot {record.slot!r}, not {slot!r}: pass slot={record.slot!r}. "
-            "Nothing was changed"
-        )
-    if not record.same_publications(publications):
-        added = sorted(set(publications) - set(record.publications))
-        missing = sorted(set(record.publications) - set(publications))
-        raise PipelineStateError(
-            f"pipeline {pipeline!r} was snapshotted from publication(s) {record.publications}, but this {what} "
-            f"names {list(publications)} (added: {added or 'none'}; left out: {missing or 'none'}). Decoding with "
-            "another set would move the slot past changes the pipeline needs, or apply tables it never "
-            f"snapshotted. Pass publications={record.publications}; to replicate more tables, add them to those "
-            "publications (ALTER PUBLICATION … ADD TABLE) and run a backfill (PgBackfillOperator) of them. "
-            "Nothing was changed"
-        )
-    return record
 
 
 def _database(hook) -> str:
@@ -179,20 +128,18 @@ def run_initial_sync(
                 f"pipeline {pipeline!r} was set up with slot {record.slot!r}, not {slot!r}: pass slot={record.slot!r}, "
                 "or use another pipeline name for a second pipeline. Nothing was changed"
             )
-        done = _initial_snapshot_batch(root, pipeline, slot)
+        done = _initial_snapshot_batch(root, pipeline, slot, record)
         existing_slot = hook.get_slot(slot)
+        if done is not None and existing_slot is not None and existing_slot.invalidated:
+            raise SlotLostError(lost_slot_message(slot, pipeline, "was invalidated (wal_status = lost)"))
         if done is not None and existing_slot is not None:
             if record is not None and record.state != STREAMING:
                 record.state, record.snapshot_batch = STREAMING, done.name
                 write_record(root, pipeline, record)
             report(f"initial sync of slot {slot} is committed already as batch {done.name}; nothing to do")
-            return _summary(root, done)
+            return summary(root, done)
         if done is not None:
-            raise PipelineStateError(
-                f"pipeline {pipeline!r} committed its initial snapshot ({done.name}) but its slot {slot!r} no longer "
-                "exists, so the changes since are lost to it: re-sync the pipeline into a new pipeline name (or "
-                "remove this pipeline's staging directory and lakehouse tables first). Nothing was changed"
-            )
+            raise SlotLostError(lost_slot_message(slot, pipeline, "no longer exists"))
         with hook._cursor() as cursor:  # what would stop replication, found before a slot exists
             problems = health.find_publisher_problems(cursor, publications, replica_identity=False)
         if problems:
@@ -202,9 +149,43 @@ def run_initial_sync(
         return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report)
 
 
+def lost_slot_message(slot: str, pipeline: str, what: str) -> str:
+    return (
+        f"replication slot {slot!r} of pipeline {pipeline!r} {what}: the changes since the pipeline's last batch "
+        "are gone for it, and retrying cannot bring them back. Resync: run the pull with on_slot_lost='resync' "
+        "(PgSlotPullOperator(on_slot_lost='resync')), which recreates the slot and re-snapshots every table of "
+        "the pipeline, replacing the lakehouse tables at the new snapshot. Nothing was changed"
+    )
+
+
+def resync(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
+           report: Callable[[str], None], parallelism: int = 2) -> dict:
+    """Recreate the pipeline's lost slot and re-snapshot every published table at its new position.
+
+    The caller holds the slot's consumer lock. An invalidated slot is dropped only when it has the
+    plugin and database the record names; the apply replaces each table at the new snapshot (a
+    later full snapshot supersedes everything before it).
+    """
+    slot = record.slot
+    existing = hook.get_slot(slot)
+    if existing is not None:
+        if not existing.invalidated or existing.plugin != record.plugin or existing.database != record.database:
+            raise SlotError(
+                f"replication slot {slot!r} exists and is not pipeline {pipeline!r}'s lost slot (wal_status "
+                f"{existing.wal_status}, plugin {existing.plugin}, database {existing.database}): a resync replaces "
+                "only an invalidated slot of the pipeline. Nothing was changed"
+            )
+        report(f"dropping the invalidated slot {slot} (wal_status = lost) to resync pipeline {pipeline}")
+        hook.drop_slot(slot)
+    tables = require_tables(hook.published_tables(publications), publications)
+    report(f"resyncing pipeline {pipeline}: new slot {slot}, new snapshot of {len(tables)} table(s)")
+    return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report,
+                                   resync=True)
+
+
 def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: list[ResolvedTable],
                             root: StagingPath, pipeline: str, parallelism: int,
-                            report: Callable[[str], None]) -> dict:
+                            report: Callable[[str], None], resync: bool = False) -> dict:
     database = _database(hook)
     created = False
     try:
@@ -212,11 +193,12 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
             created = True
             lsn = str(snapshot.consistent_lsn)
             record = PipelineRecord(slot=slot, plugin=snapshot.plugin, database=database, created_lsn=lsn,
-                                    publications=list(publications))
+                                    publications=list(publications),
+                                    tables={t.qualified_name: t.oid for t in tables})
             write_record(root, pipeline, record)
             manifest = BatchManifest(
                 pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn,
-                details={"initial": True, "slot": slot, "publications": list(publications)},
+                details={"initial": True, "slot": slot, "publications": list(publications), "resync": resync},
             )
             writer = BatchWriter(root, manifest)
             copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
@@ -228,7 +210,7 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
         raise
     record.state, record.snapshot_batch = STREAMING, manifest.name
     write_record(root, pipeline, record)
-    return _summary(root, manifest)
+    return summary(root, manifest)
 
 
 def _drop_own_slot(hook, slot: str) -> None:
@@ -241,56 +223,7 @@ def _drop_own_slot(hook, slot: str) -> None:
                   slot, err)
 
 
-def run_backfill(
-    hook, *, tables: Sequence[str], publications: Sequence[str], root: StagingPath, pipeline: str,
-    key_range: KeyRange | None = None, parallelism: int = 2, report: Callable[[str], None] = log.info,
-) -> dict:
-    """Re-snapshot ``tables`` (``schema.table``) at a fresh LSN while the pipeline keeps flowing.
-
-    It takes no consumer lock: it reads through a temporary slot of its own, and pulls of the
-    pipeline's slot go on meanwhile by design (the apply orders the batches by LSN).
-    """
-    publications = validation.check_identifiers(publications, "publication")
-    validation.check_pipeline_name(pipeline)
-    validation.check_staging_root(root)
-    validation.check_count(parallelism, "parallelism")
-    require_streaming(root, pipeline, publications, "backfill")
-    published = {t.qualified_name: t for t in require_tables(hook.published_tables(publications), publications)}
-    wanted = [name if "." in name else f"public.{name}" for name in tables]
-    unknown = [name for name in wanted if name not in published]
-    if unknown:
-        raise PublicationError(
-            f"table(s) {', '.join(unknown)} are not published by {', '.join(publications)}: published are "
-            f"{', '.join(sorted(published))}"
-        )
-    chosen = [published[name] for name in wanted]
-    if key_range is not None:
-        for table in chosen:
-            if key_range.column not in table.column_names:
-                raise PublicationError(
-                    f"key range column {key_range.column!r} is not a published column of {table.qualified_name}"
-                )
-    extra = None
-    if key_range is not None:
-        with hook._cursor() as cursor:
-            text = key_range.where().as_string(cursor)
-        extra = {table.qualified_name: text for table in chosen}
-    temporary_slot = f"pglogical_backfill_{uuid.uuid4().hex[:12]}"
-    with hook.exported_snapshot(temporary_slot, temporary=True) as snapshot:
-        lsn = str(snapshot.consistent_lsn)
-        manifest = BatchManifest(
-            pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn,
-            details={"backfill": True, "key_range": key_range.as_details() if key_range else None,
-                     "publications": list(publications)},
-        )
-        writer = BatchWriter(root, manifest)
-        copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, chosen, writer, parallelism=parallelism,
-                    extra_where=extra, report=report)
-        writer.commit()
-    return _summary(root, manifest)
-
-
-def _summary(root: StagingPath, manifest: BatchManifest) -> dict:
+def summary(root: StagingPath, manifest: BatchManifest) -> dict:
     """What an operator returns to XCom: small, never row data."""
     return {
         "batch": str(root / manifest.pipeline / manifest.name),

@@ -18,10 +18,12 @@ import psycopg2
 from psycopg2 import sql
 
 from airflow_provider_pglogical.replication import change_batch, columnar, staging, toast, values
-from airflow_provider_pglogical.exceptions import SlotError
+from airflow_provider_pglogical.exceptions import InvalidInputError, PipelineStateError, SlotError, SlotLostError
+from airflow_provider_pglogical.replication.backfill import published_by_name, snapshot_tables
 from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
 from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
-from airflow_provider_pglogical.replication.initial_sync import check_sync_arguments, require_streaming
+from airflow_provider_pglogical.replication.initial_sync import check_sync_arguments, lost_slot_message, resync
+from airflow_provider_pglogical.replication.pipeline_record import PipelineRecord, require_streaming
 from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.slots import advance_slot, assert_slot_usable, changes_sql
 from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath, TableManifest
@@ -245,6 +247,7 @@ def run_pull(
     hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, max_changes: int = 200_000,
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
     before_advance: Callable[[str], None] | None = None, lock_wait_seconds: float = 60.0,
+    new_tables: str = "snapshot", on_slot_lost: str = "fail",
 ) -> dict:
     """Stage the slot's next window of changes as one batch, then advance the slot past it.
 
@@ -257,15 +260,46 @@ def run_pull(
     :param max_bytes: stop reading (at a transaction boundary) once this many bytes were decoded.
     :param before_advance: test hook, called with the batch path between commit and advance.
     :param lock_wait_seconds: how long to wait for another run of the slot before failing.
+    :param new_tables: what to do with changes of a table the pipeline never snapshotted (added to a
+        publication later): ``"snapshot"`` it first (a backfill ordered before its changes), or
+        ``"fail"`` naming the backfill to run. Either way it is never applied as a partial table.
+    :param on_slot_lost: when the pipeline's slot was invalidated or dropped: ``"fail"`` (default) with
+        :class:`SlotLostError`, or ``"resync"``: recreate the slot and re-snapshot every table.
     """
+    if on_slot_lost not in SLOT_LOST_POLICIES:
+        raise InvalidInputError(f"on_slot_lost must be one of {SLOT_LOST_POLICIES}, not {on_slot_lost!r}")
+    if new_tables not in NEW_TABLE_POLICIES:
+        raise InvalidInputError(f"new_tables must be one of {NEW_TABLE_POLICIES}, not {new_tables!r}")
     publications = check_sync_arguments(slot, publications, root, pipeline)
     max_changes = check_count(max_changes, "max_changes")
     max_bytes = check_count(max_bytes, "max_bytes", optional=True)
     with hook._cursor() as cursor:
         require_logical_wal(cursor)
-    require_streaming(root, pipeline, publications, "pull", slot=slot)
+    record = require_streaming(root, pipeline, publications, "pull", slot=slot)
     with slot_consumer_lock(hook.connect_kwargs(), slot, "pull", lock_wait_seconds):
-        return _pull_locked(hook, slot, publications, root, pipeline, max_changes, max_bytes, report, before_advance)
+        lost = _lost(hook, record)
+        if lost is not None:
+            if on_slot_lost == "fail":
+                raise SlotLostError(lost_slot_message(slot, pipeline, lost))
+            result = resync(hook, record, publications, root, pipeline, report)
+            return {"batch": result["batch"], "start_lsn": result["lsn"], "end_lsn": result["lsn"],
+                    "advanced_to": result["lsn"], "tables": result["tables"], "transactions": 0, "changes": 0,
+                    "recovered": False, "resynced": True}
+        return _pull_locked(hook, record, publications, root, pipeline, max_changes, max_bytes, report,
+                            before_advance, new_tables)
+
+
+SLOT_LOST_POLICIES = ("fail", "resync")
+
+
+def _lost(hook, record: PipelineRecord) -> str | None:
+    """Why the pipeline's slot is lost ("was invalidated …", "no longer exists"), or None."""
+    slot = hook.get_slot(record.slot)
+    if slot is None:
+        return "no longer exists"
+    if slot.invalidated:
+        return "was invalidated (wal_status = lost: the WAL it needed was removed, see max_slot_wal_keep_size)"
+    return None
 
 
 def require_logical_wal(cursor) -> None:
@@ -280,10 +314,11 @@ def require_logical_wal(cursor) -> None:
         )
 
 
-def _pull_locked(hook, slot: str, publications: list[str], root: StagingPath, pipeline: str, max_changes: int,
-                 max_bytes: int | None, report: Callable[[str], None],
-                 before_advance: Callable[[str], None] | None) -> dict:
+def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
+                 max_changes: int, max_bytes: int | None, report: Callable[[str], None],
+                 before_advance: Callable[[str], None] | None, new_tables: str) -> dict:
     started = time.monotonic()
+    slot = record.slot
     with hook._cursor() as cursor:
         slot_info = assert_slot_usable(cursor, slot)
         position = slot_info.confirmed_flush_lsn
@@ -310,6 +345,7 @@ def _pull_locked(hook, slot: str, publications: list[str], root: StagingPath, pi
         return {"batch": None, "start_lsn": str(position), "end_lsn": str(moved), "advanced_to": str(moved),
                 "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
 
+    _snapshot_new_tables(hook, record, window, publications, root, pipeline, new_tables, report)
     manifest = stage_batch(hook, root, pipeline, position, end, window)
     path = str(root / pipeline / manifest.name)
     if before_advance is not None:
@@ -320,6 +356,45 @@ def _pull_locked(hook, slot: str, publications: list[str], root: StagingPath, pi
     report(f"staged {sum(t.rows for t in manifest.tables.values()):,} change rows of {window.transaction_count:,} "
            f"transactions in {seconds:.1f}s as {manifest.name}; slot {slot} advanced to {advanced}")
     return _summary(root, manifest, recovered=False, advanced_to=advanced)
+
+
+NEW_TABLE_POLICIES = ("snapshot", "fail")
+
+
+def _snapshot_new_tables(hook, record: PipelineRecord, window: PullWindow, publications: list[str],
+                         root: StagingPath, pipeline: str, policy: str, report: Callable[[str], None]) -> None:
+    """Give tables the pipeline never snapshotted a snapshot batch before their changes are staged.
+
+    The snapshot is taken now, after the window was decoded, so it sits at an LSN past every
+    change of the window: the apply replaces the table at that LSN and ignores older changes of
+    it. It is committed before the change batch, so no apply ever sees the changes alone. A table
+    that is no longer published (added and removed again) has its changes dropped: it was never
+    part of the pipeline.
+    """
+    unknown = {oid: t.relation.qualified_name for oid, t in window.tables.items()
+               if not record.knows(oid, t.relation.qualified_name)}
+    if not unknown:
+        return
+    names = sorted(set(unknown.values()))
+    if policy == "fail":
+        raise PipelineStateError(
+            f"table(s) {', '.join(names)} have changes in slot {record.slot!r} but pipeline {pipeline!r} never "
+            "snapshotted them (added to a publication after the initial sync); applying the changes alone would "
+            f"give partial tables. Run a backfill of them (PgBackfillOperator(tables={names})), or pull with "
+            "new_tables='snapshot'. Nothing was changed"
+        )
+    published_now = {t.qualified_name for t in hook.published_tables(publications)}
+    gone = [oid for oid, name in unknown.items() if name not in published_now]
+    for oid in gone:
+        log.warning("dropping the changes of %s: it is no longer published and the pipeline never snapshotted it",
+                    unknown[oid])
+        window.tables.pop(oid)
+    added = sorted({name for oid, name in unknown.items() if oid not in gone})
+    if added:
+        report(f"table(s) {', '.join(added)} joined the publications after the pipeline's snapshot: "
+               "snapshotting them before their changes are staged")
+        snapshot_tables(hook, record, published_by_name(hook, publications, added), root, pipeline, parallelism=1,
+                        report=report, reason="added to a publication")
 
 
 def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: PullWindow) -> BatchManifest:

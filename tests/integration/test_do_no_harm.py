@@ -19,7 +19,8 @@ from airflow_provider_pglogical.exceptions import (
     SlotError,
 )
 from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
-from airflow_provider_pglogical.replication.initial_sync import run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.backfill import run_backfill
+from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
 from airflow_provider_pglogical.replication.publications import PublishedTable
 from airflow_provider_pglogical.replication.pull import run_pull
 from airflow_provider_pglogical.replication.staging import read_manifest, read_table

@@ -14,7 +14,8 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import ColumnListConflict, PipelineStateError, PublicationError, SlotError
 from airflow_provider_pglogical.replication import snapshot
-from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.backfill import KeyRange, run_backfill
+from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
 from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.publications import PublishedTable
 from airflow_provider_pglogical.replication.pull import run_pull

@@ -59,7 +59,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from airflow.sdk import ObjectStoragePath
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-    from airflow_provider_pglogical.replication import initial_sync, pull, staging
+    from airflow_provider_pglogical.replication import backfill, initial_sync, pull, staging
 
     point, root = os.environ["KILL_AT"], ObjectStoragePath(os.environ["ROOT"])
     hook = PgLogicalHook(postgres_conn_id=os.environ["CONN"])
@@ -92,7 +92,7 @@ KILL_SCRIPT = textwrap.dedent("""
         initial_sync.run_initial_sync(hook, slot=os.environ["SLOT"], publications=publications, root=root,
                                       pipeline=os.environ["PIPELINE"])
     elif point == "backfill_mid_copy":
-        initial_sync.run_backfill(hook, tables=os.environ["TABLES"].split(","), publications=publications, root=root,
+        backfill.run_backfill(hook, tables=os.environ["TABLES"].split(","), publications=publications, root=root,
                                   pipeline=os.environ["PIPELINE"])
     else:
         while True:
@@ -231,7 +231,7 @@ class Harness:
         self.fail("pull never ran dry")
 
     def backfill(self, kills: set[str]) -> None:
-        from airflow_provider_pglogical.replication.initial_sync import run_backfill
+        from airflow_provider_pglogical.replication.backfill import run_backfill
 
         table = self.rng.choice(["public.accounts", "public.events", "public.orders", "public.audit"])
         if "backfill_mid_copy" in kills:

@@ -1,0 +1,114 @@
+"""Backfill: re-snapshot tables at a fresh LSN while the pipeline's slot keeps flowing.
+
+A *temporary* slot gives a fresh exported snapshot and its consistent LSN C; the snapshot batch
+sits at C, and the apply job replaces those tables (or a key range of them) at C and re-applies
+change rows committed at or after C. A pull that meets a table the pipeline never snapshotted
+(added to a publication later) backfills it the same way before it commits the changes, so the
+table is never applied partially.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from psycopg2 import sql
+
+from airflow_provider_pglogical.exceptions import PublicationError
+from airflow_provider_pglogical.replication import validation
+from airflow_provider_pglogical.replication.initial_sync import require_tables, summary
+from airflow_provider_pglogical.replication.pipeline_record import PipelineRecord, require_streaming, write_record
+from airflow_provider_pglogical.replication.published import ResolvedTable
+from airflow_provider_pglogical.replication.snapshot import copy_tables
+from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """A half-open key range ``[start, end)`` of one column, for a ranged backfill."""
+
+    column: str
+    start: Any = None
+    end: Any = None
+
+    def where(self) -> sql.Composed:
+        parts = []
+        if self.start is not None:
+            parts.append(sql.SQL("{} >= {}").format(sql.Identifier(self.column), sql.Literal(self.start)))
+        if self.end is not None:
+            parts.append(sql.SQL("{} < {}").format(sql.Identifier(self.column), sql.Literal(self.end)))
+        if not parts:
+            raise ValueError(f"key range on {self.column!r} needs a start or an end")
+        return sql.SQL(" AND ").join(parts)
+
+    def as_details(self) -> dict:
+        return {"column": self.column, "start": self.start, "end": self.end}
+
+
+def run_backfill(
+    hook, *, tables: Sequence[str], publications: Sequence[str], root: StagingPath, pipeline: str,
+    key_range: KeyRange | None = None, parallelism: int = 2, report: Callable[[str], None] = log.info,
+) -> dict:
+    """Re-snapshot ``tables`` (``schema.table``) at a fresh LSN while the pipeline keeps flowing.
+
+    It takes no consumer lock: it reads through a temporary slot of its own, and pulls of the
+    pipeline's slot go on meanwhile by design (the apply orders the batches by LSN).
+    """
+    publications = validation.check_identifiers(publications, "publication")
+    validation.check_pipeline_name(pipeline)
+    validation.check_staging_root(root)
+    validation.check_count(parallelism, "parallelism")
+    record = require_streaming(root, pipeline, publications, "backfill")
+    chosen = published_by_name(hook, publications, [name if "." in name else f"public.{name}" for name in tables])
+    if key_range is not None:
+        for table in chosen:
+            if key_range.column not in table.column_names:
+                raise PublicationError(
+                    f"key range column {key_range.column!r} is not a published column of {table.qualified_name}"
+                )
+    extra = None
+    if key_range is not None:
+        with hook._cursor() as cursor:
+            text = key_range.where().as_string(cursor)
+        extra = {table.qualified_name: text for table in chosen}
+    return snapshot_tables(hook, record, chosen, root, pipeline, key_range=key_range, extra_where=extra,
+                           parallelism=parallelism, report=report)
+
+
+def published_by_name(hook, publications: Sequence[str], wanted: Sequence[str]) -> list[ResolvedTable]:
+    """The published tables named ``wanted`` (``schema.table``); an error names any that is not."""
+    published = {t.qualified_name: t for t in require_tables(hook.published_tables(publications), publications)}
+    unknown = [name for name in wanted if name not in published]
+    if unknown:
+        raise PublicationError(
+            f"table(s) {', '.join(unknown)} are not published by {', '.join(publications)}: published are "
+            f"{', '.join(sorted(published))}"
+        )
+    return [published[name] for name in wanted]
+
+
+def snapshot_tables(
+    hook, record: PipelineRecord, tables: list[ResolvedTable], root: StagingPath, pipeline: str, *,
+    key_range: KeyRange | None = None, extra_where: dict[str, str] | None = None, parallelism: int = 2,
+    report: Callable[[str], None] = log.info, reason: str = "backfill",
+) -> dict:
+    """Stage a snapshot batch of ``tables`` at a fresh LSN; a whole-table one joins the record's tables."""
+    temporary_slot = f"pglogical_backfill_{uuid.uuid4().hex[:12]}"
+    with hook.exported_snapshot(temporary_slot, temporary=True) as snapshot:
+        lsn = str(snapshot.consistent_lsn)
+        manifest = BatchManifest(
+            pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn,
+            details={"backfill": True, "key_range": key_range.as_details() if key_range else None,
+                     "publications": list(record.publications), "reason": reason},
+        )
+        writer = BatchWriter(root, manifest)
+        copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
+                    extra_where=extra_where, report=report)
+        writer.commit()
+    if key_range is None and record.add_tables((t.qualified_name, t.oid) for t in tables):
+        write_record(root, pipeline, record)
+    return summary(root, manifest)
