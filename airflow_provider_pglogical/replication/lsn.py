@@ -71,5 +71,3 @@ class Lsn:
     def __sub__(self, other: "Lsn") -> int:
         return self.value - other.value
 
-
-ZERO = Lsn(0)

@@ -101,10 +101,6 @@ class Relation:
     def qualified_name(self) -> str:
         return f"{self.namespace}.{self.name}"
 
-    def same_schema(self, other: Relation) -> bool:
-        """True when ``other`` describes the same table shape (name, identity and columns)."""
-        return self == other
-
 
 class Type(NamedTuple):
     """``'Y'``: a non-built-in data type used by a published column (e.g. an enum)."""

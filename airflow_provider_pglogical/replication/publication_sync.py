@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import PublicationError, PublisherCheckError
 from airflow_provider_pglogical.replication import health

@@ -235,8 +235,3 @@ def assert_slot_usable(cursor, name: str) -> SlotInfo:
             "stop that consumer or use another slot"
         )
     return slot
-
-
-def slot_names_in_use(cursor, names: Sequence[str]) -> list[str]:
-    cursor.execute("SELECT slot_name FROM pg_replication_slots WHERE active AND slot_name = ANY(%s)", (list(names),))
-    return [r[0] for r in cursor.fetchall()]

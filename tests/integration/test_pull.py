@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from airflow.sdk import ObjectStoragePath
