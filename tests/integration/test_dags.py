@@ -35,6 +35,13 @@ def _run(env: dict, *args: str, expect_ok: bool = True) -> subprocess.CompletedP
     return proc
 
 
+def _task_states(env: dict, dag_id: str, logical_date: str) -> dict[str, str]:
+    """Each task's state in the DAG run, from Airflow's own metadata database."""
+    out = _run(env, "tasks", "states-for-dag-run", dag_id, logical_date, "-o", "json").stdout
+    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    return {row["task_id"]: row["state"] for row in rows}
+
+
 @pytest.fixture
 def airflow_home(tmp_path, publisher):
     rng = random.Random(7)
@@ -52,8 +59,9 @@ def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_
     # Injected failure: Spark is unreachable for this run, so the apply fails after the pull
     # staged the batch and advanced the slot.
     broken = {**env, "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:9"})}
-    failed = _run(broken, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00", expect_ok=False)
-    assert failed.returncode != 0 or "failed" in failed.stdout.lower()
+    _run(broken, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00", expect_ok=False)
+    states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00")
+    assert states["pull"] == "success" and states["apply"] == "failed", states
     # The retry (next run) applies what the failed run staged; nothing is lost or doubled.
     demo.workload(publisher.cluster, publisher.name, rng, 2)
     _run(env, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:20:00+00:00")

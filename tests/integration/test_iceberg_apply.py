@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -32,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergApplyOperator, IcebergConfig
 from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, TableManifest
 from airflow_provider_pglogical.replication.typemap import map_type
@@ -413,10 +413,12 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
     state_metadata = lake.warehouse / "crash" / "_pglogical_state" / "metadata"
     versions = len(list(state_metadata.glob("v*.metadata.json")))
     process = spark_submit(lake.warehouse, "crash", lake.root, wait=False)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and len(list(state_metadata.glob("v*.metadata.json"))) <= versions:
+
+    def state_committed() -> bool:
         assert process.poll() is None, process.stdout.read()[-5000:]
-        time.sleep(0.02)
+        return len(list(state_metadata.glob("v*.metadata.json"))) > versions
+
+    wait_until(state_committed, timeout=300, interval=0.02, message="the re-run's first state commit")
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert {s: v["position"][-4:] for s, v in lake.state("crash").items()} == {

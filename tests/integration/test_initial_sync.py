@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from airflow.sdk import ObjectStoragePath
@@ -135,26 +134,24 @@ def test_copy_killed_mid_way_then_rerun_gives_a_complete_batch(publisher, publis
                       "INSERT INTO big SELECT g, repeat(md5(g::text), 8) FROM generate_series(1, 400000) g")
     publisher_hook.create_publication("p", [PublishedTable("big")])
     script = textwrap.dedent(f"""
-        import os, time
+        import os, signal
         from airflow.sdk import ObjectStoragePath
         from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-        from airflow_provider_pglogical.replication import snapshot, initial_sync
+        from airflow_provider_pglogical.replication import snapshot, initial_sync, staging
         snapshot.MIN_BLOCKS_PER_UNIT = 2
         snapshot.CSV_BLOCK_SIZE = 1 << 16
-        def slow(message):  # make the copy take long enough to be killed mid-way
-            time.sleep(0.2)
+        counted = staging.BatchWriter._count
+        def count_then_die(self, table, entry, rows):  # the first Parquet part is complete: SIGKILL
+            counted(self, table, entry, rows)
+            os.kill(os.getpid(), signal.SIGKILL)
+        staging.BatchWriter._count = count_then_die
         initial_sync.run_initial_sync(PgLogicalHook(postgres_conn_id="{publisher.conn_id}"), slot="s1",
-            publications=["p"], root=ObjectStoragePath("{root}"), pipeline="p", parallelism=2, report=slow)
+            publications=["p"], root=ObjectStoragePath("{root}"), pipeline="p", parallelism=2)
     """)
-    env = {**os.environ}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ}, timeout=300)
+    assert proc.returncode == -signal.SIGKILL
     staging = tmp_path / "staging" / "p"
-    deadline = time.monotonic() + 60
-    while not list(staging.glob("*/*.parquet")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert list(staging.glob("*/*.parquet")), "the copy had not started before the deadline"
+    assert list(staging.glob("*/*.parquet")), "killed after its first Parquet part"
     assert committed_batches(root, "p") == []
     # The pipeline has a slot but no committed snapshot: a pull must not consume the slot.
     slot_before = publisher_hook.get_slot("s1")
@@ -221,7 +218,7 @@ def test_text_values_with_escapes_arrive_exactly(publisher, publisher_hook, root
 
 
 def test_a_workload_during_the_copy_is_neither_lost_nor_doubled(publisher, publisher_hook, root, monkeypatch):
-    """Writers keep committing while the snapshot copies (slowed down so they overlap for sure):
+    """Writers keep committing while the snapshot copies (each work unit waits for them, so they overlap):
     the snapshot plus the following change batch replay to exactly the source's rows."""
     import threading
 
@@ -234,12 +231,14 @@ def test_a_workload_during_the_copy_is_neither_lost_nor_doubled(publisher, publi
         "INSERT INTO busy SELECT g, 0, CASE WHEN g % 3 = 0 THEN 'US' ELSE 'EU' END FROM generate_series(1, 20000) g;"
         "CREATE PUBLICATION pub FOR TABLE busy WHERE (region = 'EU')"
     )
-    copying, stop = threading.Event(), threading.Event()
+    copying, stop, written = threading.Event(), threading.Event(), threading.Condition()
     real_copy_unit = snapshot._copy_unit
 
     def slow_copy_unit(*args, **kwargs):
         copying.set()
-        time.sleep(0.3)  # every work unit starts late: the writers get in between
+        with written:  # every work unit starts only after the writers committed 10 more statements
+            seen = len(statements)
+            assert written.wait_for(lambda: len(statements) >= seen + 10 or errors, timeout=30)
         return real_copy_unit(*args, **kwargs)
 
     monkeypatch.setattr(snapshot, "_copy_unit", slow_copy_unit)
@@ -253,7 +252,9 @@ def test_a_workload_during_the_copy_is_neither_lost_nor_doubled(publisher, publi
             with conn.cursor() as cur:
                 write(cur)
         except BaseException as err:  # noqa: BLE001 - reported by the test
-            errors.append(err)
+            with written:
+                errors.append(err)
+                written.notify_all()
         finally:
             conn.close()
 
@@ -269,7 +270,9 @@ def test_a_workload_during_the_copy_is_neither_lost_nor_doubled(publisher, publi
                 f"UPDATE busy SET region = 'EU' WHERE id = {1 + i * 89 % 20000}",  # may enter it
             ][i % 5]
             cur.execute(statement)
-            statements.append(statement)
+            with written:
+                statements.append(statement)
+                written.notify_all()
 
     thread = threading.Thread(target=writer)
     thread.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import psycopg2.extras
 import pytest
@@ -41,7 +42,7 @@ def test_thresholds_fail_or_warn(publisher, publisher_hook):
     assert warned.is_done and warned.xcom_value["state"] == "breach"
 
 
-def test_busy_slot_waits_until_the_other_consumer_leaves(publisher, publisher_hook):
+def test_busy_slot_waits_until_the_other_consumer_leaves(publisher, publisher_hook, monkeypatch):
     publisher.execute("CREATE TABLE t(id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
     publisher_hook.create_slot("s1")
     consumer = psycopg2.connect(publisher.conninfo, connection_factory=psycopg2.extras.LogicalReplicationConnection)
@@ -50,11 +51,25 @@ def test_busy_slot_waits_until_the_other_consumer_leaves(publisher, publisher_ho
     wait_until(lambda: publisher_hook.get_slot("s1").active, message="slot to be active")
     assert sensor(slot="s1").poke({}) is False
 
+    # Count the trigger's polls of the real slot: two "busy" answers prove it keeps waiting.
+    from airflow_provider_pglogical.triggers import pglogical as triggers
+
+    real_status, answers, polled_twice = triggers._slot_status, [], threading.Event()
+
+    def counted_status(*args):
+        status = real_status(*args)
+        answers.append(status["state"])
+        if len(answers) >= 2:
+            polled_twice.set()
+        return status
+
+    monkeypatch.setattr(triggers, "_slot_status", counted_status)
+
     async def wait_then_release():
         trigger = SlotHealthTrigger("pglogical_publisher", "s1", poll_interval=0.2)
         waiting = asyncio.ensure_future(trigger.run().__anext__())
-        await asyncio.sleep(1.0)
-        assert not waiting.done()  # still busy, and the loop was free meanwhile
+        assert await asyncio.to_thread(polled_twice.wait, 30)
+        assert not waiting.done() and answers[:2] == ["busy", "busy"]  # still busy; the loop was free meanwhile
         await asyncio.to_thread(consumer.close)
         return (await asyncio.wait_for(waiting, timeout=30)).payload
 
