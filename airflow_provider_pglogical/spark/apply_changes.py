@@ -433,7 +433,7 @@ def read_rows(spark, files: list[str], types: dict[str, str], keys: list[str], c
     present = set(raw.columns)
 
     def value(name):
-        return (F.col(name) if name in present else F.lit(None)).cast(types[name]).alias(name)
+        return (F.col(quote(name)) if name in present else F.lit(None)).cast(types[name]).alias(name)
 
     columns = [value(name) for name in types]
     if not changes:
@@ -447,12 +447,12 @@ def read_rows(spark, files: list[str], types: dict[str, str], keys: list[str], c
     ]
     for index, key in enumerate(keys):
         old = OLD_KEY_PREFIX + key
-        columns.append((F.col(old) if old in present else F.lit(None)).cast(types[key]).alias(f"__old{index}"))
+        columns.append((F.col(quote(old)) if old in present else F.lit(None)).cast(types[key]).alias(f"__old{index}"))
     frame = raw.select(*columns)
     for index, key in enumerate(keys):
         # REPLICA IDENTITY FULL: every column is key, and an unchanged TOAST value is in the old tuple
         old = F.col(f"__old{index}")
-        frame = frame.withColumn(key, F.when(F.array_contains("__u", key) & old.isNotNull(), old).otherwise(F.col(key)))
+        frame = frame.withColumn(key, F.when(F.array_contains("__u", key) & old.isNotNull(), old).otherwise(F.col(quote(key))))
     return frame
 
 
