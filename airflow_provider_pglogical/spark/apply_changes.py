@@ -385,6 +385,8 @@ class Lakehouse:
             log.info("created %s", self.name(table))
             return wanted
         current = {f.name: f.dataType.simpleString() for f in self.spark.table(self.name(table)).schema.fields}
+        if is_multiset(manifest) and self._unnumbered(table, current):
+            current = self._number_copies(table, current)
         for name, kind in wanted.items():
             if name not in current:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
@@ -398,6 +400,36 @@ class Lakehouse:
                     )
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ALTER COLUMN {quote(name)} TYPE {kind}")
         return {**current, **wanted}
+
+    def _unnumbered(self, table: str, current: dict[str, str]) -> bool:
+        """A keyless table without (complete) copy numbers: written before this job numbered them."""
+        from pyspark.sql import functions as F
+
+        if OCCURRENCE not in current:
+            return True
+        # file statistics answer this for every file a finished numbering wrote
+        return bool(self.spark.table(self.name(table)).where(F.col(quote(OCCURRENCE)).isNull()).limit(1).count())
+
+    def _number_copies(self, table: str, current: dict[str, str]) -> dict[str, str]:
+        """Add the multiset columns to a keyless table and number its identical rows (one overwrite).
+
+        A crash between the two commits leaves NULL occurrences, which the next run numbers.
+        """
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        log.warning("table %s is keyless but its identical rows are not numbered (written by an earlier "
+                    "version, which could lose copies): numbering them now; backfill it to be sure it is exact",
+                    self.name(table))
+        for name, kind in MULTISET_COLUMNS.items():
+            if name not in current:
+                self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
+        values = [F.col(quote(c)) for c in current if c not in MULTISET_COLUMNS]
+        numbered = self.spark.table(self.name(table)).select(
+            *values, F.row_number().over(Window.partitionBy(*values).orderBy(F.lit(1))).cast("int").alias(OCCURRENCE),
+            F.lit(None).cast("string").alias(WRITTEN_BY)).localCheckpoint()
+        numbered.writeTo(self.name(table)).overwrite(F.lit(True))
+        return {**current, **MULTISET_COLUMNS}
 
 
 def _widens(old: str, new: str) -> bool:
