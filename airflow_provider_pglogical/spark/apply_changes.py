@@ -20,19 +20,24 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   old key; unchanged-TOAST columns keep the value of an earlier change of the same row, following
   key changes, else the lakehouse's) and applied with ONE ``MERGE INTO``. A batch holding a
   TRUNCATE replaces the table with the rows after the last TRUNCATE (one atomic overwrite).
+- A **keyless** table (REPLICA IDENTITY FULL) is a multiset, as PostgreSQL's subscriber keeps it:
+  identical rows are numbered in ``_pglogical_occurrence`` and a change batch changes the number of
+  copies of each row value it touches (:class:`Multisets`).
 - Positions and applied snapshot batches are recorded per table in
   ``<catalog>.<namespace>._pglogical_state`` (one row per pipeline and source table, partitioned
   by pipeline). Tables advance in rounds of one step each; after every round this pipeline's rows
   are rewritten in one commit. A crash between a data commit and the state commit makes the next
   run apply that one step again, which is exact: a step sets every key it touches to a value
-  computed from the batch, or keeps the lakehouse's value where the batch does not know it.
+  computed from the batch, or keeps the lakehouse's value where the batch does not know it (a
+  keyless table's step marks the row values it changed and skips them when run again).
 
 Schema: missing tables are created from the manifest: format-version 2, the write mode's
 ``write.{merge,update,delete}.mode``, key columns NOT NULL and recorded in the table property
 ``pglogical.replica-identity-key``; Iceberg identifier fields are set to the key only for
 copy-on-write tables, because Iceberg 1.6-1.9's Spark runtime fails every merge-on-read
 MERGE/UPDATE/DELETE on a table with identifier fields (apache/iceberg#11709). REPLICA IDENTITY FULL
-tables (key = every column) get neither and are matched with null-safe equality. Added columns are
+tables (key = every column) get neither, and two metadata columns (``_pglogical_occurrence``,
+``_pglogical_batch``) that make (row, occurrence) a key. Added columns are
 added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
 refused with an error; columns dropped at the source stay as nullable columns, NULL in rows
 inserted afterwards and unchanged in rows updated afterwards. A target table that was dropped is
