@@ -819,8 +819,9 @@ class Multisets:
         batch_columns = [c["name"] for c in manifest["columns"]]
         if sorted(keys) != sorted(batch_columns):
             raise ApplyError(
-                f"batch {step.batch.name}, table {source}: a keyless table's replica identity must be every "
-                f"column (REPLICA IDENTITY FULL), but the key is {keys}"
+                f"batch {step.batch.name}, table {source}: the lakehouse keeps this table as a keyless multiset "
+                f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "
+                "or drop the Iceberg table and backfill it"
             )
         if not manifest.get("files"):
             return 0

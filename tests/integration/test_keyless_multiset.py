@@ -66,6 +66,7 @@ class Pipeline:
     def __init__(self, publisher, publisher_hook, root: Path, warehouse: Path, namespace: str, spark):
         self.publisher, self.hook, self.spark = publisher, publisher_hook, spark
         self.root, self.warehouse, self.namespace = root, warehouse, namespace
+        self.write_mode = "merge-on-read"
         self.storage = ObjectStoragePath(self.root.as_uri())
 
     def pull(self, max_changes: int = 200_000) -> dict:
@@ -77,7 +78,8 @@ class Pipeline:
         command = ["spark-submit", "--master", "local[2]", "--driver-memory", "1g", "--conf", "spark.ui.enabled=false"]
         for key, value in conf.items():
             command += ["--conf", f"{key}={value}"]
-        command += [str(APPLY_JOB), "--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace", self.namespace]
+        command += [str(APPLY_JOB), "--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace", self.namespace,
+                    "--write-mode", self.write_mode]
         proc = subprocess.run(command, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
         return proc.returncode, proc.stdout
@@ -211,6 +213,7 @@ def test_duplicates_nulls_updates_deletes_and_a_killed_apply(pipeline, publisher
 
 
 def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publisher_hook):
+    pipeline.write_mode = "copy-on-write"  # the other test merges on read
     publisher.execute(DDL)
     publisher.execute("INSERT INTO bag SELECT g % 3, 'v', NULL FROM generate_series(1, 9) g")  # 3 copies each
     publisher_hook.create_publication("pub", [PublishedTable("bag")])
@@ -248,3 +251,5 @@ def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publish
     expected = pipeline.source()
     assert expected == Counter({(1, "v", None): 3, (8, "early", None): 2, (None, None, Decimal("1.00")): 1})
     assert pipeline.lake() == expected
+    properties = {r.key: r.value for r in pipeline.spark.sql(f"SHOW TBLPROPERTIES {table}").collect()}
+    assert properties["write.merge.mode"] == "copy-on-write"
