@@ -26,7 +26,7 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergConfig
-from airflow_provider_pglogical.replication.initial_sync import run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
 from airflow_provider_pglogical.replication.publications import PublishedTable
 from airflow_provider_pglogical.replication.pull import run_pull
 
@@ -237,7 +237,16 @@ def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publish
     assert [kind for kind, _ in pipeline.applied()] == ["changes"]
     assert pipeline.lake() == pipeline.source() == Counter({(1, "v", None): 3, (None, None, Decimal("1.00")): 2})
 
-    # a change before the backfill's snapshot (in it already), the backfill, changes after it
+    # a ranged backfill of a keyless table is refused (the changes re-applied after it would count
+    # the rows outside the range twice) and changes nothing …
+    run_backfill(publisher_hook, tables=["public.bag"], publications=["pub"], root=pipeline.storage, pipeline="p",
+                 key_range=KeyRange("n", 0, 5))
+    code, output = pipeline.apply()
+    assert code != 0 and "a ranged backfill of a keyless table cannot be applied exactly" in output, output[-3000:]
+    assert pipeline.lake() == pipeline.source()
+
+    # … a full backfill supersedes it: a change before the backfill's snapshot (in it already), the
+    # backfill, changes after it
     publisher.execute(f"INSERT INTO bag VALUES (8, 'early', NULL); DELETE FROM bag WHERE {one('n IS NULL')}")
     backfill = run_backfill(publisher_hook, tables=["public.bag"], publications=["pub"], root=pipeline.storage,
                             pipeline="p")
