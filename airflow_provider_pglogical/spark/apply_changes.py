@@ -20,19 +20,24 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   old key; unchanged-TOAST columns keep the value of an earlier change of the same row, following
   key changes, else the lakehouse's) and applied with ONE ``MERGE INTO``. A batch holding a
   TRUNCATE replaces the table with the rows after the last TRUNCATE (one atomic overwrite).
+- A **keyless** table (REPLICA IDENTITY FULL) is a multiset, as PostgreSQL's subscriber keeps it:
+  identical rows are numbered in ``_pglogical_occurrence`` and a change batch changes the number of
+  copies of each row value it touches (:class:`Multisets`).
 - Positions and applied snapshot batches are recorded per table in
   ``<catalog>.<namespace>._pglogical_state`` (one row per pipeline and source table, partitioned
   by pipeline). Tables advance in rounds of one step each; after every round this pipeline's rows
   are rewritten in one commit. A crash between a data commit and the state commit makes the next
   run apply that one step again, which is exact: a step sets every key it touches to a value
-  computed from the batch, or keeps the lakehouse's value where the batch does not know it.
+  computed from the batch, or keeps the lakehouse's value where the batch does not know it (a
+  keyless table's step marks the row values it changed and skips them when run again).
 
 Schema: missing tables are created from the manifest: format-version 2, the write mode's
 ``write.{merge,update,delete}.mode``, key columns NOT NULL and recorded in the table property
 ``pglogical.replica-identity-key``; Iceberg identifier fields are set to the key only for
 copy-on-write tables, because Iceberg 1.6-1.9's Spark runtime fails every merge-on-read
 MERGE/UPDATE/DELETE on a table with identifier fields (apache/iceberg#11709). REPLICA IDENTITY FULL
-tables (key = every column) get neither and are matched with null-safe equality. Added columns are
+tables (key = every column) get neither, and two metadata columns (``_pglogical_occurrence``,
+``_pglogical_batch``) that make (row, occurrence) a key. Added columns are
 added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
 refused with an error; columns dropped at the source stay as nullable columns, NULL in rows
 inserted afterwards and unchanged in rows updated afterwards. A target table that was dropped is
@@ -66,6 +71,10 @@ WRITE_MODES = ("merge-on-read", "copy-on-write")
 RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
 #: table property holding the replica-identity key (JSON list) of every table the job creates
 KEY_PROPERTY = "pglogical.replica-identity-key"
+#: metadata columns of a keyless (REPLICA IDENTITY FULL) table, kept as a multiset: which copy of
+#: identical rows this row is (1..n), and the batch that last changed how many copies there are
+OCCURRENCE, WRITTEN_BY = "_pglogical_occurrence", "_pglogical_batch"
+MULTISET_COLUMNS = {OCCURRENCE: "int", WRITTEN_BY: "string"}
 
 
 class ApplyError(RuntimeError):
@@ -368,6 +377,9 @@ class Lakehouse:
                 f"{quote(name)} {kind}{' NOT NULL' if not_null and name in key else ''}"
                 for name, kind in wanted.items()
             )
+            if is_multiset(manifest):
+                wanted = {**wanted, **MULTISET_COLUMNS}
+                columns += "".join(f", {quote(name)} {kind}" for name, kind in MULTISET_COLUMNS.items())
             mode = self.write_mode
             partitioning = ""
             if self.bucket_count and key:
@@ -387,6 +399,8 @@ class Lakehouse:
             log.info("created %s", self.name(table))
             return wanted
         current = {f.name: f.dataType.simpleString() for f in self.spark.table(self.name(table)).schema.fields}
+        if is_multiset(manifest) and self._unnumbered(table, current):
+            current = self._number_copies(table, current)
         for name, kind in wanted.items():
             if name not in current:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
@@ -400,6 +414,36 @@ class Lakehouse:
                     )
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ALTER COLUMN {quote(name)} TYPE {kind}")
         return {**current, **wanted}
+
+    def _unnumbered(self, table: str, current: dict[str, str]) -> bool:
+        """A keyless table without (complete) copy numbers: written before this job numbered them."""
+        from pyspark.sql import functions as F
+
+        if OCCURRENCE not in current:
+            return True
+        # file statistics answer this for every file a finished numbering wrote
+        return bool(self.spark.table(self.name(table)).where(F.col(quote(OCCURRENCE)).isNull()).limit(1).count())
+
+    def _number_copies(self, table: str, current: dict[str, str]) -> dict[str, str]:
+        """Add the multiset columns to a keyless table and number its identical rows (one overwrite).
+
+        A crash between the two commits leaves NULL occurrences, which the next run numbers.
+        """
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        log.warning("table %s is keyless but its identical rows are not numbered (written by an earlier "
+                    "version, which could lose copies): numbering them now; backfill it to be sure it is exact",
+                    self.name(table))
+        for name, kind in MULTISET_COLUMNS.items():
+            if name not in current:
+                self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
+        values = [F.col(quote(c)) for c in current if c not in MULTISET_COLUMNS]
+        numbered = self.spark.table(self.name(table)).select(
+            *values, F.row_number().over(Window.partitionBy(*values).orderBy(F.lit(1))).cast("int").alias(OCCURRENCE),
+            F.lit(None).cast("string").alias(WRITTEN_BY)).localCheckpoint()
+        numbered.writeTo(self.name(table)).overwrite(F.lit(True))
+        return {**current, **MULTISET_COLUMNS}
 
 
 def _widens(old: str, new: str) -> bool:
@@ -457,12 +501,12 @@ def read_rows(spark, files: list[str], types: dict[str, str], keys: list[str], c
     ]
     for index, key in enumerate(keys):
         old = OLD_KEY_PREFIX + key
-        columns.append((F.col(old) if old in present else F.lit(None)).cast(types[key]).alias(f"__old{index}"))
+        columns.append((F.col(quote(old)) if old in present else F.lit(None)).cast(types[key]).alias(f"__old{index}"))
     frame = raw.select(*columns)
     for index, key in enumerate(keys):
         # REPLICA IDENTITY FULL: every column is key, and an unchanged TOAST value is in the old tuple
         old = F.col(f"__old{index}")
-        frame = frame.withColumn(key, F.when(F.array_contains("__u", key) & old.isNotNull(), old).otherwise(F.col(key)))
+        frame = frame.withColumn(key, F.when(F.array_contains("__u", key) & old.isNotNull(), old).otherwise(F.col(quote(key))))
     return frame
 
 
@@ -622,6 +666,8 @@ class Applier:
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
 
+        if OCCURRENCE in types:
+            return Multisets(self).snapshot(step, source, target, types)
         manifest = step.batch.manifest["tables"][source]
         frame = read_rows(self.spark, self.staging.files(step.batch, source), types, manifest["key"], changes=False)
         predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
@@ -641,6 +687,8 @@ class Applier:
     def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
 
+        if OCCURRENCE in types:
+            return Multisets(self).changes(step, source, target, types)
         manifest = step.batch.manifest["tables"][source]
         keys = list(manifest["key"])
         if not keys:
@@ -726,6 +774,154 @@ class Applier:
             fetched = fetched.withColumn(f"__keep{index}", F.col(f"__keep{index}") & ~take)
         fetched = fetched.select(*frame.columns)
         return frame.where(same | (F.col("__op") == "D")).unionByName(fetched)
+
+
+def is_multiset(manifest: dict) -> bool:
+    """A table with REPLICA IDENTITY FULL: stored as a multiset (PostgreSQL's subscriber treats it so)."""
+    return manifest.get("replica_identity", "d") == "f"
+
+
+class Multisets:
+    """Applies steps to a keyless table, kept as PostgreSQL's own subscriber keeps it: a multiset.
+
+    An INSERT adds one row even when identical ones exist; a DELETE, or an UPDATE's old row,
+    removes exactly one identical row; NULLs compare equal. The n identical copies of a row value
+    are numbered 1..n in ``_pglogical_occurrence``, so (values, occurrence) is a key. A change
+    batch reduces to the net change of the number of copies per row value and one MERGE adds
+    copies count+1..count+d or deletes the copies above count+d.
+
+    Exactly once: the MERGE also writes the batch's name into ``_pglogical_batch`` of the copies
+    it inserts, or of the highest copy it keeps, so a re-run after the data commit and before
+    the state commit finds the row values the batch has changed already and skips them; a row
+    value the batch removed entirely cannot go below zero copies.
+    """
+
+    def __init__(self, applier: "Applier"):
+        self.spark = applier.spark
+        self.staging = applier.staging
+        self.lakehouse = applier.lakehouse
+
+    def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        manifest = step.batch.manifest["tables"][source]
+        if range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source) is not None:
+            raise ApplyError(
+                f"batch {step.batch.name}, table {source}: a ranged backfill of a keyless table cannot be "
+                "applied exactly (the change batches after it would count the rows outside the range "
+                "twice); run a backfill of the whole table, which supersedes this batch"
+            )
+        values = _value_types(types)
+        frame = read_rows(self.spark, self.staging.files(step.batch, source), values, manifest["key"], changes=False)
+        copies = Window.partitionBy(*[F.col(quote(c)) for c in values]).orderBy(F.lit(1))
+        numbered = frame.select(
+            *[F.col(quote(c)) for c in values], F.row_number().over(copies).cast("int").alias(OCCURRENCE),
+            F.lit(step.batch.name).alias(WRITTEN_BY))
+        numbered.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
+        return manifest.get("rows", 0)
+
+    def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        from pyspark.sql import functions as F
+
+        manifest = step.batch.manifest["tables"][source]
+        keys = list(manifest["key"])
+        batch_columns = [c["name"] for c in manifest["columns"]]
+        if sorted(keys) != sorted(batch_columns):
+            raise ApplyError(
+                f"batch {step.batch.name}, table {source}: the lakehouse keeps this table as a keyless multiset "
+                f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "
+                "or drop the Iceberg table and backfill it"
+            )
+        if not manifest.get("files"):
+            return 0
+        values = _value_types(types)
+        rows = read_rows(self.spark, self.staging.files(step.batch, source), {c: types[c] for c in batch_columns},
+                         keys, changes=True)
+        deltas, truncated, count = multiset_deltas(rows, values, keys, step.position)
+        if count == 0:
+            return 0
+        if truncated:
+            copies = deltas.where(F.col("__d") > 0).select(
+                *[F.col(quote(c)) for c in values],
+                F.explode(F.sequence(F.lit(1), F.col("__d").cast("int"))).alias(OCCURRENCE))
+            (copies.withColumn(WRITTEN_BY, F.lit(step.batch.name)).select(*[F.col(quote(c)) for c in types])
+             .writeTo(self.lakehouse.name(target)).overwrite(F.lit(True)))
+            return count
+        self._merge(deltas, target, list(values), step.batch.name)
+        return count
+
+    def _merge(self, deltas, target: str, values: list[str], batch: str) -> None:
+        """Set each touched row value's number of copies to (copies now) + (its change)."""
+        from pyspark.sql import functions as F
+
+        touched = deltas.where(F.col("__d") != 0).select(
+            *[F.col(quote(c)).alias(f"__v{i}") for i, c in enumerate(values)], "__d")
+        lake = self.spark.table(self.lakehouse.name(target)).select(
+            *[F.col(quote(c)) for c in values], F.col(quote(OCCURRENCE)).alias("__occ"),
+            F.col(quote(WRITTEN_BY)).alias("__by"))
+        same = reduce(lambda a, b: a & b, [F.col(quote(c)).eqNullSafe(F.col(f"__v{i}")) for i, c in enumerate(values)])
+        counts = (lake.join(touched, same, "right")
+                  .groupBy(*[f"__v{i}" for i in range(len(values))], "__d")
+                  .agg(F.count("__occ").cast("int").alias("__c"),
+                       F.max(F.when(F.col("__by") == F.lit(batch), 1).otherwise(0)).alias("__done"))
+                  .where(F.col("__done") == 0)  # this batch's MERGE committed already (a re-run)
+                  .withColumn("__n", F.greatest(F.lit(0), F.col("__c") + F.col("__d")).cast("int")))
+        row = [F.col(f"__v{i}").alias(c) for i, c in enumerate(values)]
+        inserts = counts.where("__n > __c").select(
+            *row, F.explode(F.sequence(F.col("__c") + 1, F.col("__n"))).alias("__occ"), F.lit("I").alias("__a"))
+        deletes = counts.where("__n < __c").select(
+            *row, F.explode(F.sequence(F.col("__n") + 1, F.col("__c"))).alias("__occ"), F.lit("D").alias("__a"))
+        marks = counts.where("__n < __c AND __n > 0").select(*row, F.col("__n").alias("__occ"), F.lit("M").alias("__a"))
+        view = "__pglogical_multiset"
+        # materialised: the MERGE must not read the target it is rewriting through its own source
+        inserts.unionByName(deletes).unionByName(marks).localCheckpoint().createOrReplaceTempView(view)
+        join = " AND ".join(f"t.{quote(c)} <=> s.{quote(c)}" for c in values)
+        written_by = sql_literal(batch)
+        self.spark.sql(
+            f"MERGE INTO {self.lakehouse.name(target)} t USING {view} s "
+            f"ON {join} AND t.{quote(OCCURRENCE)} = s.__occ "
+            "WHEN MATCHED AND s.__a = 'D' THEN DELETE "
+            f"WHEN MATCHED AND s.__a = 'M' THEN UPDATE SET {quote(WRITTEN_BY)} = {written_by} "
+            f"WHEN NOT MATCHED AND s.__a = 'I' THEN INSERT ({', '.join(map(quote, [*values, OCCURRENCE, WRITTEN_BY]))}) "
+            f"VALUES ({', '.join('s.' + quote(c) for c in values)}, s.__occ, {written_by})"
+        )
+
+
+def _value_types(types: dict[str, str]) -> dict[str, str]:
+    return {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
+
+
+def multiset_deltas(rows, values: dict[str, str], keys: list[str], from_position: int):
+    """Per distinct row value (NULLs equal), the net change of its number of copies in a batch.
+
+    +1 per INSERT, -1 per DELETE, an UPDATE -1 for its old row and +1 for its new one; rows before
+    ``from_position`` are skipped, and only rows after the last TRUNCATE count. Returns the frame
+    (value columns + ``__d``), whether the batch truncates, and the number of change rows counted.
+    """
+    from pyspark.sql import functions as F
+
+    rows = rows.where(F.col("__lsn") >= F.lit(from_position).cast("decimal(20,0)"))
+    facts = rows.agg(F.count(F.lit(1)).alias("rows"),
+                     F.max(F.when(F.col("__op") == "T", F.struct("__lsn", "__seq"))).alias("last_truncate")).first()
+    truncated = facts.last_truncate is not None
+    if truncated:
+        t_lsn = F.lit(facts.last_truncate["__lsn"]).cast("decimal(20,0)")
+        t_seq = F.lit(facts.last_truncate["__seq"]).cast("long")
+        rows = rows.where((F.col("__lsn") > t_lsn) | ((F.col("__lsn") == t_lsn) & (F.col("__seq") > t_seq)))
+
+    def new(name):
+        return (F.col(quote(name)) if name in keys else F.lit(None)).cast(values[name]).alias(name)
+
+    def old(name):
+        return (F.col(f"__old{keys.index(name)}") if name in keys else F.lit(None)).cast(values[name]).alias(name)
+
+    added = rows.where(F.col("__op").isin("I", "U")).select(*[new(c) for c in values], F.lit(1).alias("__d"))
+    deleted = rows.where(F.col("__op") == "D").select(*[new(c) for c in values], F.lit(-1).alias("__d"))
+    replaced = rows.where(F.col("__op") == "U").select(*[old(c) for c in values], F.lit(-1).alias("__d"))
+    deltas = (added.unionByName(deleted).unionByName(replaced)
+              .groupBy(*[F.col(quote(c)) for c in values]).agg(F.sum("__d").alias("__d")))
+    return deltas, truncated, facts.rows
 
 
 def _join(manifest: dict) -> str:

@@ -1,0 +1,264 @@
+"""Issue 14 / invariant 9: a keyless table (REPLICA IDENTITY FULL, no key) is a multiset.
+
+PostgreSQL's own subscriber keeps every copy of identical rows: an INSERT adds one row even when
+identical ones exist, a DELETE or an UPDATE touches exactly one matching row, NULLs compare equal.
+The lakehouse must hold the same multiset. Real publisher, real native subscriber (the oracle),
+real pulls and initial sync/backfill, real spark-submit of the apply job, real Iceberg; the
+lakehouse is read back in this process and compared as a Counter of row tuples.
+
+The rows change by ``ctid`` so that exactly one of several identical rows is deleted or updated,
+as an application without a key would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from airflow.sdk import ObjectStoragePath
+
+from airflow_provider_pglogical.embedded.postgres import wait_until
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergConfig
+from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
+from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.replication.pull import run_pull
+
+pytestmark = pytest.mark.spark
+
+# a column named with a dot: every Spark identifier of the job must be quoted
+DDL = 'CREATE TABLE bag(n int, "a.b" text, amount numeric(10,2)); ALTER TABLE bag REPLICA IDENTITY FULL;'
+COLUMNS = '"n", "a.b", "amount"'
+LAKE_COLUMNS = ["n", "a.b", "amount"]
+
+
+def random_workload(seed: int, changes: int, per_transaction: int = 20) -> str:
+    """Transactions of INSERTs, DELETEs and UPDATEs of one copy, over a few row values (many copies)."""
+    rng = random.Random(seed)
+    values = [f"({n}, {ab}, {amount})" for n in (11, 12, 13) for ab in ("'p'", "NULL") for amount in ("NULL", "1.00")]
+    statements = []
+    for index in range(changes):
+        if index % per_transaction == 0:
+            statements.append("COMMIT; BEGIN" if index else "BEGIN")
+        kind, value = rng.choices(["insert", "delete", "update"], [45, 30, 25])[0], rng.choice(values)
+        match = one(f'(n, "a.b", amount) IS NOT DISTINCT FROM {value}')
+        if kind == "insert":
+            statements.append(f"INSERT INTO bag VALUES {value}")
+        elif kind == "delete":
+            statements.append(f"DELETE FROM bag WHERE {match}")
+        else:
+            statements.append(f'UPDATE bag SET (n, "a.b", amount) = {rng.choice(values)} WHERE {match}')
+    return "; ".join(statements) + "; COMMIT"
+
+
+def one(where: str) -> str:
+    """The ctid of one row matching ``where`` (one of several identical ones)."""
+    return f"ctid = (SELECT ctid FROM bag WHERE {where} LIMIT 1)"
+
+
+class Pipeline:
+    def __init__(self, publisher, publisher_hook, root: Path, warehouse: Path, namespace: str, spark):
+        self.publisher, self.hook, self.spark = publisher, publisher_hook, spark
+        self.root, self.warehouse, self.namespace = root, warehouse, namespace
+        self.write_mode = "merge-on-read"
+        self.storage = ObjectStoragePath(self.root.as_uri())
+
+    def pull(self, max_changes: int = 200_000) -> dict:
+        return run_pull(self.hook, slot="bag_slot", publications=["pub"], root=self.storage, pipeline="p",
+                        max_changes=max_changes)
+
+    def apply(self, env: dict | None = None) -> tuple[int, str]:
+        conf = IcebergConfig(warehouse=self.warehouse.as_uri(), namespace=self.namespace).spark_conf()
+        command = ["spark-submit", "--master", "local[2]", "--driver-memory", "1g", "--conf", "spark.ui.enabled=false"]
+        for key, value in conf.items():
+            command += ["--conf", f"{key}={value}"]
+        command += [str(APPLY_JOB), "--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace", self.namespace,
+                    "--write-mode", self.write_mode]
+        proc = subprocess.run(command, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+        return proc.returncode, proc.stdout
+
+    def applied(self) -> list[tuple[str, str]]:
+        code, output = self.apply()
+        assert code == 0, output[-5000:]
+        line = next(line for line in output.splitlines() if line.startswith(RESULT_PREFIX))
+        return [(s["kind"], s["batch"]) for s in json.loads(line[len(RESULT_PREFIX):])["steps"]]
+
+    def source(self) -> Counter:
+        return Counter(self.publisher.query(f"SELECT {COLUMNS} FROM bag"))
+
+    def lake_rows(self) -> list[tuple]:
+        """(values..., occurrence) of every lakehouse row."""
+        frame = self.spark.table(f"lake.{self.namespace}.public__bag")
+        return [tuple(r) for r in frame.select(*[f"`{c}`" for c in LAKE_COLUMNS], "_pglogical_occurrence").collect()]
+
+    def lake(self) -> Counter:
+        rows = self.lake_rows()
+        # identical rows are numbered 1..n: (values, occurrence) is a key
+        numbers: dict[tuple, list[int]] = {}
+        for row in rows:
+            numbers.setdefault(row[:-1], []).append(row[-1])
+        for values, occurrences in numbers.items():
+            assert sorted(occurrences) == list(range(1, len(occurrences) + 1)), (values, occurrences)
+        return Counter(row[:-1] for row in rows)
+
+    def position(self) -> str:
+        (row,) = self.spark.sql(f"SELECT position FROM lake.{self.namespace}._pglogical_state WHERE pipeline = 'p'").collect()
+        return row.position
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("warehouse")
+
+
+@pytest.fixture(scope="module")
+def spark(warehouse):
+    """An in-process Spark session that reads the Iceberg warehouse of this module's tests."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[1]").appName("test-keyless-multiset")
+    conf = IcebergConfig(warehouse=warehouse.as_uri(), extra_conf={"spark.sql.catalog.lake.cache-enabled": "false"})
+    for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
+                       "spark.sql.shuffle.partitions": "2"}.items():
+        builder = builder.config(key, value)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    session = builder.getOrCreate()
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def pipeline(publisher, publisher_hook, tmp_path, warehouse, spark, request):
+    """This test's staging root and Iceberg namespace (named after the test) in the module's warehouse."""
+    return Pipeline(publisher, publisher_hook, tmp_path / "staging", warehouse, request.node.name[5:25], spark)
+
+
+def test_duplicates_nulls_updates_deletes_and_a_killed_apply(pipeline, publisher, subscriber, publisher_hook,
+                                                             subscriber_hook):
+    publisher.execute(DDL)
+    subscriber.execute(DDL)
+    # the snapshot holds duplicates, NULLs and duplicate all-NULL rows
+    publisher.execute(
+        "INSERT INTO bag VALUES (1, 'x', 1.50), (1, 'x', 1.50), (1, 'x', 1.50), (2, NULL, NULL), (2, NULL, NULL),"
+        " (NULL, NULL, NULL), (NULL, NULL, NULL), (3, 'y', 3.00), (4, 'z', 4.00), (4, 'z', 4.00)"
+    )
+    publisher_hook.create_publication("pub", [PublishedTable("bag")])
+    run_initial_sync(publisher_hook, slot="bag_slot", publications=["pub"], root=pipeline.storage, pipeline="p")
+    subscriber_hook.create_subscription("native", ["pub"], publisher_conn_id=publisher.conn_id)
+
+    # batch 1, one transaction: identical rows inserted, one of three deleted, one of two updated,
+    # a NULL row deleted and updated, a row inserted and deleted again, a value removed entirely
+    publisher.execute(
+        "BEGIN;"
+        "INSERT INTO bag VALUES (1, 'x', 1.50), (5, 'w', NULL), (5, 'w', NULL), (5, 'w', NULL);"
+        f"DELETE FROM bag WHERE {one('n = 1')};"
+        f"DELETE FROM bag WHERE {one('n = 1')};"
+        f"UPDATE bag SET amount = 2.00 WHERE {one('n = 2')};"
+        f"DELETE FROM bag WHERE {one('n IS NULL')};"
+        f"UPDATE bag SET n = 6 WHERE {one('n IS NULL')};"
+        "DELETE FROM bag WHERE n = 3;"
+        f"DELETE FROM bag WHERE {one('n = 5')};"
+        "UPDATE bag SET \"a.b\" = 'zz' WHERE n = 4;"  # both copies: 2 old rows, 2 new identical
+        "COMMIT;"
+    )
+    first = pipeline.pull()
+    # batch 2, across batches: the updated row back to its twin, the removed value again, more copies
+    publisher.execute(
+        "BEGIN;"
+        f"UPDATE bag SET amount = NULL WHERE {one('n = 2 AND amount = 2.00')};"
+        "INSERT INTO bag VALUES (3, 'y', 3.00), (3, 'y', 3.00), (6, NULL, NULL);"
+        f"DELETE FROM bag WHERE {one('n = 5')};"
+        "COMMIT;"
+        "INSERT INTO bag VALUES (1, 'x', 1.50);"
+    )
+    second = pipeline.pull()
+    # then ~2,000 random changes of single copies (the workload that lost 66 of 154 rows), in batches
+    publisher.execute(random_workload(seed=14, changes=2000))
+    more = 0
+    while pipeline.pull(max_changes=1000)["batch"]:
+        more += 1
+    assert more >= 2
+    expected = pipeline.source()
+    assert sum(expected.values()) > 2 * len(expected)  # many copies per row value
+    assert expected[(1, "x", Decimal("1.50"))] == 3 and expected[(3, "y", Decimal("3.00"))] == 2
+    assert expected[(2, None, None)] == 2 and expected[(None, None, None)] == 0 and expected[(6, None, None)] == 2
+    assert expected[(4, "zz", Decimal("4.00"))] == 2 and expected[(4, "z", Decimal("4.00"))] == 0
+
+    # killed between the data commit of batch 1 (step 2) and its state commit …
+    code, output = pipeline.apply(env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "2"})
+    assert code != 0, output[-3000:]
+    assert "crash point reached after the data commit of step 2" in output
+    snapshot_lsn = pipeline.position()
+    after_crash = pipeline.lake()
+    assert after_crash[(5, "w", None)] == 2 and after_crash[(1, "x", Decimal("1.50"))] == 2  # batch 1 is in
+    # … so the re-run applies batch 1 again, then batch 2: nothing doubled, nothing lost
+    steps = pipeline.applied()
+    batch_names = [first["batch"].rsplit("/", 1)[1], second["batch"].rsplit("/", 1)[1]]
+    assert steps[:2] == [("changes", batch_names[0]), ("changes", batch_names[1])]
+    assert [kind for kind, _ in steps] == ["changes"] * (2 + more)
+    assert pipeline.position() > snapshot_lsn
+    assert pipeline.lake() == expected
+
+    # PostgreSQL's own subscriber holds the same multiset
+    wait_until(lambda: Counter(subscriber.query(f"SELECT {COLUMNS} FROM bag")) == expected, timeout=60,
+               message="the native subscriber to hold the publisher's rows")
+
+
+def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publisher_hook):
+    pipeline.write_mode = "copy-on-write"  # the other test merges on read
+    publisher.execute(DDL)
+    publisher.execute("INSERT INTO bag SELECT g % 3, 'v', NULL FROM generate_series(1, 9) g")  # 3 copies each
+    publisher_hook.create_publication("pub", [PublishedTable("bag")])
+    run_initial_sync(publisher_hook, slot="bag_slot", publications=["pub"], root=pipeline.storage, pipeline="p")
+
+    # TRUNCATE, then identical rows again and one of them deleted, in the same batch
+    publisher.execute("INSERT INTO bag VALUES (7, 'before', NULL); TRUNCATE bag;"
+                      "INSERT INTO bag VALUES (1, 'v', NULL), (1, 'v', NULL), (1, 'v', NULL), (NULL, NULL, 1);"
+                      f"DELETE FROM bag WHERE {one('n = 1')}")
+    pipeline.pull()
+    assert [kind for kind, _ in pipeline.applied()] == ["snapshot", "changes"]
+    assert pipeline.lake() == pipeline.source() == Counter({(1, "v", None): 2, (None, None, Decimal("1.00")): 1})
+
+    # the table as an earlier version of the job wrote it, without copy numbers: numbered on the next apply
+    table = f"lake.{pipeline.namespace}.public__bag"
+    pipeline.spark.sql(f"ALTER TABLE {table} DROP COLUMN _pglogical_occurrence")
+    pipeline.spark.sql(f"ALTER TABLE {table} DROP COLUMN _pglogical_batch")
+    publisher.execute(f"DELETE FROM bag WHERE {one('n = 1')}; INSERT INTO bag VALUES (1, 'v', NULL), (1, 'v', NULL),"
+                      " (NULL, NULL, 1)")
+    pipeline.pull()
+    assert [kind for kind, _ in pipeline.applied()] == ["changes"]
+    assert pipeline.lake() == pipeline.source() == Counter({(1, "v", None): 3, (None, None, Decimal("1.00")): 2})
+
+    # a ranged backfill of a keyless table is refused (the changes re-applied after it would count
+    # the rows outside the range twice) and changes nothing …
+    run_backfill(publisher_hook, tables=["public.bag"], publications=["pub"], root=pipeline.storage, pipeline="p",
+                 key_range=KeyRange("n", 0, 5))
+    code, output = pipeline.apply()
+    assert code != 0 and "a ranged backfill of a keyless table cannot be applied exactly" in output, output[-3000:]
+    assert pipeline.lake() == pipeline.source()
+
+    # … a full backfill supersedes it: a change before the backfill's snapshot (in it already), the
+    # backfill, changes after it
+    publisher.execute(f"INSERT INTO bag VALUES (8, 'early', NULL); DELETE FROM bag WHERE {one('n IS NULL')}")
+    backfill = run_backfill(publisher_hook, tables=["public.bag"], publications=["pub"], root=pipeline.storage,
+                            pipeline="p")
+    publisher.execute(f"INSERT INTO bag VALUES (1, 'v', NULL), (8, 'early', NULL); DELETE FROM bag WHERE {one('n = 1')}")
+    pipeline.pull()
+    # the lakehouse is wrong before the backfill: a copy too many of a row nobody changed
+    pipeline.spark.sql(f"INSERT INTO {table} VALUES (NULL, NULL, 1.00, 3, 'manual')")
+    steps = pipeline.applied()
+    assert steps[0] == ("snapshot", backfill["batch"].rsplit("/", 1)[1])
+    assert [kind for kind, _ in steps] == ["snapshot", "changes"]
+    expected = pipeline.source()
+    assert expected == Counter({(1, "v", None): 3, (8, "early", None): 2, (None, None, Decimal("1.00")): 1})
+    assert pipeline.lake() == expected
+    properties = {r.key: r.value for r in pipeline.spark.sql(f"SHOW TBLPROPERTIES {table}").collect()}
+    assert properties["write.merge.mode"] == "copy-on-write"
