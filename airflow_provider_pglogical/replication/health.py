@@ -85,6 +85,7 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
     missing = [r[0] for r in _fetch(cursor, _MISSING_PUBLICATIONS, (list(publications),))]
     for name in missing:
         problems.append(f"publication {name!r} does not exist: create it (create_publication) or fix the name")
+    problems += _reserved_column_problems(cursor, publications)
     if not replica_identity:
         return problems
     for pub, updates_or_deletes, table, relkind, replident, attrs, filter_cols, ri_cols, oid in _fetch(
@@ -127,6 +128,31 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
                     f"UPDATE of {table}: {hint}"
                 )
     return problems
+
+
+#: column names the lakehouse side keeps for itself: the keyless tables' ``_pglogical_occurrence`` and
+#: ``_pglogical_batch`` columns, and the apply job's working columns (``__op``, ``__lsn``, ``__old0`` …)
+RESERVED_PREFIXES = ("_pglogical_", "__")
+
+_RESERVED_COLUMNS = r"""
+SELECT DISTINCT format('%%I.%%I', schemaname, tablename), a
+  FROM pg_publication_tables, unnest(attnames) a
+ WHERE pubname = ANY(%s) AND (starts_with(a, '_pglogical_') OR starts_with(a, '__'))
+ ORDER BY 1, 2
+"""
+
+
+def _reserved_column_problems(cursor, publications: Sequence[str]) -> list[str]:
+    """Published columns whose names the lakehouse tables or the apply job use themselves.
+
+    Found before a slot exists; staging itself takes any name (see ``staging.staged_name``).
+    """
+    return [
+        f"column {column!r} of {table} has a name the lakehouse keeps for itself (names starting with "
+        f"{' or '.join(repr(p) for p in RESERVED_PREFIXES)}): rename it (ALTER TABLE {table} RENAME COLUMN ...), or "
+        "leave it out of every publication's column list"
+        for table, column in _fetch(cursor, _RESERVED_COLUMNS, (list(publications),))
+    ]
 
 
 def check_publisher(cursor, publications: Sequence[str], tables: Sequence[str] = ()) -> None:

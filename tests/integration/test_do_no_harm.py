@@ -211,7 +211,7 @@ def test_a_pull_refuses_another_publication_set(publisher, publisher_hook, stagi
         run_pull(publisher_hook, slot="s1", publications=["other"], root=root, pipeline="p")
     message = str(raised.value)
     assert "snapshotted from publication(s) ['p']" in message and "added: ['other']" in message
-    assert "left out: ['p']" in message and "PgBackfillOperator" in message
+    assert "left out: ['p']" in message and "the next pull snapshots them" in message
     with pytest.raises(PipelineStateError, match="consumes slot 's1', not 's2'"):
         run_pull(publisher_hook, slot="s2", publications=["p"], root=root, pipeline="p")
     with pytest.raises(PipelineStateError, match="publication\\(s\\) \\['p'\\], but this backfill"):
@@ -332,3 +332,17 @@ def test_a_renamed_or_dropped_table_does_not_block_the_pull(publisher, publisher
         assert "dropped" in fetch["unavailable"]
     # The slot moved on: the next pull does not trip over the same rows again.
     assert run_pull(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")["changes"] == 0
+
+
+def test_columns_the_lakehouse_keeps_for_itself_are_refused_before_a_slot_exists(publisher, publisher_hook,
+                                                                                 staging_dir, root):
+    publisher.execute('CREATE TABLE t(a int, "_pglogical_occurrence" int, "__op" text); '
+                      "ALTER TABLE t REPLICA IDENTITY FULL; INSERT INTO t VALUES (1, 2, 'x')")
+    publisher_hook.create_publication("p", [PublishedTable("t")])
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(PublisherCheckError) as raised:
+        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    message = str(raised.value)
+    assert "column '_pglogical_occurrence' of public.t has a name the lakehouse keeps for itself" in message
+    assert "column '__op' of public.t" in message and "RENAME COLUMN" in message
+    assert SourceState.capture(publisher, staging_dir) == before
