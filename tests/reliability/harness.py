@@ -233,7 +233,7 @@ class Harness:
     def backfill(self, kills: set[str]) -> None:
         from airflow_provider_pglogical.replication.backfill import run_backfill
 
-        table = self.rng.choice(["public.accounts", "public.events", "public.orders", "public.audit"])
+        table = self.rng.choice(["public.accounts", "public.events", "public.orders", "public.audit", "public.bag"])
         if "backfill_mid_copy" in kills:
             self.killed_subprocess("backfill_mid_copy", TABLES=table)
         run_backfill(self.hook(), tables=[table], publications=self.publications, root=self.root, pipeline=PIPELINE,

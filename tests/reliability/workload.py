@@ -5,7 +5,10 @@ Tables (identical DDL on the publisher and on the native subscriber):
 
 - ``accounts``: composite primary key ``(tenant, id)``, every mapped type, a TOAST-able ``body``
   (columns are added to it mid-run);
-- ``audit``: no key, ``REPLICA IDENTITY FULL``;
+- ``audit``: no key, ``REPLICA IDENTITY FULL`` (its rows never duplicate);
+- ``bag``: no key, ``REPLICA IDENTITY FULL``, values from a small domain with NULLs, so identical
+  rows abound: inserted (also several copies at once), one copy updated or deleted by ``ctid``,
+  every copy of a value deleted, truncated; the native subscriber keeps it as a multiset;
 - ``events``: partitioned by range of ``day`` (published with ``publish_via_partition_root``);
 - ``orders``: a row filter ``region = 'EU'`` (``region`` is in the replica identity: a unique index
   on ``(id, region)`` used as ``REPLICA IDENTITY USING INDEX``), a column list that leaves out
@@ -35,6 +38,8 @@ CREATE TABLE accounts(
 CREATE TABLE audit(who text, what text, n int, amount numeric(10,2), note text);
 ALTER TABLE audit REPLICA IDENTITY FULL;
 CREATE INDEX audit_n ON audit(n);
+CREATE TABLE bag(a int, b text, c numeric(6,2));
+ALTER TABLE bag REPLICA IDENTITY FULL;
 CREATE TABLE events(
     id bigint NOT NULL, day date NOT NULL, kind text, payload jsonb, body text, PRIMARY KEY (id, day)
 ) PARTITION BY RANGE (day);
@@ -49,7 +54,7 @@ ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
 
 #: publication -> (tables with column lists / filters, publish_via_partition_root)
 PUBLICATIONS = {
-    "rel_main": ([("accounts", None, None), ("audit", None, None)], False),
+    "rel_main": ([("accounts", None, None), ("audit", None, None), ("bag", None, None)], False),
     "rel_events": ([("events", None, None)], True),
     "rel_orders": ([("orders", ["id", "region", "status", "total", "note", "body"], "region = 'EU'")], False),
 }
@@ -221,10 +226,40 @@ class Workload:
         key = "n" if table == "audit" else "id"
         return f"{key} = (SELECT {key} FROM {table} WHERE {key} >= %s ORDER BY {key} LIMIT 1)", [start]
 
+    def bag_value(self) -> list:
+        """A value of ``bag``'s small domain (24 distinct rows, NULLs included)."""
+        r = self.rng
+        return [r.choice([1, 2, 3, None]), r.choice(["x", "y", None]), r.choice([Decimal("1.50"), None])]
+
+    def bag_op(self, cur, counts: Counts, *, fresh_only: bool = False) -> None:
+        """Multiset changes of the keyless ``bag``: identical rows inserted, one copy changed."""
+        r = self.rng
+        roll = 0.0 if fresh_only else r.random()
+        one_copy = ("ctid = (SELECT ctid FROM bag WHERE a IS NOT DISTINCT FROM %s AND b IS NOT DISTINCT FROM %s "
+                    "AND c IS NOT DISTINCT FROM %s LIMIT 1)")
+        if roll < 0.45:  # one or several identical copies at once
+            cur.execute("INSERT INTO bag SELECT %s, %s, %s FROM generate_series(1, %s)",
+                        [*self.bag_value(), r.choice([1, 1, 1, 2, 3])])
+            counts.inserts += cur.rowcount
+        elif roll < 0.7:  # one copy of a value changes into another value
+            cur.execute("UPDATE bag SET a = %s, c = %s WHERE " + one_copy,
+                        [r.choice([1, 2, 3, None]), r.choice([Decimal("1.50"), None]), *self.bag_value()])
+            counts.updates += cur.rowcount
+        elif roll < 0.93:  # one copy goes
+            cur.execute("DELETE FROM bag WHERE " + one_copy, self.bag_value())
+            counts.deletes += cur.rowcount
+        else:  # every copy of a value goes
+            cur.execute("DELETE FROM bag WHERE a IS NOT DISTINCT FROM %s AND b IS NOT DISTINCT FROM %s "
+                        "AND c IS NOT DISTINCT FROM %s", self.bag_value())
+            counts.deletes += cur.rowcount
+
     def one_op(self, cur, counts: Counts, *, fresh_only: bool = False) -> None:
         """One random row-level statement."""
         r = self.rng
         roll = r.random()
+        if r.random() < 0.12:
+            self.bag_op(cur, counts, fresh_only=fresh_only)
+            return
         if fresh_only or roll < 0.35:
             table = r.choice(["accounts", "accounts", "audit", "events", "orders", "orders"])
             if table == "accounts":
@@ -352,7 +387,7 @@ class Workload:
                         continue
                     if truncate_at is not None and counts.changes >= truncate_at:
                         self._resolve(cur, prepared, counts)
-                        table = r.choice(["audit", "events", "accounts"])
+                        table = r.choice(["audit", "bag", "events", "accounts"])
                         cur.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
                         counts.truncates += 1
                         counts.transactions += 1
