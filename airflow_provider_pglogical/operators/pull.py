@@ -29,6 +29,10 @@ class PgSlotPullOperator(BaseOperator):
     :param pipeline: the pipeline's name (staging sub-directory).
     :param max_changes: decoded messages per batch (``upto_nchanges``); a bigger transaction still comes whole.
     :param max_bytes: stop at a transaction boundary once this many bytes were decoded.
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
+        PostgreSQL's exact text output (a string column in Iceberg), for values the column's
+        mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
+        initial sync, backfill and pull operators of a pipeline (docs/types.md).
     :param postgres_conn_id: the publisher's Airflow connection.
     :return: (XCom) ``{"batch", "start_lsn", "end_lsn", "advanced_to", "tables", "transactions", "changes", "recovered"}``.
     """
@@ -38,7 +42,7 @@ class PgSlotPullOperator(BaseOperator):
 
     def __init__(
         self, *, slot: str, publications: Sequence[str], staging_path: str, pipeline: str,
-        max_changes: int = 200_000, max_bytes: int | None = None,
+        max_changes: int = 200_000, max_bytes: int | None = None, type_overrides: dict[str, str] | None = None,
         postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -48,6 +52,7 @@ class PgSlotPullOperator(BaseOperator):
         self.pipeline = pipeline
         self.max_changes = max_changes
         self.max_bytes = max_bytes
+        self.type_overrides = type_overrides
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
@@ -55,5 +60,5 @@ class PgSlotPullOperator(BaseOperator):
             PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
             publications=list(self.publications), root=ObjectStoragePath(self.staging_path), pipeline=self.pipeline,
             max_changes=int(self.max_changes), max_bytes=int(self.max_bytes) if self.max_bytes else None,
-            report=self.log.info,
+            type_overrides=self.type_overrides, report=self.log.info,
         )

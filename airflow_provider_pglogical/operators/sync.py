@@ -40,6 +40,10 @@ class PgInitialSyncOperator(BaseOperator):
     :param staging_path: root of the staging area (``file://``, ``s3://``, … via ObjectStoragePath).
     :param pipeline: name of the pipeline: the staging sub-directory.
     :param parallelism: connections copying at once (tables are split by ctid ranges).
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
+        PostgreSQL's exact text output (a string column in Iceberg), for values the column's
+        mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
+        initial sync, backfill and pull operators of a pipeline (docs/types.md).
     :param postgres_conn_id: the publisher's Airflow connection.
     """
 
@@ -48,7 +52,8 @@ class PgInitialSyncOperator(BaseOperator):
 
     def __init__(
         self, *, slot: str, publications: Sequence[str], staging_path: str, pipeline: str,
-        parallelism: int = 2, postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        parallelism: int = 2, type_overrides: dict[str, str] | None = None,
+        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.slot = slot
@@ -56,6 +61,7 @@ class PgInitialSyncOperator(BaseOperator):
         self.staging_path = staging_path
         self.pipeline = pipeline
         self.parallelism = parallelism
+        self.type_overrides = type_overrides
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
@@ -63,7 +69,7 @@ class PgInitialSyncOperator(BaseOperator):
         hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
         return run_initial_sync(
             hook, slot=self.slot, publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
-            pipeline=self.pipeline, parallelism=parallelism, report=self.log.info,
+            pipeline=self.pipeline, parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
         )
 
 
@@ -80,6 +86,10 @@ class PgBackfillOperator(BaseOperator):
     :param staging_path: root of the staging area.
     :param pipeline: the pipeline's name.
     :param parallelism: connections copying at once.
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
+        PostgreSQL's exact text output (a string column in Iceberg), for values the column's
+        mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
+        initial sync, backfill and pull operators of a pipeline (docs/types.md).
     :param postgres_conn_id: the publisher's Airflow connection.
     """
 
@@ -88,7 +98,7 @@ class PgBackfillOperator(BaseOperator):
 
     def __init__(
         self, *, tables: Sequence[str] | str, publications: Sequence[str], staging_path: str, pipeline: str,
-        key_range: dict | None = None, parallelism: int = 2,
+        key_range: dict | None = None, parallelism: int = 2, type_overrides: dict[str, str] | None = None,
         postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -98,6 +108,7 @@ class PgBackfillOperator(BaseOperator):
         self.staging_path = staging_path
         self.pipeline = pipeline
         self.parallelism = parallelism
+        self.type_overrides = type_overrides
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
@@ -107,5 +118,6 @@ class PgBackfillOperator(BaseOperator):
         return run_backfill(
             PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
             publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
-            pipeline=self.pipeline, key_range=key_range, parallelism=parallelism, report=self.log.info,
+            pipeline=self.pipeline, key_range=key_range, parallelism=parallelism,
+            type_overrides=self.type_overrides, report=self.log.info,
         )

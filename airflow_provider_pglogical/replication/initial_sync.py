@@ -9,8 +9,10 @@ the apply job replaces those tables at C and re-applies change rows committed at
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import types
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -92,7 +94,7 @@ def _initial_snapshot_batch(root: StagingPath, pipeline: str, slot: str) -> Batc
 
 def run_initial_sync(
     hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, parallelism: int = 2,
-    report: Callable[[str], None] = log.info,
+    type_overrides: Mapping[str, str] | None = None, report: Callable[[str], None] = log.info,
 ) -> dict:
     """Create ``slot`` and stage a snapshot batch of everything ``publications`` publish.
 
@@ -121,21 +123,24 @@ def run_initial_sync(
         report(f"slot {slot} exists without a committed snapshot (an earlier attempt died): recreating it")
         hook.drop_slot(slot)
     _write_marker(root, pipeline, {"slot": slot, "publications": list(publications)})
-    with hook.exported_snapshot(slot) as snapshot:
+    with _drop_slot_on_failure(hook, slot) as guard, hook.exported_snapshot(slot) as snapshot:
+        guard.created = True
         lsn = str(snapshot.consistent_lsn)
         manifest = BatchManifest(
             pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn,
             details={"initial": True, "slot": slot, "publications": list(publications)},
         )
         writer = BatchWriter(root, manifest)
-        copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism, report=report)
+        copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
+                    type_overrides=type_overrides, report=report)
         writer.commit()
     return _summary(root, manifest)
 
 
 def run_backfill(
     hook, *, tables: Sequence[str], publications: Sequence[str], root: StagingPath, pipeline: str,
-    key_range: KeyRange | None = None, parallelism: int = 2, report: Callable[[str], None] = log.info,
+    key_range: KeyRange | None = None, parallelism: int = 2, type_overrides: Mapping[str, str] | None = None,
+    report: Callable[[str], None] = log.info,
 ) -> dict:
     """Re-snapshot ``tables`` (``schema.table``) at a fresh LSN while the pipeline keeps flowing."""
     published = {t.qualified_name: t for t in require_tables(hook.published_tables(publications), publications)}
@@ -168,7 +173,7 @@ def run_backfill(
         )
         writer = BatchWriter(root, manifest)
         copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, chosen, writer, parallelism=parallelism,
-                    extra_where=extra, report=report)
+                    extra_where=extra, type_overrides=type_overrides, report=report)
         writer.commit()
     return _summary(root, manifest)
 
@@ -180,3 +185,17 @@ def _summary(root: StagingPath, manifest: BatchManifest) -> dict:
         "lsn": manifest.start_lsn,
         "tables": {name: table.rows for name, table in manifest.tables.items()},
     }
+
+
+@contextlib.contextmanager
+def _drop_slot_on_failure(hook, slot: str):
+    """Drop ``slot`` when the block fails after creating it (set ``guard.created``), once the
+    replication connection holding it closed: an initial sync that committed no snapshot must not
+    leave a slot pinning WAL. A slot the block did not create is never touched."""
+    guard = types.SimpleNamespace(created=False)
+    try:
+        yield guard
+    except BaseException:
+        if guard.created:
+            hook.drop_slot(slot)
+        raise

@@ -240,7 +240,7 @@ def find_staged(root: StagingPath, pipeline: str, position: Lsn) -> tuple[str, L
 def run_pull(
     hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, max_changes: int = 200_000,
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
-    before_advance: Callable[[str], None] | None = None,
+    before_advance: Callable[[str], None] | None = None, type_overrides: Mapping[str, str] | None = None,
 ) -> dict:
     """Stage the slot's next window of changes as one batch, then advance the slot past it.
 
@@ -276,7 +276,7 @@ def run_pull(
         return {"batch": None, "start_lsn": str(position), "end_lsn": str(moved), "advanced_to": str(moved),
                 "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
 
-    manifest = stage_batch(hook, root, pipeline, position, end, window)
+    manifest = stage_batch(hook, root, pipeline, position, end, window, type_overrides)
     path = str(root / pipeline / manifest.name)
     if before_advance is not None:
         before_advance(path)
@@ -288,7 +288,8 @@ def run_pull(
     return _summary(root, manifest, recovered=False, advanced_to=advanced)
 
 
-def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: PullWindow) -> BatchManifest:
+def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: PullWindow,
+                type_overrides: Mapping[str, str] | None = None) -> BatchManifest:
     """Build, TOAST-fill and write the batch; the manifest is written last."""
     tables = window.tables
     manifest = BatchManifest(pipeline=pipeline, kind="changes", start_lsn=str(start), end_lsn=str(end))
@@ -306,7 +307,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
             types = change_batch.lookup_types(cursor, change_batch.relations_of(tables))
             partitioned = _partitioned(cursor, [b.relation.oid for b in tables.values()])
             for oid, batch in tables.items():
-                data = batch.build(types)
+                data = batch.build(types, type_overrides)
                 rel = batch.relation
                 table = TableManifest(
                     schema=rel.namespace, name=rel.name, columns=batch.columns, key=batch.key,
