@@ -255,25 +255,34 @@ def _widen_pipe(fd: int) -> None:
 
 def _row_chunks(source, block_size: int) -> Iterator[pa.Buffer]:
     """Whole rows of a COPY text stream, about ``block_size`` bytes at a time; a row larger than
-    that comes as one chunk of its own size (COPY text format escapes newlines inside values)."""
-    pending = bytearray()
-    searched = 0  # pending[:searched] holds no newline
-    while True:
-        data = source.read(block_size)
-        if not data:
-            break
-        pending += data
-        if len(pending) < block_size:
-            continue
-        cut = pending.rfind(b"\n", searched)
-        if cut < 0:
-            searched = len(pending)
-            continue
-        yield pa.py_buffer(pending[: cut + 1])
-        pending = pending[cut + 1 :]
-        searched = 0
-    if pending:
-        yield pa.py_buffer(pending)
+    that comes in a chunk of its own size (COPY text format escapes newlines inside values).
+
+    Each chunk is a fresh buffer that ``source.readinto`` fills and Arrow then owns: the only copies
+    are the pipe's and the few bytes of the row cut at the chunk's end.
+    """
+    carry = b""  # the start of a row cut at the previous chunk's end (holds no newline)
+    eof = False
+    while not eof:
+        buf = bytearray(len(carry) + block_size)
+        buf[: len(carry)] = carry
+        filled, searched = len(carry), len(carry)
+        while True:
+            with memoryview(buf) as view:
+                while filled < len(buf):
+                    n = source.readinto(view[filled:])
+                    if not n:
+                        eof = True
+                        break
+                    filled += n
+            cut = buf.rfind(b"\n", searched, filled)
+            if cut >= 0 or eof:
+                break
+            searched = filled  # a row larger than the buffer: grow it
+            buf.extend(bytes(max(block_size, len(buf))))
+        cut = filled - 1 if eof else cut
+        if cut >= 0:
+            yield pa.py_buffer(memoryview(buf)[: cut + 1])
+        carry = bytes(buf[cut + 1 : filled])
 
 
 _PARSE = pcsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False)
