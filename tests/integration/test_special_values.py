@@ -24,7 +24,8 @@ from airflow_provider_pglogical.exceptions import UnrepresentableValue
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
 from airflow_provider_pglogical.replication import staging, values
 from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.replication.pull import peek_window, run_pull, stage_batch
 from airflow_provider_pglogical.spark import apply_changes
 
 
@@ -164,11 +165,21 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     assert same(snapshot_rows, publisher_values(publisher)), snapshot_rows
 
     publisher.execute(CHANGES)
+    # The message-by-message decoder (streamed and two-phase windows) stages the same values.
+    (upto,) = publisher.query("SELECT pg_current_wal_flush_lsn()::text")[0]
+    window = peek_window(publisher_hook.connect_kwargs(), "s1", ["pub"], Lsn.parse(upto), 1000, None, vectorised=False)
+    other = root.parent / "assembled"
+    assembled = stage_batch(publisher_hook, other, "p", Lsn.parse(snapshot["lsn"]), Lsn.parse(upto), window, OVERRIDES)
+    assembled_rows = staging.read_table(other, "p", assembled.name, assembled.tables["public.special"])
+
     pulled = run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p",
                       type_overrides=OVERRIDES)
     assert pulled["changes"] == 3
     changes = staging.read_manifest(root, "p", staged_name(pulled)).tables["public.special"]
     assert [c.get("override") for c in changes.columns] == [c.get("override") for c in staged.columns]
+    pulled_rows = staging.read_table(root, "p", staged_name(pulled), changes)
+    assert same(as_numbers(assembled_rows.drop_columns(["_commit_ts"])), as_numbers(pulled_rows.drop_columns(["_commit_ts"])))
+    assert pulled_rows.filter(pc.equal(pulled_rows["id"], 5))["arr_b"].to_pylist() == ["[-3:-2]={1,2}"]
 
     summary = apply_changes.run(spark, str(root), "p", catalog="lake", namespace="special",
                                 table_map={"public.special": "special"})
@@ -253,6 +264,18 @@ def test_values_of_9_and_40_mib_through_the_snapshot(publisher, publisher_hook, 
     result = run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
     table = staging.read_manifest(root, "p", staged_name(result)).tables["public.blobs"]
     rows = staging.read_table(root, "p", staged_name(result), table).sort_by("id").to_pylist()
-    staged = [(r["id"], len(r["v"]), hashlib.md5(r["v"].encode()).hexdigest(), len(r["b"]),
-               hashlib.md5(r["b"]).hexdigest()) for r in rows]
-    assert staged == expected
+    assert fingerprints(rows) == expected
+
+    # ... and through the pull: both big values change in one transaction
+    publisher.execute("UPDATE blobs SET v = v || E'\\\\x', b = b || '\\x01' WHERE id > 3000")
+    expected = publisher.query("SELECT id, length(v), md5(v), length(b), md5(b) FROM blobs WHERE id > 3000 ORDER BY id")
+    pulled = run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    table = staging.read_manifest(root, "p", staged_name(pulled)).tables["public.blobs"]
+    rows = staging.read_table(root, "p", staged_name(pulled), table).sort_by("id").to_pylist()
+    assert [r["_unchanged_toast"] for r in rows] == [None, None]
+    assert fingerprints(rows) == expected
+
+
+def fingerprints(rows: list[dict]) -> list[tuple]:
+    return [(r["id"], len(r["v"]), hashlib.md5(r["v"].encode()).hexdigest(), len(r["b"]),
+             hashlib.md5(r["b"]).hexdigest()) for r in rows]
