@@ -28,7 +28,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import psycopg2
 import pyarrow as pa
 import pyarrow.csv as pcsv
-import pyarrow.parquet as pq
 from psycopg2 import sql
 
 from airflow_provider_pglogical.replication import values

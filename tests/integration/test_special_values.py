@@ -22,8 +22,8 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import UnrepresentableValue
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
-from airflow_provider_pglogical.replication import staging, values
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
+from airflow_provider_pglogical.replication import staging, values, verify
+from airflow_provider_pglogical.replication.initial_sync import run_backfill, run_initial_sync
 from airflow_provider_pglogical.replication.lsn import Lsn
 from airflow_provider_pglogical.replication.pull import peek_window, run_pull, stage_batch
 from airflow_provider_pglogical.spark import apply_changes
@@ -228,6 +228,28 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
         publisher.query("SELECT starts - DATE '1970-01-01' FROM events WHERE id = 5001")[0][0]]
     assert rows["ends_at"].to_pylist()[:1] == ["2024-01-01 00:00:00+00"]
 
+    # A backfill follows the same rule: an error without the override (its temporary slot and
+    # files gone), the text with it.
+    batches = staging.committed_batches(root, "p")
+    with pytest.raises(UnrepresentableValue, match=r"type_overrides=\{'public.events.ends_at': 'string'\}"):
+        run_backfill(publisher_hook, tables=["public.events"], publications=["pub"], root=root, pipeline="p")
+    assert publisher.query("SELECT slot_name FROM pg_replication_slots") == [("s1",)]
+    assert staging.committed_batches(root, "p") == batches
+    assert sorted(p.name for p in (root / "p").iterdir()) == sorted(["_pipeline.json", *(b[0] for b in batches)])
+    backfill = run_backfill(publisher_hook, tables=["public.events"], publications=["pub"], root=root, pipeline="p",
+                            type_overrides={"public.events.ends_at": "string"})
+    table = staging.read_manifest(root, "p", staged_name(backfill)).tables["public.events"]
+    rows = staging.read_table(root, "p", staged_name(backfill), table)
+    assert rows.filter(pc.equal(rows["id"], 5001))["ends_at"].to_pylist() == ["infinity"]
+
+    # The verify stages the source projection by the same rule.
+    tables = publisher_hook.published_tables(["pub"])
+    with pytest.raises(UnrepresentableValue, match="column ends_at"):
+        verify.stage_source_projection(publisher_hook.connect_kwargs(), tables, root, "p")
+    _, projection = verify.stage_source_projection(publisher_hook.connect_kwargs(), tables, root, "p",
+                                                   type_overrides={"public.events.ends_at": "string"})
+    assert [c.get("override") for c in projection.tables["public.events"].columns] == [None, None, "string", None]
+
     # A pull meets an array whose lower bound is not 1: an error, the slot stays where it was.
     (position,) = publisher.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
     publisher.execute("INSERT INTO events VALUES (5002, '2024-01-02', 'infinity', '[0:0]={3}')")
@@ -237,7 +259,7 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
     assert "table public.events, column tags: value '[0:0]={3}'" in str(caught.value)
     assert "type_overrides={'public.events.tags': 'string'}" in str(caught.value)
     assert publisher.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots") == [position]
-    assert [kind for *_, kind in staging.committed_batches(root, "p")] == ["snapshot"]
+    assert [kind for *_, kind in staging.committed_batches(root, "p")] == ["snapshot", "snapshot"]
 
     pulled = run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p",
                       type_overrides={"public.events.ends_at": "string", "public.events.tags": "string"})
