@@ -58,3 +58,5 @@ class UnrepresentableValue(PgLogicalError):
 
 class TypeOverrideError(PgLogicalError):
     """``type_overrides`` names a column that is not published, or a type that is not supported."""
+
+    permanent = True

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.operators._errors import permanent_errors_fail_the_task
 from airflow_provider_pglogical.replication.pull import run_pull
 
 if TYPE_CHECKING:
@@ -56,9 +57,11 @@ class PgSlotPullOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        return run_pull(
-            PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
-            publications=list(self.publications), root=ObjectStoragePath(self.staging_path), pipeline=self.pipeline,
-            max_changes=int(self.max_changes), max_bytes=int(self.max_bytes) if self.max_bytes else None,
-            type_overrides=self.type_overrides, report=self.log.info,
-        )
+        with permanent_errors_fail_the_task():
+            return run_pull(
+                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
+                publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
+                pipeline=self.pipeline, max_changes=int(self.max_changes),
+                max_bytes=int(self.max_bytes) if self.max_bytes else None,
+                type_overrides=self.type_overrides, report=self.log.info,
+            )

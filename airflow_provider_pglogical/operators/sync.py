@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.operators._errors import permanent_errors_fail_the_task
 from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
 
 if TYPE_CHECKING:
@@ -67,10 +68,12 @@ class PgInitialSyncOperator(BaseOperator):
     def execute(self, context: Context) -> dict:
         parallelism = checked_parallelism(self)
         hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-        return run_initial_sync(
-            hook, slot=self.slot, publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
-            pipeline=self.pipeline, parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
-        )
+        with permanent_errors_fail_the_task():
+            return run_initial_sync(
+                hook, slot=self.slot, publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
+                pipeline=self.pipeline, parallelism=parallelism, type_overrides=self.type_overrides,
+                report=self.log.info,
+            )
 
 
 class PgBackfillOperator(BaseOperator):
@@ -115,9 +118,10 @@ class PgBackfillOperator(BaseOperator):
         parallelism = checked_parallelism(self)
         tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
         key_range = KeyRange(**self.key_range) if self.key_range else None
-        return run_backfill(
-            PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
-            publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
-            pipeline=self.pipeline, key_range=key_range, parallelism=parallelism,
-            type_overrides=self.type_overrides, report=self.log.info,
-        )
+        with permanent_errors_fail_the_task():
+            return run_backfill(
+                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
+                publications=list(self.publications), root=ObjectStoragePath(self.staging_path),
+                pipeline=self.pipeline, key_range=key_range, parallelism=parallelism,
+                type_overrides=self.type_overrides, report=self.log.info,
+            )

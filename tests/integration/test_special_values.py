@@ -19,9 +19,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import ObjectStoragePath
+from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.exceptions import UnrepresentableValue
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
+from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from airflow_provider_pglogical.replication import staging, values, verify
 from airflow_provider_pglogical.replication.initial_sync import run_backfill, run_initial_sync
 from airflow_provider_pglogical.replication.lsn import Lsn
@@ -207,8 +210,11 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
         INSERT INTO events VALUES (5001, '0100-01-01 BC', 'infinity', '{2}');
         CREATE PUBLICATION pub FOR TABLE events;
     """)
-    with pytest.raises(UnrepresentableValue) as caught:
-        run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    sync = PgInitialSyncOperator(task_id="sync", slot="s1", publications=["pub"], staging_path=str(root),
+                                 pipeline="p", postgres_conn_id=publisher.conn_id)
+    with pytest.raises(AirflowFailException) as caught:  # permanent: Airflow does not retry it
+        sync.execute({})
+    assert isinstance(caught.value.__cause__, UnrepresentableValue)
     message = str(caught.value)
     assert "table public.events, column ends_at: value 'infinity'" in message
     assert "type_overrides={'public.events.ends_at': 'string'}" in message
@@ -233,7 +239,9 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
     batches = staging.committed_batches(root, "p")
     with pytest.raises(UnrepresentableValue, match=r"type_overrides=\{'public.events.ends_at': 'string'\}"):
         run_backfill(publisher_hook, tables=["public.events"], publications=["pub"], root=root, pipeline="p")
-    assert publisher.query("SELECT slot_name FROM pg_replication_slots") == [("s1",)]
+    # PostgreSQL drops a temporary slot when its session's backend exits, just after the close
+    wait_until(lambda: publisher.query("SELECT slot_name FROM pg_replication_slots") == [("s1",)], timeout=10,
+               message="the backfill's temporary slot to go")
     assert staging.committed_batches(root, "p") == batches
     assert sorted(p.name for p in (root / "p").iterdir()) == sorted(["_pipeline.json", *(b[0] for b in batches)])
     backfill = run_backfill(publisher_hook, tables=["public.events"], publications=["pub"], root=root, pipeline="p",
