@@ -105,11 +105,13 @@ def _temporal(texts: pa.Array, arrow: pa.DataType, parser: str) -> pa.Array:
     """Dates and timestamps: one vectorised cast for the usual values, Python for the rest (BC
     years, years past 9999), an error for what Spark cannot hold (``±infinity``, timestamps
     past 294247-01-10)."""
+    try:
+        return pc.cast(texts, arrow)  # the usual case; a special value makes the whole cast fail
+    except pa.ArrowInvalid:
+        pass
     if texts.type != pa.string():
         texts = texts.cast(pa.string())
     special = pc.invert(pc.fill_null(pc.match_substring_regex(texts, _PLAIN_TEMPORAL[parser]), True))
-    if not pc.any(special).as_py():
-        return pc.cast(texts, arrow)
     plain = pc.cast(pc.if_else(special, pa.scalar(None, pa.string()), texts), arrow)
     parsed = [_temporal_value(text, parser) for text in pc.filter(texts, special).to_pylist()]
     storage = pa.int32() if parser == "date" else pa.int64()
