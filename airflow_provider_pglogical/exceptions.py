@@ -54,3 +54,33 @@ class SlotLostError(SlotError):
 
 class ConcurrentRunError(SlotError):
     """Another pull, initial sync or backfill of the same slot holds the pipeline's lock."""
+
+
+class UnrepresentableValue(PgLogicalError):
+    """A PostgreSQL value has no exact form in its column's lakehouse type (``±infinity``, a
+    ``numeric`` NaN, a timestamp past Spark's range, an array with non-default bounds, …).
+
+    Permanent: retrying reads the same value again. ``fix`` is the ``type_overrides`` entry that
+    stages the column as PostgreSQL's exact text output instead.
+    """
+
+    permanent = True
+
+    def __init__(self, table: str, column: str, value: str, reason: str, lakehouse_type: str) -> None:
+        self.table, self.column, self.value, self.reason = table, column, value, reason
+        self.override = {f"{table}.{column}": "string"}
+        self.fix = f"type_overrides={self.override!r}"
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        super().__init__(
+            f"table {table}, column {column}: value {shown!r} cannot be stored exactly as {lakehouse_type} "
+            f"({reason}). To stage this column as text (PostgreSQL's exact text output, a string column "
+            f"in Iceberg), set {self.fix} on PgInitialSyncOperator, PgBackfillOperator and "
+            "PgSlotPullOperator alike (if the Iceberg table exists already with another type for this "
+            "column: drop it and run PgBackfillOperator for the table with the override; see docs/types.md)."
+        )
+
+
+class TypeOverrideError(PgLogicalError):
+    """``type_overrides`` names a column that is not published, or a type that is not supported."""
+
+    permanent = True

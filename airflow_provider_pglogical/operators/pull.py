@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.operators._errors import permanent_errors_fail_the_task
 from airflow_provider_pglogical.replication.pull import run_pull
 from airflow_provider_pglogical.replication.validation import check_staging_root
 
@@ -34,6 +35,10 @@ class PgSlotPullOperator(BaseOperator):
         before its changes are staged (default), or ``"fail"`` naming the backfill to run.
     :param on_slot_lost: the slot was invalidated or dropped: ``"fail"`` (default; no retries help) or
         ``"resync"``: recreate it and re-snapshot every table, replacing the lakehouse tables.
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
+        PostgreSQL's exact text output (a string column in Iceberg), for values the column's
+        mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
+        initial sync, backfill and pull operators of a pipeline (docs/types.md).
     :param postgres_conn_id: the publisher's Airflow connection.
     :return: (XCom) ``{"batch", "start_lsn", "end_lsn", "advanced_to", "tables", "transactions", "changes", "recovered"}``.
     """
@@ -45,7 +50,8 @@ class PgSlotPullOperator(BaseOperator):
     def __init__(
         self, *, slot: str, publications: Sequence[str], staging_path: str, pipeline: str,
         max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
-        on_slot_lost: str = "fail", postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        on_slot_lost: str = "fail", type_overrides: dict[str, str] | None = None,
+        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.slot = slot
@@ -56,12 +62,15 @@ class PgSlotPullOperator(BaseOperator):
         self.max_bytes = max_bytes
         self.new_tables = new_tables
         self.on_slot_lost = on_slot_lost
+        self.type_overrides = type_overrides
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        return run_pull(
-            PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
-            publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-            pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes, new_tables=self.new_tables,
-            on_slot_lost=self.on_slot_lost, report=self.log.info,
-        )
+        with permanent_errors_fail_the_task():
+            return run_pull(
+                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
+                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+                pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,
+                new_tables=self.new_tables, on_slot_lost=self.on_slot_lost, type_overrides=self.type_overrides,
+                report=self.log.info,
+            )

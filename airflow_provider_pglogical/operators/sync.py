@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.operators._errors import permanent_errors_fail_the_task
 from airflow_provider_pglogical.replication.backfill import KeyRange, run_backfill
 from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
 from airflow_provider_pglogical.replication.validation import check_staging_root
@@ -42,6 +43,10 @@ class PgInitialSyncOperator(BaseOperator):
     :param staging_path: root of the staging area (``file://``, ``s3://``, … via ObjectStoragePath).
     :param pipeline: name of the pipeline: the staging sub-directory.
     :param parallelism: connections copying at once (tables are split by ctid ranges).
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
+        PostgreSQL's exact text output (a string column in Iceberg), for values the column's
+        mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
+        initial sync, backfill and pull operators of a pipeline (docs/types.md).
     :param postgres_conn_id: the publisher's Airflow connection.
     """
 
@@ -50,7 +55,8 @@ class PgInitialSyncOperator(BaseOperator):
 
     def __init__(
         self, *, slot: str, publications: Sequence[str], staging_path: str, pipeline: str,
-        parallelism: int = 2, postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        parallelism: int = 2, type_overrides: dict[str, str] | None = None,
+        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.slot = slot
@@ -58,15 +64,18 @@ class PgInitialSyncOperator(BaseOperator):
         self.staging_path = staging_path
         self.pipeline = pipeline
         self.parallelism = parallelism
+        self.type_overrides = type_overrides
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
         parallelism = checked_parallelism(self)
         hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-        return run_initial_sync(
-            hook, slot=self.slot, publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-            pipeline=self.pipeline, parallelism=parallelism, report=self.log.info,
-        )
+        with permanent_errors_fail_the_task():
+            return run_initial_sync(
+                hook, slot=self.slot, publications=self.publications,
+                root=ObjectStoragePath(check_staging_root(self.staging_path)), pipeline=self.pipeline,
+                parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
+            )
 
 
 class PgBackfillOperator(BaseOperator):
@@ -82,6 +91,10 @@ class PgBackfillOperator(BaseOperator):
     :param staging_path: root of the staging area.
     :param pipeline: the pipeline's name.
     :param parallelism: connections copying at once.
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
+        PostgreSQL's exact text output (a string column in Iceberg), for values the column's
+        mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
+        initial sync, backfill and pull operators of a pipeline (docs/types.md).
     :param postgres_conn_id: the publisher's Airflow connection.
     """
 
@@ -90,7 +103,7 @@ class PgBackfillOperator(BaseOperator):
 
     def __init__(
         self, *, tables: Sequence[str] | str, publications: Sequence[str], staging_path: str, pipeline: str,
-        key_range: dict | None = None, parallelism: int = 2,
+        key_range: dict | None = None, parallelism: int = 2, type_overrides: dict[str, str] | None = None,
         postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -100,14 +113,17 @@ class PgBackfillOperator(BaseOperator):
         self.staging_path = staging_path
         self.pipeline = pipeline
         self.parallelism = parallelism
+        self.type_overrides = type_overrides
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
         parallelism = checked_parallelism(self)
         tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
         key_range = KeyRange(**self.key_range) if self.key_range else None
-        return run_backfill(
-            PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
-            publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-            pipeline=self.pipeline, key_range=key_range, parallelism=parallelism, report=self.log.info,
-        )
+        with permanent_errors_fail_the_task():
+            return run_backfill(
+                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
+                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+                pipeline=self.pipeline, key_range=key_range, parallelism=parallelism,
+                type_overrides=self.type_overrides, report=self.log.info,
+            )

@@ -53,6 +53,7 @@ def verify_pipeline(
     *, postgres_conn_id: str, publications: Sequence[str], staging_path: str, pipeline: str,
     iceberg: IcebergConfig | None = None, table_map: dict[str, str] | None = None,
     source_conn_id: str | None = None, spark_conn_id: str = "spark_default", report=print,
+    type_overrides: dict[str, str] | None = None,
 ) -> dict:
     """Compare the published projection (read from ``source_conn_id`` or the publisher) with Iceberg."""
     iceberg = iceberg or IcebergConfig()
@@ -61,7 +62,8 @@ def verify_pipeline(
     source = PgLogicalHook(postgres_conn_id=source_conn_id) if source_conn_id else publisher
     root = ObjectStoragePath(staging_path)
     directory, manifest = verify.stage_source_projection(
-        source.connect_kwargs(), tables, root, pipeline, apply_row_filters=source_conn_id is None, report=report
+        source.connect_kwargs(), tables, root, pipeline, apply_row_filters=source_conn_id is None,
+        type_overrides=type_overrides, report=report,
     )
     specs = verify.comparison_specs(manifest, iceberg.catalog, iceberg.namespace, table_map)
     result = run_verify_job(specs, directory, iceberg, conn_id=spark_conn_id)
@@ -85,6 +87,7 @@ class PgVerifyOperator(BaseOperator):
     :param source_conn_id: read the source rows here instead of the publisher (e.g. a native subscriber).
     :param postgres_conn_id: the publisher's Airflow connection.
     :param spark_conn_id: the Spark connection.
+    :param type_overrides: the pipeline's ``type_overrides`` (as given to the sync and pull operators).
     """
 
     template_fields: Sequence[str] = ("publications", "staging_path", "pipeline")
@@ -92,7 +95,8 @@ class PgVerifyOperator(BaseOperator):
     def __init__(
         self, *, publications: Sequence[str], staging_path: str, pipeline: str, iceberg: IcebergConfig | None = None,
         table_map: dict[str, str] | None = None, source_conn_id: str | None = None,
-        postgres_conn_id: str = PgLogicalHook.default_conn_name, spark_conn_id: str = "spark_default", **kwargs: Any,
+        postgres_conn_id: str = PgLogicalHook.default_conn_name, spark_conn_id: str = "spark_default",
+        type_overrides: dict[str, str] | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.publications = publications
@@ -103,6 +107,7 @@ class PgVerifyOperator(BaseOperator):
         self.source_conn_id = source_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.spark_conn_id = spark_conn_id
+        self.type_overrides = type_overrides
 
     def execute(self, context: Context) -> dict:
         check_staging_root(str(self.staging_path))
@@ -111,6 +116,7 @@ class PgVerifyOperator(BaseOperator):
             postgres_conn_id=self.postgres_conn_id, publications=list(self.publications),
             staging_path=self.staging_path, pipeline=self.pipeline, iceberg=self.iceberg, table_map=self.table_map,
             source_conn_id=self.source_conn_id, spark_conn_id=self.spark_conn_id, report=self.log.info,
+            type_overrides=self.type_overrides,
         )
         self.log.info("verify:\n%s", result["summary"])
         if not result["equal"]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from psycopg2 import sql
 
@@ -51,7 +51,8 @@ class KeyRange:
 
 def run_backfill(
     hook, *, tables: Sequence[str], publications: Sequence[str], root: StagingPath, pipeline: str,
-    key_range: KeyRange | None = None, parallelism: int = 2, report: Callable[[str], None] = log.info,
+    key_range: KeyRange | None = None, parallelism: int = 2, type_overrides: Mapping[str, str] | None = None,
+    report: Callable[[str], None] = log.info,
 ) -> dict:
     """Re-snapshot ``tables`` (``schema.table``) at a fresh LSN while the pipeline keeps flowing.
 
@@ -76,7 +77,7 @@ def run_backfill(
             text = key_range.where().as_string(cursor)
         extra = {table.qualified_name: text for table in chosen}
     return snapshot_tables(hook, record, chosen, root, pipeline, key_range=key_range, extra_where=extra,
-                           parallelism=parallelism, report=report)
+                           parallelism=parallelism, type_overrides=type_overrides, report=report)
 
 
 def published_by_name(hook, publications: Sequence[str], wanted: Sequence[str]) -> list[ResolvedTable]:
@@ -95,6 +96,7 @@ def snapshot_tables(
     hook, record: PipelineRecord, tables: list[ResolvedTable], root: StagingPath, pipeline: str, *,
     key_range: KeyRange | None = None, extra_where: dict[str, str] | None = None, parallelism: int = 2,
     report: Callable[[str], None] = log.info, reason: str = "backfill",
+    type_overrides: Mapping[str, str] | None = None,
 ) -> dict:
     """Stage a snapshot batch of ``tables`` at a fresh LSN; a whole-table one joins the record's tables."""
     temporary_slot = f"pglogical_backfill_{uuid.uuid4().hex[:12]}"
@@ -107,7 +109,7 @@ def snapshot_tables(
         )
         writer = BatchWriter(root, manifest)
         copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
-                    extra_where=extra_where, report=report)
+                    extra_where=extra_where, type_overrides=type_overrides, report=report)
         writer.commit()
     if key_range is None and record.add_tables((t.qualified_name, t.oid) for t in tables):
         write_record(root, pipeline, record)

@@ -9,14 +9,14 @@ old key. Values arrive as PostgreSQL text bytes and are parsed column-wise by ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
 from airflow_provider_pglogical.replication import staging, values
 from airflow_provider_pglogical.replication.changes import TableChanges, Transaction
 from airflow_provider_pglogical.replication.pgoutput import Relation
-from airflow_provider_pglogical.replication.typemap import MappedType, map_type
+from airflow_provider_pglogical.replication.typemap import MappedType, apply_overrides, map_column
 
 #: ``(type_oid, typmod) -> (typname, format_type, element typname)``, looked up on the publisher
 TypeInfo = dict[tuple[int, int], tuple[str, str, str | None]]
@@ -68,8 +68,8 @@ class TableBatch(StagedTableNames):
     def truncated(self) -> bool:
         return any(c.changes is None for c in self.chunks)
 
-    def build(self, types: TypeInfo) -> pa.Table:
-        return build_table(self, types)
+    def build(self, types: TypeInfo, type_overrides: Mapping[str, str] | None = None) -> pa.Table:
+        return build_table(self, types, type_overrides)
 
 
 def group_by_table(transactions: Sequence[Transaction], relations: dict[int, Relation]) -> dict[int, TableBatch]:
@@ -95,13 +95,15 @@ def group_by_table(transactions: Sequence[Transaction], relations: dict[int, Rel
     return tables
 
 
-def column_entries(batch: TableBatch, types: TypeInfo) -> list[dict]:
+def column_entries(batch: TableBatch, types: TypeInfo, type_overrides: Mapping[str, str] | None = None) -> list[dict]:
     """Manifest columns: the newest relation's columns, then columns only older versions had."""
-    return union_columns(batch.versions, types)
+    return union_columns(batch.versions, types, type_overrides)
 
 
-def union_columns(versions: Sequence[Relation], types: TypeInfo) -> list[dict]:
-    """Manifest column entries of ``versions`` (newest first): its columns, then older-only ones."""
+def union_columns(versions: Sequence[Relation], types: TypeInfo,
+                  type_overrides: Mapping[str, str] | None = None) -> list[dict]:
+    """Manifest column entries of ``versions`` (newest first): its columns, then older-only ones,
+    with the ``type_overrides`` that name them (docs/types.md)."""
     seen: dict[str, dict] = {}
     for rel in versions:
         for col in rel.columns:
@@ -112,25 +114,25 @@ def union_columns(versions: Sequence[Relation], types: TypeInfo) -> list[dict]:
                 "name": col.name, "type": typname, "type_oid": col.type_oid, "typmod": col.typmod,
                 "formatted": formatted, "element_type": element, "key": bool(col.flags & 1),
             }
-    return list(seen.values())
+    return apply_overrides(versions[0].qualified_name, list(seen.values()), type_overrides)
 
 
 def mapped_type(entry: dict) -> MappedType:
-    return map_type(entry["type"], element_type=entry["element_type"], formatted=entry["formatted"])
+    return map_column(entry)
 
 
-def _text_column(raw: Iterable, mapped: MappedType, name: str) -> pa.Array:
+def _text_column(raw: Iterable, mapped: MappedType, name: str, table: str) -> pa.Array:
     texts = pa.array(raw, pa.binary()).cast(pa.string())
-    return values.text_to_arrow(texts, mapped, name)
+    return values.text_to_arrow(texts, mapped, name, table)
 
 
-def build_table(batch: TableBatch, types: TypeInfo) -> pa.Table:
+def build_table(batch: TableBatch, types: TypeInfo, type_overrides: Mapping[str, str] | None = None) -> pa.Table:
     """The staged Arrow table of one table's changes (metadata columns first)."""
-    batch.columns = column_entries(batch, types)
+    batch.columns = column_entries(batch, types, type_overrides)
     key = batch.key
     mapped = {c["name"]: mapped_type(c) for c in batch.columns}
     schema = change_schema(batch.columns, key)
-    parts = [_chunk_table(chunk, batch.columns, key, mapped, schema) for chunk in batch.chunks]
+    parts = [_chunk_table(chunk, batch.columns, key, mapped, schema, batch.qualified_name) for chunk in batch.chunks]
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
@@ -158,7 +160,7 @@ def _commit_ts(txn: Transaction):
 
 
 def _chunk_table(chunk: _Chunk, columns: list[dict], key: list[str], mapped: dict[str, MappedType],
-                 schema: pa.Schema) -> pa.Table:
+                 schema: pa.Schema, table: str) -> pa.Table:
     txn = chunk.txn
     if chunk.changes is None:  # a TRUNCATE: one row, no values
         arrays = [pa.array(["T"]), pa.array([txn.commit_lsn], pa.int64()), pa.array([chunk.truncate_seq], pa.int64())]
@@ -181,7 +183,7 @@ def _chunk_table(chunk: _Chunk, columns: list[dict], key: list[str], mapped: dic
     for entry in columns:
         name = entry["name"]
         index = position.get(name)
-        arrays.append(_text_column(by_column[index], mapped[name], name) if index is not None
+        arrays.append(_text_column(by_column[index], mapped[name], name, table) if index is not None
                       else pa.nulls(n, mapped[name].arrow))
     key_positions = {name: i for i, name in enumerate(rel.key_columns)}
     for name in key:
@@ -192,7 +194,7 @@ def _chunk_table(chunk: _Chunk, columns: list[dict], key: list[str], mapped: dic
         raw = [None] * n
         for row, old in changes.old_keys.items():
             raw[row] = old[i]
-        arrays.append(_text_column(raw, mapped[name], name))
+        arrays.append(_text_column(raw, mapped[name], name, table))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

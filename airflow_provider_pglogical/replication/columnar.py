@@ -219,8 +219,8 @@ class ColumnarTable(change_batch.StagedTableNames):
     def truncated(self) -> bool:
         return bool(self.truncates)
 
-    def build(self, types: change_batch.TypeInfo) -> pa.Table:
-        self.columns = change_batch.union_columns(self.versions, types)
+    def build(self, types: change_batch.TypeInfo, type_overrides=None) -> pa.Table:
+        self.columns = change_batch.union_columns(self.versions, types, type_overrides)
         key = self.key
         schema = change_batch.change_schema(self.columns, key)
         if len(self.groups) > 1:
@@ -271,7 +271,7 @@ class ColumnarTable(change_batch.StagedTableNames):
                 arrays.append(pa.nulls(n, mapped.arrow))
                 continue
             texts = _gather_text(self.buffer, vals.starts[j], vals.lengths[j], vals.kinds[j] == _TEXT)
-            arrays.append(values.text_to_arrow(texts, mapped, name))
+            arrays.append(values.text_to_arrow(texts, mapped, name, self.qualified_name))
         key_index = {rel.columns[i].name: i for i in rel.key_indices}
         for name in key:
             mapped = change_batch.mapped_type(next(c for c in self.columns if c["name"] == name))
@@ -287,7 +287,7 @@ class ColumnarTable(change_batch.StagedTableNames):
             lengths[group.old_rows] = group.old.lengths[j]
             valid[group.old_rows] = group.old.kinds[j] == _TEXT
             texts = _gather_text(self.buffer, starts, lengths, valid)
-            arrays.append(values.text_to_arrow(texts, mapped, name))
+            arrays.append(values.text_to_arrow(texts, mapped, name, self.qualified_name))
         return pa.Table.from_arrays(arrays, schema=schema)
 
     def _unchanged(self, group: _Group, position: dict[str, int]) -> pa.Array:

@@ -8,7 +8,7 @@ change batch continues it with no gap and no overlap. (Backfills: :mod:`.backfil
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from airflow_provider_pglogical.exceptions import (
     PipelineStateError,
@@ -108,7 +108,8 @@ def _claim_existing_slot(hook, existing, record: PipelineRecord | None, slot: st
 
 def run_initial_sync(
     hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, parallelism: int = 2,
-    report: Callable[[str], None] = log.info, lock_wait_seconds: float = 60.0,
+    type_overrides: Mapping[str, str] | None = None, report: Callable[[str], None] = log.info,
+    lock_wait_seconds: float = 60.0,
 ) -> dict:
     """Create ``slot`` and stage a snapshot batch of everything ``publications`` publish.
 
@@ -146,7 +147,8 @@ def run_initial_sync(
             raise PublisherCheckError(problems)
         if existing_slot is not None:
             _claim_existing_slot(hook, existing_slot, record, slot, pipeline, report)
-        return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report)
+        return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report,
+                                       type_overrides=type_overrides)
 
 
 def lost_slot_message(slot: str, pipeline: str, what: str) -> str:
@@ -159,7 +161,8 @@ def lost_slot_message(slot: str, pipeline: str, what: str) -> str:
 
 
 def resync(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
-           report: Callable[[str], None], parallelism: int = 2) -> dict:
+           report: Callable[[str], None], parallelism: int = 2,
+           type_overrides: Mapping[str, str] | None = None) -> dict:
     """Recreate the pipeline's lost slot and re-snapshot every published table at its new position.
 
     The caller holds the slot's consumer lock. An invalidated slot is dropped only when it has the
@@ -180,12 +183,13 @@ def resync(hook, record: PipelineRecord, publications: list[str], root: StagingP
     tables = require_tables(hook.published_tables(publications), publications)
     report(f"resyncing pipeline {pipeline}: new slot {slot}, new snapshot of {len(tables)} table(s)")
     return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report,
-                                   resync=True)
+                                   resync=True, type_overrides=type_overrides)
 
 
 def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: list[ResolvedTable],
                             root: StagingPath, pipeline: str, parallelism: int,
-                            report: Callable[[str], None], resync: bool = False) -> dict:
+                            report: Callable[[str], None], resync: bool = False,
+                            type_overrides: Mapping[str, str] | None = None) -> dict:
     database = _database(hook)
     created = False
     try:
@@ -202,7 +206,7 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
             )
             writer = BatchWriter(root, manifest)
             copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
-                        report=report)
+                        type_overrides=type_overrides, report=report)
             writer.commit()
     except BaseException:
         if created:

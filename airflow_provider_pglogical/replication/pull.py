@@ -247,7 +247,7 @@ def run_pull(
     hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, max_changes: int = 200_000,
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
     before_advance: Callable[[str], None] | None = None, lock_wait_seconds: float = 60.0,
-    new_tables: str = "snapshot", on_slot_lost: str = "fail",
+    new_tables: str = "snapshot", on_slot_lost: str = "fail", type_overrides: Mapping[str, str] | None = None,
 ) -> dict:
     """Stage the slot's next window of changes as one batch, then advance the slot past it.
 
@@ -265,6 +265,8 @@ def run_pull(
         ``"fail"`` naming the backfill to run. Either way it is never applied as a partial table.
     :param on_slot_lost: when the pipeline's slot was invalidated or dropped: ``"fail"`` (default) with
         :class:`SlotLostError`, or ``"resync"``: recreate the slot and re-snapshot every table.
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as PostgreSQL's
+        text (docs/types.md); the same mapping as the pipeline's initial sync and backfills.
     """
     if on_slot_lost not in SLOT_LOST_POLICIES:
         raise InvalidInputError(f"on_slot_lost must be one of {SLOT_LOST_POLICIES}, not {on_slot_lost!r}")
@@ -281,12 +283,12 @@ def run_pull(
         if lost is not None:
             if on_slot_lost == "fail":
                 raise SlotLostError(lost_slot_message(slot, pipeline, lost))
-            result = resync(hook, record, publications, root, pipeline, report)
+            result = resync(hook, record, publications, root, pipeline, report, type_overrides=type_overrides)
             return {"batch": result["batch"], "start_lsn": result["lsn"], "end_lsn": result["lsn"],
                     "advanced_to": result["lsn"], "tables": result["tables"], "transactions": 0, "changes": 0,
                     "recovered": False, "resynced": True}
         return _pull_locked(hook, record, publications, root, pipeline, max_changes, max_bytes, report,
-                            before_advance, new_tables)
+                            before_advance, new_tables, type_overrides)
 
 
 SLOT_LOST_POLICIES = ("fail", "resync")
@@ -316,7 +318,8 @@ def require_logical_wal(cursor) -> None:
 
 def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
                  max_changes: int, max_bytes: int | None, report: Callable[[str], None],
-                 before_advance: Callable[[str], None] | None, new_tables: str) -> dict:
+                 before_advance: Callable[[str], None] | None, new_tables: str,
+                 type_overrides: Mapping[str, str] | None) -> dict:
     started = time.monotonic()
     slot = record.slot
     with hook._cursor() as cursor:
@@ -345,8 +348,8 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
         return {"batch": None, "start_lsn": str(position), "end_lsn": str(moved), "advanced_to": str(moved),
                 "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
 
-    _snapshot_new_tables(hook, record, window, publications, root, pipeline, new_tables, report)
-    manifest = stage_batch(hook, root, pipeline, position, end, window)
+    _snapshot_new_tables(hook, record, window, publications, root, pipeline, new_tables, report, type_overrides)
+    manifest = stage_batch(hook, root, pipeline, position, end, window, type_overrides)
     path = str(root / pipeline / manifest.name)
     if before_advance is not None:
         before_advance(path)
@@ -362,7 +365,8 @@ NEW_TABLE_POLICIES = ("snapshot", "fail")
 
 
 def _snapshot_new_tables(hook, record: PipelineRecord, window: PullWindow, publications: list[str],
-                         root: StagingPath, pipeline: str, policy: str, report: Callable[[str], None]) -> None:
+                         root: StagingPath, pipeline: str, policy: str, report: Callable[[str], None],
+                         type_overrides: Mapping[str, str] | None = None) -> None:
     """Give tables the pipeline never snapshotted a snapshot batch before their changes are staged.
 
     The snapshot is taken now, after the window was decoded, so it sits at an LSN past every
@@ -394,10 +398,11 @@ def _snapshot_new_tables(hook, record: PipelineRecord, window: PullWindow, publi
         report(f"table(s) {', '.join(added)} joined the publications after the pipeline's snapshot: "
                "snapshotting them before their changes are staged")
         snapshot_tables(hook, record, published_by_name(hook, publications, added), root, pipeline, parallelism=1,
-                        report=report, reason="added to a publication")
+                        report=report, reason="added to a publication", type_overrides=type_overrides)
 
 
-def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: PullWindow) -> BatchManifest:
+def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: PullWindow,
+                type_overrides: Mapping[str, str] | None = None) -> BatchManifest:
     """Build, TOAST-fill and write the batch; the manifest is written last."""
     tables = window.tables
     manifest = BatchManifest(pipeline=pipeline, kind="changes", start_lsn=str(start), end_lsn=str(end))
@@ -415,7 +420,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
             types = change_batch.lookup_types(cursor, change_batch.relations_of(tables))
             partitioned = _partitioned(cursor, [b.relation.oid for b in tables.values()])
             for oid, batch in tables.items():
-                data = batch.build(types)
+                data = batch.build(types, type_overrides)
                 rel = batch.relation
                 table = TableManifest(
                     schema=rel.namespace, name=rel.name, columns=batch.columns, key=batch.key,

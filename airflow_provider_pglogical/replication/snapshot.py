@@ -6,8 +6,12 @@ AND ctid >= … AND ctid < …) TO STDOUT (FORMAT text)``. COPY output is stream
 pyarrow's C++ CSV reader (tab-separated, no quoting, with an explicit schema from the type map)
 and on into Parquet, so the copy and the conversion overlap and memory stays bounded whatever the
 table's size. Text format rather than CSV: PostgreSQL writes it faster, and as it escapes tabs and
-newlines inside values, the reader can split rows without tracking quotes; string columns then
-have their (rare) backslash escapes undone.
+newlines inside values, rows end at every newline: the stream is cut into chunks of whole rows
+(about ``CSV_BLOCK_SIZE`` bytes, or one row when a row is larger, up to PostgreSQL's 1 GB), so
+memory is bounded by the largest row, not by the table. String columns then have their (rare)
+backslash escapes undone. A chunk whose dates, timestamps or numbers the reader cannot convert
+(BC years, years past 9999, ``infinity``, ``NaN``) is read again with those columns as text and
+converted by ``values.py``, exactly or with an error naming the column and its override.
 """
 
 from __future__ import annotations
@@ -19,18 +23,17 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psycopg2
 import pyarrow as pa
 import pyarrow.csv as pcsv
-import pyarrow.parquet as pq
 from psycopg2 import sql
 
 from airflow_provider_pglogical.replication import values
 from airflow_provider_pglogical.replication.published import ResolvedTable
 from airflow_provider_pglogical.replication.staging import BatchWriter, TableManifest
-from airflow_provider_pglogical.replication.typemap import MappedType, map_type
+from airflow_provider_pglogical.replication.typemap import MappedType, apply_overrides, map_column
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +55,14 @@ class WorkUnit:
     blocks: int
 
 
-def column_mapping(table: ResolvedTable) -> dict[str, MappedType]:
-    return {
-        c.name: map_type(c.type, element_type=c.element_type, formatted=c.formatted) for c in table.columns
-    }
+def manifest_columns(table: ResolvedTable, type_overrides: Mapping[str, str] | None = None) -> list[dict]:
+    """The table's manifest column entries, with the ``type_overrides`` that name its columns."""
+    return apply_overrides(table.qualified_name, [c.manifest_entry() for c in table.columns], type_overrides,
+                           strict=True)
+
+
+def column_mapping(table: ResolvedTable, type_overrides: Mapping[str, str] | None = None) -> dict[str, MappedType]:
+    return {c["name"]: map_column(c) for c in manifest_columns(table, type_overrides)}
 
 
 def copy_statement(unit: WorkUnit, extra_where: str | None = None) -> sql.Composed:
@@ -163,7 +170,7 @@ def _session(connect_kwargs: Mapping[str, Any], snapshot_name: str):
 
 
 def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | None, progress: Progress,
-               trusted_utf8: bool) -> int:
+               trusted_utf8: bool, mapping: dict[str, MappedType]) -> int:
     """Run one COPY; parse its text stream and write Parquet in two more threads; returns rows.
 
     Three stages, so none waits for another: this thread feeds COPY into a pipe, a parser thread
@@ -175,7 +182,6 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
     costs as much as parsing; otherwise they are validated.
     """
     table = unit.table
-    mapping = column_mapping(table)
     types, strings = values.copy_read_types(mapping)
     types = {name: pa.binary() if name in strings else t for name, t in types.items()}
     schema = pa.schema([pa.field(name, m.arrow) for name, m in mapping.items()])
@@ -187,16 +193,19 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
     def parse() -> None:
         try:
             with os.fdopen(read_fd, "rb", buffering=0) as source:
-                reader = _open_copy_text(source, list(mapping), types)
-                for batch in reader or ():
+                for chunk in _row_chunks(source, CSV_BLOCK_SIZE):
                     if "error" in result:
                         return  # the writer failed: closing the pipe stops the COPY
-                    for name in strings:
-                        index = batch.schema.get_field_index(name)
-                        raw = batch.column(index)
-                        column = values.unescape_copy_text(raw.view(pa.string()) if trusted_utf8 else raw.cast(pa.string()))
-                        batch = batch.set_column(index, name, values.text_to_arrow(column, mapping[name], name))
-                    batches.put(batch.cast(schema) if batch.schema != schema else batch)
+                    data, as_text = _parse_chunk(chunk, mapping, types)
+                    for name in strings + as_text:
+                        index = data.schema.get_field_index(name)
+                        raw = data.column(index).combine_chunks()
+                        if name in strings:
+                            raw = values.unescape_copy_text(raw.view(pa.string()) if trusted_utf8 else raw.cast(pa.string()))
+                        converted = values.text_to_arrow(raw, mapping[name], name, table.qualified_name)
+                        data = data.set_column(index, name, converted)
+                    for batch in data.to_batches():
+                        batches.put(batch.cast(schema) if batch.schema != schema else batch)
         except BaseException as err:  # noqa: BLE001 - re-raised in the copying thread
             result.setdefault("error", err)
         finally:
@@ -243,22 +252,66 @@ def _widen_pipe(fd: int) -> None:
         pass  # not Linux, or above /proc/sys/fs/pipe-max-size: the default pipe works too
 
 
-def _open_copy_text(source, names: list[str], types: dict[str, pa.DataType]):
-    """pyarrow's streaming CSV reader over COPY text format: tabs, no quotes, ``\\N`` is NULL."""
+def _row_chunks(source, block_size: int) -> Iterator[pa.Buffer]:
+    """Whole rows of a COPY text stream, about ``block_size`` bytes at a time; a row larger than
+    that comes in a chunk of its own size (COPY text format escapes newlines inside values).
+
+    Each chunk is a fresh buffer that ``source.readinto`` fills and Arrow then owns: the only copies
+    are the pipe's and the few bytes of the row cut at the chunk's end.
+    """
+    carry = b""  # the start of a row cut at the previous chunk's end (holds no newline)
+    eof = False
+    while not eof:
+        buf = bytearray(len(carry) + block_size)
+        buf[: len(carry)] = carry
+        filled, searched = len(carry), len(carry)
+        while True:
+            with memoryview(buf) as view:
+                while filled < len(buf):
+                    n = source.readinto(view[filled:])
+                    if not n:
+                        eof = True
+                        break
+                    filled += n
+            cut = buf.rfind(b"\n", searched, filled)
+            if cut >= 0 or eof:
+                break
+            searched = filled  # a row larger than the buffer: grow it
+            buf.extend(bytes(max(block_size, len(buf))))
+        cut = filled - 1 if eof else cut
+        if cut >= 0:
+            yield pa.py_buffer(memoryview(buf)[: cut + 1])
+        carry = bytes(buf[cut + 1 : filled])
+
+
+_PARSE = pcsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False)
+
+
+def _read_chunk(chunk: pa.Buffer, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+    """pyarrow's CSV reader over whole rows of COPY text format: tabs, no quotes, ``\\N`` is NULL."""
+    return pcsv.read_csv(
+        pa.BufferReader(chunk),
+        read_options=pcsv.ReadOptions(column_names=names, block_size=chunk.size + 1, use_threads=False),
+        parse_options=_PARSE,
+        convert_options=pcsv.ConvertOptions(
+            column_types=types, null_values=["\\N"], strings_can_be_null=True,
+            true_values=["t"], false_values=["f"],
+        ),
+    )
+
+
+def _parse_chunk(chunk: pa.Buffer, mapping: dict[str, MappedType], types: dict[str, pa.DataType]
+                 ) -> tuple[pa.Table, list[str]]:
+    """Parse a chunk with the reader's own conversions; when a value defeats them (a BC date,
+    ``infinity``, a ``numeric`` NaN), parse the chunk again with those columns as text and return
+    their names too: ``values.text_to_arrow`` converts them exactly, or names the value."""
     try:
-        return pcsv.open_csv(
-            source,
-            read_options=pcsv.ReadOptions(column_names=names, block_size=CSV_BLOCK_SIZE),
-            parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False),
-            convert_options=pcsv.ConvertOptions(
-                column_types=types, null_values=["\\N"], strings_can_be_null=True,
-                true_values=["t"], false_values=["f"],
-            ),
-        )
+        return _read_chunk(chunk, list(mapping), types), []
     except pa.ArrowInvalid as err:
-        if "Empty CSV file" in str(err):
-            return None
-        raise
+        if "conversion error" not in str(err):
+            raise
+    as_text = [name for name, m in mapping.items() if m.parser in values.COPY_NATIVE]
+    return _read_chunk(chunk, list(mapping), {**types, **dict.fromkeys(as_text, pa.string())}), as_text
 
 
 def copy_tables(
@@ -269,6 +322,7 @@ def copy_tables(
     *,
     parallelism: int = 2,
     extra_where: Mapping[str, str] | None = None,
+    type_overrides: Mapping[str, str] | None = None,
     report: Callable[[str], None] = log.info,
 ) -> dict[str, int]:
     """Copy ``tables`` as seen by ``snapshot_name`` into ``writer``'s batch; returns rows per table.
@@ -277,12 +331,19 @@ def copy_tables(
     :param snapshot_name: an exported snapshot, valid for the whole call.
     :param parallelism: connections copying at once.
     :param extra_where: per qualified table name, an extra filter (a ranged backfill).
+    :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
+        PostgreSQL's text output (docs/types.md); recorded per column in the manifest.
+    :raises UnrepresentableValue: a value has no exact form in its column's type and the column has
+        no override; nothing of the batch is left in staging.
     """
+    mappings: dict[str, dict[str, MappedType]] = {}
     for table in tables:
+        columns = manifest_columns(table, type_overrides)
+        mappings[table.qualified_name] = {c["name"]: map_column(c) for c in columns}
         writer.add_table(
             TableManifest(
                 schema=table.schema, name=table.name,
-                columns=[c.manifest_entry() for c in table.columns], key=table.key,
+                columns=columns, key=table.key,
                 replica_identity=table.replica_identity,
                 details={"row_filter": table.row_filter, "extra_where": (extra_where or {}).get(table.qualified_name)},
             )
@@ -307,15 +368,40 @@ def copy_tables(
             with lock:
                 connections.append(local.conn)
         where = (extra_where or {}).get(unit.table.qualified_name)
-        return _copy_unit(local.conn, unit, writer, where, progress, trusted_utf8)
+        return _copy_unit(local.conn, unit, writer, where, progress, trusted_utf8,
+                          mappings[unit.table.qualified_name])
+
+    stop = threading.Event()
+
+    def run_unless_stopped(unit: WorkUnit) -> int:
+        return 0 if stop.is_set() else run(unit)
 
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
-            for future in concurrent.futures.as_completed([pool.submit(run, u) for u in units]):
-                future.result()
+            futures = [pool.submit(run_unless_stopped, u) for u in units]
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    future.result()
+            except BaseException:
+                stop.set()  # the other units need not run: the batch will not be committed
+                raise
+    except BaseException:
+        _remove_parts(writer)
+        raise
     finally:
         for conn in connections:
             conn.close()
     for name, rows in progress.rows.items():
         report(f"{name}: copied {rows:,} rows")
     return dict(progress.rows)
+
+
+def _remove_parts(writer: BatchWriter) -> None:
+    """A failed copy leaves no files behind (the batch has no manifest, so it never existed)."""
+    try:
+        if writer.directory.exists():
+            for child in writer.directory.iterdir():
+                child.unlink()
+            writer.directory.rmdir()
+    except Exception as err:  # noqa: BLE001 - the copy's own error matters more
+        log.warning("could not remove the files of the failed batch %s: %s", writer.directory, err)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from psycopg2 import sql
 
 from airflow_provider_pglogical.replication import staging, values
-from airflow_provider_pglogical.replication.typemap import map_type
+from airflow_provider_pglogical.replication.typemap import map_column
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +176,8 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: staging.TableManifes
                 replacement.append(row[column_index])
         if not replacement:
             continue
-        mapped = map_type(entry["type"], element_type=entry["element_type"], formatted=entry["formatted"])
-        parsed = values.text_to_arrow(pa.array(replacement, pa.string()), mapped, name)
+        mapped = map_column(entry)
+        parsed = values.text_to_arrow(pa.array(replacement, pa.string()), mapped, name, manifest.qualified_name)
         staged = staging.staged_name(name)
         column = pc.replace_with_mask(table[staged].combine_chunks(), pa.array(mask), parsed)
         table = table.set_column(table.schema.get_field_index(staged), staged, column)

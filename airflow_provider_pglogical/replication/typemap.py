@@ -3,14 +3,23 @@
 Values leave PostgreSQL as text (COPY text format, pgoutput text tuples) and are parsed into the
 Arrow type named here (``replication/values.py``); the Spark job casts Parquet columns to the Spark
 type named here. Anything unknown travels as a string: never an error, never silence.
+
+A value the mapped type cannot hold exactly (``infinity``, a ``numeric`` NaN, a timestamp past
+Spark's range, an array with non-default bounds) is an error naming the column, unless the column
+is overridden: ``type_overrides={"schema.table.column": "string"}`` stages it as PostgreSQL's exact
+text output. The override is recorded in the manifest's column entry (``"override": "string"``),
+so the snapshot, the pull and the Spark job all read the same staged type (docs/types.md).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 import pyarrow as pa
+
+from airflow_provider_pglogical.exceptions import TypeOverrideError
 
 
 @dataclass(frozen=True)
@@ -86,14 +95,57 @@ def map_type(type_name: str, *, element_type: str | None = None, formatted: str 
     return TYPE_MAP.get(type_name, _STRING)
 
 
+#: lakehouse types a column can be overridden to, by name; each is lossless for every PostgreSQL type
+OVERRIDE_TYPES: dict[str, MappedType] = {"string": _STRING}
+
+
+def map_column(entry: Mapping) -> MappedType:
+    """Mapping of a manifest column entry (``type``/``element_type``/``formatted``), honouring its ``override``."""
+    override = entry.get("override")
+    if override is not None:
+        return OVERRIDE_TYPES[override]
+    return map_type(entry["type"], element_type=entry.get("element_type"), formatted=entry.get("formatted"))
+
+
+def check_overrides(type_overrides: Mapping[str, str] | None) -> dict[str, str]:
+    """Validate ``type_overrides`` (``{"schema.table.column": "string"}``); returns a plain dict."""
+    out = dict(type_overrides or {})
+    for key, kind in out.items():
+        if not isinstance(key, str) or key.count(".") < 2:
+            raise TypeOverrideError(
+                f"type_overrides key {key!r} is not 'schema.table.column' (e.g. {{'public.events.ends_at': 'string'}})"
+            )
+        if kind not in OVERRIDE_TYPES:
+            raise TypeOverrideError(
+                f"type_overrides[{key!r}] = {kind!r}: supported are {', '.join(map(repr, OVERRIDE_TYPES))} "
+                "(PostgreSQL's exact text output)"
+            )
+    return out
+
+
+def apply_overrides(table: str, columns: list[dict], type_overrides: Mapping[str, str] | None,
+                    *, strict: bool = False) -> list[dict]:
+    """Set ``override`` on the manifest column entries of ``table`` (``schema.table``) named in
+    ``type_overrides``. With ``strict``, an override naming a column ``table`` does not publish is
+    an error (a typo would otherwise go unnoticed)."""
+    overrides = check_overrides(type_overrides)
+    prefix = table + "."
+    mine = {key[len(prefix):]: kind for key, kind in overrides.items() if key.startswith(prefix)}
+    names = {c["name"] for c in columns}
+    unknown = sorted(name for name in mine if name not in names)
+    if strict and unknown:
+        raise TypeOverrideError(
+            f"type_overrides name column(s) {', '.join(prefix + n for n in unknown)} that {table} does not "
+            f"publish; published columns are {', '.join(sorted(names))}"
+        )
+    return [{**c, "override": mine[c["name"]]} if c["name"] in mine else c for c in columns]
+
+
 def arrow_schema_for(columns: list[dict]) -> pa.Schema:
     """Arrow schema of the value columns described in a manifest (``name``/``type``/``element_type``/``formatted``)."""
     return pa.schema(
         [
-            pa.field(
-                col["name"],
-                map_type(col["type"], element_type=col.get("element_type"), formatted=col.get("formatted")).arrow,
-            )
+            pa.field(col["name"], map_column(col).arrow)
             for col in columns
         ]
     )

@@ -44,12 +44,15 @@ def exported_snapshot(connect_kwargs: Mapping[str, Any]) -> Iterator[tuple[str, 
 
 def stage_source_projection(
     connect_kwargs: Mapping[str, Any], tables: Sequence[ResolvedTable], root: StagingPath, pipeline: str, *,
-    apply_row_filters: bool = True, parallelism: int = 2, report: Callable[[str], None] = print,
+    apply_row_filters: bool = True, parallelism: int = 2, type_overrides: Mapping[str, str] | None = None,
+    report: Callable[[str], None] = print,
 ) -> tuple[str, BatchManifest]:
     """Copy the published projection of ``tables`` into a verify snapshot; returns its directory.
 
     :param connect_kwargs: where to read: the publisher, or a native subscriber of the same
         publications (then pass ``apply_row_filters=False``: it holds filtered rows already).
+    :param type_overrides: the pipeline's ``type_overrides`` (docs/types.md), so the source is
+        staged with the types the lakehouse holds.
     """
     if not apply_row_filters:
         tables = [_without_filter(t) for t in tables]
@@ -57,7 +60,8 @@ def stage_source_projection(
         manifest = BatchManifest(pipeline=f"{VERIFY_DIR}/{pipeline}", kind="snapshot", start_lsn=str(lsn),
                                  end_lsn=str(lsn), details={"verify": True})
         writer = BatchWriter(root, manifest)
-        copy_tables(connect_kwargs, snapshot, tables, writer, parallelism=parallelism, report=report)
+        copy_tables(connect_kwargs, snapshot, tables, writer, parallelism=parallelism, type_overrides=type_overrides,
+                    report=report)
         writer.commit()
     return str(writer.directory), manifest
 

@@ -103,7 +103,17 @@ def spark_type(type_name: str, element_type: str | None = None, formatted: str |
     return _SPARK_TYPES.get(type_name, "string")
 
 
+#: ``type_overrides`` a manifest column entry can carry (``"override": "string"``): the column was
+#: staged as PostgreSQL's text output and is a string column in Iceberg (typemap.OVERRIDE_TYPES)
+_OVERRIDE_TYPES = {"string": "string"}
+
+
 def column_type(column: dict) -> str:
+    """Spark SQL type of a manifest column entry, honouring its ``override``."""
+    if column.get("override") is not None:
+        if column["override"] not in _OVERRIDE_TYPES:
+            raise ApplyError(f"column {column['name']}: unknown type override {column['override']!r}")
+        return _OVERRIDE_TYPES[column["override"]]
     return spark_type(column["type"], column.get("element_type"), column.get("formatted"))
 
 

@@ -52,3 +52,13 @@ def test_job_imports_nothing_from_airflow_or_the_package():
     assert {m.split(".")[0] for m in modules} <= {
         "__future__", "argparse", "json", "logging", "os", "re", "signal", "sys", "time", "dataclasses",
         "functools", "uuid", "pyspark"}
+
+
+@pytest.mark.parametrize("column", COLUMNS, ids=lambda c: c.get("formatted") or c["type"])
+def test_an_override_stages_and_applies_any_type_as_string(column):
+    """The same manifest entry gives the same type in staging (Arrow) and in the lakehouse (Spark)."""
+    from airflow_provider_pglogical.replication.typemap import map_column
+
+    entry = {**column, "name": "c", "override": "string"}
+    assert map_column(entry).spark == apply_changes.column_type(entry) == "string"
+    assert str(map_column(entry).arrow) == "string"
