@@ -9,6 +9,8 @@ from airflow.sdk import BaseOperator, ObjectStoragePath
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.replication.pull import run_pull
 from airflow_provider_pglogical.replication.validation import check_staging_root
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -30,11 +32,13 @@ class PgSlotPullOperator(BaseOperator):
     :param pipeline: the pipeline's name (staging sub-directory).
     :param max_changes: decoded messages per batch (``upto_nchanges``); a bigger transaction still comes whole.
     :param max_bytes: stop at a transaction boundary once this many bytes were decoded.
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     :return: (XCom) ``{"batch", "start_lsn", "end_lsn", "advanced_to", "tables", "transactions", "changes", "recovered"}``.
     """
 
-    template_fields: Sequence[str] = ("slot", "publications", "staging_path", "pipeline", "max_changes", "max_bytes")
+    template_fields: Sequence[str] = (
+        "slot", "publications", "staging_path", "pipeline", "max_changes", "max_bytes", "postgres_conn_id",
+    )
     ui_color = "#d8f0ff"
 
     def __init__(
@@ -52,8 +56,9 @@ class PgSlotPullOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        return run_pull(
-            PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
-            publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-            pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes, report=self.log.info,
-        )
+        with fail_permanent_errors():
+            return run_pull(
+                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
+                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+                pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes, report=self.log.info,
+            )

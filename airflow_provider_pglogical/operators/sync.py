@@ -6,9 +6,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
+from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
 from airflow_provider_pglogical.replication.validation import check_staging_root
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -22,7 +25,7 @@ def checked_parallelism(operator: BaseOperator) -> int:
     except (TypeError, ValueError):
         count = 0
     if count < 1 or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError(
+        raise InvalidInputError(
             f"{type(operator).__name__} {operator.task_id!r}: parallelism must be a whole number of "
             f"connections, 1 or more (got {value!r}); pass e.g. parallelism=2"
         )
@@ -41,10 +44,12 @@ class PgInitialSyncOperator(BaseOperator):
     :param staging_path: root of the staging area (``file://``, ``s3://``, … via ObjectStoragePath).
     :param pipeline: name of the pipeline: the staging sub-directory.
     :param parallelism: connections copying at once (tables are split by ctid ranges).
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("slot", "publications", "staging_path", "pipeline", "parallelism")
+    template_fields: Sequence[str] = (
+        "slot", "publications", "staging_path", "pipeline", "parallelism", "postgres_conn_id",
+    )
     ui_color = "#cfe8fc"
 
     def __init__(
@@ -60,12 +65,13 @@ class PgInitialSyncOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        parallelism = checked_parallelism(self)
-        hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-        return run_initial_sync(
-            hook, slot=self.slot, publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-            pipeline=self.pipeline, parallelism=parallelism, report=self.log.info,
-        )
+        with fail_permanent_errors():
+            parallelism = checked_parallelism(self)
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            return run_initial_sync(
+                hook, slot=self.slot, publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+                pipeline=self.pipeline, parallelism=parallelism, report=self.log.info,
+            )
 
 
 class PgBackfillOperator(BaseOperator):
@@ -81,10 +87,12 @@ class PgBackfillOperator(BaseOperator):
     :param staging_path: root of the staging area.
     :param pipeline: the pipeline's name.
     :param parallelism: connections copying at once.
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("tables", "key_range", "publications", "staging_path", "pipeline", "parallelism")
+    template_fields: Sequence[str] = (
+        "tables", "key_range", "publications", "staging_path", "pipeline", "parallelism", "postgres_conn_id",
+    )
     ui_color = "#fce8cf"
 
     def __init__(
@@ -102,11 +110,12 @@ class PgBackfillOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        parallelism = checked_parallelism(self)
-        tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
-        key_range = KeyRange(**self.key_range) if self.key_range else None
-        return run_backfill(
-            PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
-            publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-            pipeline=self.pipeline, key_range=key_range, parallelism=parallelism, report=self.log.info,
-        )
+        with fail_permanent_errors():
+            parallelism = checked_parallelism(self)
+            tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
+            key_range = KeyRange(**self.key_range) if self.key_range else None
+            return run_backfill(
+                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
+                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+                pipeline=self.pipeline, key_range=key_range, parallelism=parallelism, report=self.log.info,
+            )
