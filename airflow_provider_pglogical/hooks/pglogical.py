@@ -122,7 +122,8 @@ class PgLogicalHook(PostgresHook):
     @staticmethod
     def _serialize_cell(cell: object, conn: Any | None = None) -> Any:
         """``insert_rows`` values, adapted for psycopg2 (whatever psycopg PostgresHook prefers)."""
-        return PostgresHook._serialize_cell_ppg2(cell, conn)
+        serialize = getattr(PostgresHook, "_serialize_cell_ppg2", None)  # providers before psycopg 3 support
+        return serialize(cell, conn) if serialize else PostgresHook._serialize_cell(cell, conn)
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:

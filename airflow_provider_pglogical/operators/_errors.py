@@ -6,7 +6,7 @@ import contextlib
 import functools
 from typing import Iterator
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
 
