@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias
 
-from airflow_provider_pglogical.job_result import RESULT_CONF, read_result, result_uri
+from airflow_provider_pglogical.job_result import RESULT_CONF, read_result, result_uri, storage_path
+from airflow_provider_pglogical.replication.applied_positions import record_applied
 from airflow_provider_pglogical.replication.staging import parse_batch_name
 from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
@@ -208,6 +209,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             super().execute(context)
             result = read_result(result_at, job="apply")
             steps = result.get("steps", [])
+            record_applied(storage_path(str(self.staging_root)), str(self.pipeline), steps)
             if self.asset_alias:
                 emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
             return {
