@@ -210,6 +210,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             result = read_result(result_at, job="apply")
             steps = result.get("steps", [])
             record_applied(storage_path(str(self.staging_root)), str(self.pipeline), steps)
+            self._applied_steps = steps
             if self.asset_alias:
                 emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
             return {
@@ -219,6 +220,14 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "rows": sum(step["rows"] for step in steps),
                 "tables": sorted({step["table"] for step in steps}),
             }
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """Staged tables → the Iceberg tables this run changed (with their columns)."""
+        from airflow_provider_pglogical.lineage import apply_lineage
+
+        return apply_lineage(storage_path(str(self.staging_root)), str(self.pipeline),
+                             self.iceberg.warehouse or default_warehouse(), self.iceberg.namespace,
+                             getattr(self, "_applied_steps", []))
 
 
 def iceberg_table_asset(catalog: str, namespace: str, table: str) -> Asset:

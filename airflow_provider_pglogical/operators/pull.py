@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.lineage import CaptureLineageMixin
 from airflow_provider_pglogical.replication.pull import run_pull
 from airflow_provider_pglogical.replication.validation import check_staging_root
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class PgSlotPullOperator(BaseOperator):
+class PgSlotPullOperator(CaptureLineageMixin, BaseOperator):
     """Stage the slot's pending changes as one change batch, then advance the slot past it.
 
     PostgreSQL has already applied the publications' row filters (UPDATEs crossing a filter
@@ -57,8 +58,9 @@ class PgSlotPullOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
-            return run_pull(
-                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
-                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            return self.remember_lineage(hook, root, run_pull(
+                hook, slot=self.slot, publications=self.publications, root=root,
                 pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes, report=self.log.info,
-            )
+            ))

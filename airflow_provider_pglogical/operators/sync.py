@@ -8,6 +8,7 @@ from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.lineage import CaptureLineageMixin
 from airflow_provider_pglogical.replication.initial_sync import KeyRange, run_backfill, run_initial_sync
 from airflow_provider_pglogical.replication.validation import check_staging_root
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
@@ -32,7 +33,7 @@ def checked_parallelism(operator: BaseOperator) -> int:
     return count
 
 
-class PgInitialSyncOperator(BaseOperator):
+class PgInitialSyncOperator(CaptureLineageMixin, BaseOperator):
     """Create the pipeline's slot and stage a filtered, parallel snapshot of its publications.
 
     The snapshot batch sits at the slot's consistent LSN, so the change batches pulled from the
@@ -68,13 +69,14 @@ class PgInitialSyncOperator(BaseOperator):
         with fail_permanent_errors():
             parallelism = checked_parallelism(self)
             hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-            return run_initial_sync(
-                hook, slot=self.slot, publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            return self.remember_lineage(hook, root, run_initial_sync(
+                hook, slot=self.slot, publications=self.publications, root=root,
                 pipeline=self.pipeline, parallelism=parallelism, report=self.log.info,
-            )
+            ))
 
 
-class PgBackfillOperator(BaseOperator):
+class PgBackfillOperator(CaptureLineageMixin, BaseOperator):
     """Re-snapshot one or more tables while the pipeline's slot keeps flowing.
 
     A temporary slot gives a fresh snapshot and its LSN; the apply job replaces the tables (or
@@ -114,8 +116,9 @@ class PgBackfillOperator(BaseOperator):
             parallelism = checked_parallelism(self)
             tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
             key_range = KeyRange(**self.key_range) if self.key_range else None
-            return run_backfill(
-                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
-                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            return self.remember_lineage(hook, root, run_backfill(
+                hook, tables=tables, publications=self.publications, root=root,
                 pipeline=self.pipeline, key_range=key_range, parallelism=parallelism, report=self.log.info,
-            )
+            ))
