@@ -36,7 +36,7 @@ def status(args) -> None:
     except PgLogicalError as err:
         raise SystemExit(f"error: {err}")
     if args.output == "json":
-        print(json.dumps(result.as_dict(), indent=1, sort_keys=True))
+        print(json.dumps(result.as_dict(), sort_keys=True))  # one line: the last line of the output
         return
     rows = [
         ("pipeline", result.pipeline), ("state", result.state), ("publications", ", ".join(result.publications)),

@@ -31,3 +31,19 @@ def get_pglogical_cli_commands() -> list:
     """The provider's CLI commands (named in ``get_provider_info()["cli"]``)."""
     return [GroupCommand(name="pglogical", help="PostgreSQL logical replication pipelines",
                          subcommands=PGLOGICAL_COMMANDS)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``airflow-pglogical …``: the same commands as a console script, for Airflow versions that do
+    not load CLI commands from providers (before 3.1) and for shells without the airflow CLI."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="airflow-pglogical", description="PostgreSQL logical replication pipelines")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for command in PGLOGICAL_COMMANDS:
+        sub = subparsers.add_parser(command.name, help=command.help)
+        for arg in command.args:
+            arg.add_to_parser(sub)
+        sub.set_defaults(func=command.func)
+    args = parser.parse_args(argv)
+    args.func(args)

@@ -6,7 +6,10 @@ import contextlib
 import functools
 from typing import Iterator
 
-from airflow.providers.common.compat.sdk import AirflowFailException
+try:
+    from airflow.sdk.exceptions import AirflowFailException
+except ImportError:  # Task SDK 1.0 (Airflow 3.0): the class lives in airflow.exceptions
+    from airflow.exceptions import AirflowFailException
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
 

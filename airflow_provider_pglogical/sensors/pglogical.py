@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.providers.common.compat.sdk import conf
+try:
+    from airflow.providers.common.compat.sdk import conf
+except ImportError:  # common-compat before 1.8
+    from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_pglogical.exceptions import SlotError, SubscriptionError

@@ -55,7 +55,7 @@ def test_status_shows_slot_lag_last_batch_and_applied_positions(pipeline, publis
     args = ["--conn-id", publisher.conn_id, "--staging-root", staging, "--pipeline", "shop"]
     proc = pglogical(tmp_path, "status", *args, "-o", "json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    status = json.loads(proc.stdout[proc.stdout.index("{"):])
+    status = json.loads(proc.stdout.strip().splitlines()[-1])
     slot = publisher_hook.get_slot("shop_slot")
     assert (status["slot"], status["state"], status["publications"]) == ("shop_slot", "streaming", ["shop"])
     assert status["slot_active"] is False and status["wal_status"] == slot.wal_status
