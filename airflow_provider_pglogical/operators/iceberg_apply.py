@@ -182,7 +182,9 @@ class IcebergApplyOperator(SparkSubmitOperator):
         if asset_alias == _DEFAULT_ALIAS:
             asset_alias = f"pglogical_apply_{pipeline}"
         if asset_alias:
-            kwargs["outlets"] = [*(kwargs.get("outlets") or []), AssetAlias(asset_alias)]
+            outlets = kwargs.get("outlets") or []
+            outlets = list(outlets) if isinstance(outlets, (list, tuple)) else [outlets]
+            kwargs["outlets"] = [*outlets, AssetAlias(asset_alias)]
         super().__init__(application=str(APPLY_JOB), conf=dict(conf or {}), driver_memory=driver_memory, **kwargs)
         self.iceberg = iceberg or IcebergConfig()
         self.staging_root = staging_root

@@ -96,6 +96,11 @@ def test_apply_operator_declares_its_asset_alias():
     op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="shop")
     assert [alias.name for alias in op.outlets] == ["pglogical_apply_shop"]
     assert IcebergApplyOperator(task_id="a2", staging_root="/s", pipeline="shop", asset_alias=None).outlets == []
+    from airflow.sdk import Asset
+
+    mine = Asset("s3://bucket/report")
+    both = IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="shop", outlets=mine).outlets
+    assert both[0] == mine and both[1].name == "pglogical_apply_shop"
     assert iceberg_apply.iceberg_table_asset("lake", "shop", "public__orders").uri == "iceberg://lake/shop/public__orders"
 
 
