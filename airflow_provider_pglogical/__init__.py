@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
+#: where the documentation lives (docs/ of the source repository)
+DOCUMENTATION_URL = "https://github.com/airflow-provider-pglogical/airflow-provider-pglogical/tree/main/docs"
 
 
 def get_provider_info() -> dict:
@@ -13,6 +15,7 @@ def get_provider_info() -> dict:
         "description": "Publications, replication slots and subscriptions of PostgreSQL logical "
         "replication, and incremental sync of their changes into Apache Iceberg.",
         "versions": [__version__],
+        "documentation-url": DOCUMENTATION_URL,
         "integrations": [
             {
                 "integration-name": "PostgreSQL logical replication",
@@ -52,4 +55,5 @@ def get_provider_info() -> dict:
                 "python-modules": ["airflow_provider_pglogical.triggers.pglogical"],
             }
         ],
+        "cli": ["airflow_provider_pglogical.cli.definition.get_pglogical_cli_commands"],
     }

@@ -1,14 +1,33 @@
-"""Errors raised by the provider. Each message names the object, the problem and the fix."""
+"""Errors raised by the provider. Each message names the object, the problem and the fix.
+
+Each error says whether it is *permanent*: retrying the same task cannot fix it (a bad argument,
+an invalidated slot, a lakehouse that differs from its source). Operators turn permanent errors
+into ``AirflowFailException`` so Airflow does not retry them; the others (a slot held by another
+consumer, a lost connection) are left to Airflow's retries.
+"""
 
 from __future__ import annotations
 
 
 class PgLogicalError(Exception):
-    """Base class of the provider's errors."""
+    """Base class of the provider's errors.
+
+    :param permanent: override the class's :attr:`permanent` for this one error.
+    """
+
+    #: retrying the task cannot help; the class default, overridable per error
+    permanent: bool = False
+
+    def __init__(self, *args, permanent: bool | None = None) -> None:
+        super().__init__(*args)
+        if permanent is not None:
+            self.permanent = permanent
 
 
 class PublicationError(PgLogicalError):
     """A publication is missing, empty, or its tables cannot be resolved consistently."""
+
+    permanent = True
 
 
 class ColumnListConflict(PublicationError):
@@ -16,15 +35,23 @@ class ColumnListConflict(PublicationError):
 
 
 class SlotError(PgLogicalError):
-    """A replication slot is missing, in use, invalidated or of the wrong kind."""
+    """A replication slot is missing, in use, invalidated or of the wrong kind.
+
+    Transient by default (a slot in use frees up); missing, invalidated or foreign slots are
+    raised with ``permanent=True``.
+    """
 
 
 class SubscriptionError(PgLogicalError):
     """A subscription could not be created, changed or dropped."""
 
+    permanent = True
+
 
 class PublisherCheckError(PgLogicalError):
     """``check_publisher`` found problems; ``problems`` lists each one with its fix."""
+
+    permanent = True
 
     def __init__(self, problems: list[str], rolled_back: str | None = None) -> None:
         self.problems = problems
@@ -39,10 +66,14 @@ class PublisherCheckError(PgLogicalError):
 class InvalidInputError(PgLogicalError, ValueError):
     """An argument is unusable (a name, a number, a path, an SQL fragment); found before any change."""
 
+    permanent = True
+
 
 class PipelineStateError(PgLogicalError):
     """The pipeline's record forbids the run: no committed snapshot yet, another publication set,
     another slot, or a slot the pipeline cannot prove it created."""
+
+    permanent = True
 
 
 class SlotLostError(SlotError):
@@ -51,10 +82,13 @@ class SlotLostError(SlotError):
     Permanent: retrying cannot bring them back. The fix is a resync (``on_slot_lost="resync"``).
     """
 
+    permanent = True
+
 
 class ConcurrentRunError(SlotError):
     """Another pull, initial sync or backfill of the same slot holds the pipeline's lock."""
 
+    permanent = False
 
 class UnrepresentableValue(PgLogicalError):
     """A PostgreSQL value has no exact form in its column's lakehouse type (``±infinity``, a

@@ -131,7 +131,8 @@ def airflow_env(home: Path, pg: LocalPostgres, db: str) -> dict:
         "PGLOGICAL_WAREHOUSE": (home / "warehouse").as_uri(),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(DAGS),
+        # the DAGs, and this very package first (not another copy installed in the environment)
+        "PYTHONPATH": os.pathsep.join([str(DAGS), str(REPO)]),
     }
     return env
 

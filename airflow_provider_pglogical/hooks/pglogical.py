@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from typing import Any, Iterator, Mapping, Sequence
 
 import psycopg2
 import psycopg2.errors
+import psycopg2.extras
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg2 import sql
 
@@ -19,19 +22,30 @@ from airflow_provider_pglogical.replication.published import ResolvedTable
 from airflow_provider_pglogical.replication.slots import ExportedSnapshot, SlotInfo
 from airflow_provider_pglogical.replication.subscriptions import SubscriptionStatus
 
-#: extras of a ``postgres`` connection that are Airflow's, not libpq's
-_NON_LIBPQ_EXTRAS = PostgresHook.ignored_extra_options | {"cursor"}
+#: the ``cursor`` extra, as psycopg2 cursor classes (PostgresHook maps it to psycopg 3 row factories
+#: when psycopg 3 is installed)
+_CURSOR_FACTORIES = {
+    "dictcursor": psycopg2.extras.DictCursor,
+    "realdictcursor": psycopg2.extras.RealDictCursor,
+    "namedtuplecursor": psycopg2.extras.NamedTupleCursor,
+}
+#: reuse an IAM token for this long (RDS tokens live 15 minutes, Redshift credentials 15 by default)
+_IAM_TOKEN_REUSE_SECONDS = 300
 
 
 class PgLogicalHook(PostgresHook):
     """Manage PostgreSQL logical replication from a standard ``postgres`` Airflow connection.
 
-    Always speaks psycopg2 (also when psycopg 3 is installed), because the replication protocol
-    and ``psycopg2.sql`` composition are psycopg2's. Every DDL call is idempotent
-    (``if_not_exists`` / ``missing_ok``) and quotes identifiers with ``psycopg2.sql``.
+    Connections are built as :class:`PostgresHook` builds them (host, port, login, password,
+    database, ``options``, libpq extras such as ``sslmode``; IAM tokens for RDS/Aurora, Redshift
+    and Azure through :meth:`PostgresHook.get_iam_token`), and always with psycopg2 (also when
+    psycopg 3 is installed), because the replication protocol and ``psycopg2.sql`` composition
+    are psycopg2's. Every DDL call is idempotent (``if_not_exists`` / ``missing_ok``) and quotes
+    identifiers with ``psycopg2.sql``. See ``docs/connections.md``.
 
     :param postgres_conn_id: the Airflow connection of the cluster to manage.
     :param database: overrides the connection's database (schema field).
+    :param options: libpq ``options`` (e.g. ``"-c statement_timeout=0"``), as for PostgresHook.
     """
 
     conn_name_attr = "postgres_conn_id"
@@ -42,26 +56,74 @@ class PgLogicalHook(PostgresHook):
     def __init__(self, *args, database: str | None = None, **kwargs) -> None:
         super().__init__(*args, database=database, **kwargs)
         self.database = database
+        self._iam: tuple[float, tuple[str, str, int]] | None = None
 
     # -- connections -------------------------------------------------------------------------
     def connect_kwargs(self) -> dict[str, Any]:
-        """libpq keywords for this connection (used for SQL and replication connections alike)."""
+        """libpq keywords for this connection, as :meth:`PostgresHook.get_conn` builds them.
+
+        Used for SQL and replication connections alike (the replication ones add
+        ``replication=database``). With ``iam`` in the extras the login, password and port come
+        from :meth:`PostgresHook.get_iam_token` (a token is reused for a few minutes). Extras that
+        are Airflow's (:attr:`PostgresHook.ignored_extra_options`) are left out; every other extra
+        is a libpq keyword (``sslmode``, ``sslrootcert``, ``connect_timeout``, ``application_name``, …).
+        """
         conn = self.connection
+        login, password, port = conn.login, conn.password, conn.port
+        if conn.extra_dejson.get("iam", False):
+            login, password, port = self._iam_credentials(conn)
         kwargs: dict[str, Any] = {
-            "host": conn.host, "port": conn.port, "user": conn.login, "password": conn.password,
+            "host": conn.host, "port": port, "user": login, "password": password,
             "dbname": self.database or conn.schema,
         }
         if self.options:
             kwargs["options"] = self.options
         for key, value in conn.extra_dejson.items():
-            if key not in _NON_LIBPQ_EXTRAS:
+            if key not in self.ignored_extra_options:
                 kwargs[key] = value
         return {k: v for k, v in kwargs.items() if v not in (None, "")}
 
+    def _iam_credentials(self, conn) -> tuple[str, str, int]:
+        now = time.monotonic()
+        if self._iam is None or now - self._iam[0] > _IAM_TOKEN_REUSE_SECONDS:
+            self._iam = (now, tuple(self.get_iam_token(conn)))
+        return self._iam[1]
+
     def get_conn(self) -> psycopg2.extensions.connection:
-        """A psycopg2 connection (autocommit off, like PostgresHook's)."""
-        self.conn = psycopg2.connect(**self.connect_kwargs())
+        """A psycopg2 connection (autocommit off, like PostgresHook's); honours the ``cursor`` extra."""
+        kwargs = self.connect_kwargs()
+        raw_cursor = self.connection.extra_dejson.get("cursor")
+        if raw_cursor:
+            try:
+                kwargs["cursor_factory"] = _CURSOR_FACTORIES[str(raw_cursor).lower()]
+            except KeyError:
+                raise ValueError(
+                    f"Invalid cursor passed {raw_cursor}. Valid options are: {', '.join(_CURSOR_FACTORIES)}"
+                ) from None
+        self.conn = psycopg2.connect(**kwargs)
         return self.conn
+
+    def copy_expert(self, sql: str, filename: str) -> None:
+        """Run ``COPY … FROM STDIN`` / ``TO STDOUT`` with a local file, over psycopg2.
+
+        (PostgresHook takes its psycopg 3 path whenever psycopg 3 is installed; this hook's
+        connections are psycopg2's, so ``bulk_load`` and ``bulk_dump`` come here.)
+        """
+        self.log.info("Running copy expert: %s, filename: %s", sql, filename)
+        if not os.path.isfile(filename):
+            with open(filename, "w"):
+                pass
+        with open(filename, "r+") as file, contextlib.closing(self.get_conn()) as conn, \
+                contextlib.closing(conn.cursor()) as cursor:
+            cursor.copy_expert(sql, file)
+            file.truncate(file.tell())
+            conn.commit()
+
+    @staticmethod
+    def _serialize_cell(cell: object, conn: Any | None = None) -> Any:
+        """``insert_rows`` values, adapted for psycopg2 (whatever psycopg PostgresHook prefers)."""
+        serialize = getattr(PostgresHook, "_serialize_cell_ppg2", None)  # providers before psycopg 3 support
+        return serialize(cell, conn) if serialize else PostgresHook._serialize_cell(cell, conn)
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:

@@ -18,8 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Asset, AssetAlias
 
+from airflow_provider_pglogical.job_result import RESULT_CONF, read_result, result_uri, storage_path
+from airflow_provider_pglogical.replication.applied_positions import record_applied
+from airflow_provider_pglogical.replication.staging import parse_batch_name
 from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
@@ -28,8 +34,10 @@ ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.9.2.jar"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 APPLY_JOB = Path(__file__).resolve().parent.parent / "spark" / "apply_changes.py"
 WRITE_MODES = ("merge-on-read", "copy-on-write")
-#: the job prints its summary after this prefix (kept in step with spark/apply_changes.py)
+#: the job also prints its summary after this prefix, for people reading the log (the operator
+#: reads the result file, see :mod:`airflow_provider_pglogical.job_result`)
 RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
+_DEFAULT_ALIAS = "<pipeline>"
 
 
 class IcebergJarNotFound(RuntimeError):
@@ -88,6 +96,9 @@ class IcebergConfig:
     write_mode: str = "merge-on-read"
     bucket_count: int | None = None
 
+    #: rendered when an operator holding this config renders its templates
+    template_fields = ("catalog", "warehouse", "namespace", "extra_conf")
+
     def __post_init__(self) -> None:
         if self.write_mode not in WRITE_MODES:
             raise ValueError(f"write_mode must be one of {WRITE_MODES}, not {self.write_mode!r}")
@@ -126,18 +137,34 @@ class IcebergApplyOperator(SparkSubmitOperator):
     Idempotent: positions are recorded in ``<catalog>.<namespace>._pglogical_state``, so a retry
     (or two runs over the same batches) changes nothing more than one run.
 
+    Emits one Airflow Asset event per Iceberg table it changed, through the asset alias
+    ``asset_alias`` (the table set is known only at run time): the asset URI is
+    ``iceberg://<catalog>/<namespace>/<table>`` (:func:`iceberg_table_asset`), its extra holds the
+    pipeline, the source table, the last applied batch and LSN, and the rows applied. A DAG
+    scheduled on ``iceberg_table_asset("lake", "shop", "public__orders")`` runs after an apply
+    that changed that table.
+
+    Nothing is looked up when the DAG is parsed: the Iceberg jar and the Spark properties are
+    resolved when the task runs.
+
     :param staging_root: staging root URI as Spark's Hadoop FileSystem reads it
-        (``file:///data/staging``, ``s3a://bucket/staging``). (templated)
+        (``file:///data/staging``, ``s3a://bucket/staging``). The job's result is written under it;
+        the task reads it through ``ObjectStoragePath`` (``s3a://`` is read as ``s3://``). (templated)
     :param pipeline: pipeline name: the batches are under ``<staging_root>/<pipeline>/``. (templated)
     :param iceberg: the lakehouse; default :class:`IcebergConfig` (embedded Hadoop catalog ``lake``).
-    :param table_map: source ``schema.table`` -> target table name; default ``<schema>__<table>``.
+        (templated: its ``catalog``, ``warehouse``, ``namespace`` and ``extra_conf``)
+    :param table_map: source ``schema.table`` -> target table name; default ``<schema>__<table>``. (templated)
+    :param asset_alias: name of the asset alias the table assets are emitted through; default
+        ``pglogical_apply_<pipeline>``; ``None`` emits no assets.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
-    :param conf: more Spark properties, applied over the ones ``iceberg`` produces.
+    :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
     :param kwargs: anything else :class:`SparkSubmitOperator` takes.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "staging_root", "pipeline")
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields, "staging_root", "pipeline", "iceberg", "table_map",
+    )
 
     def __init__(
         self,
@@ -146,21 +173,24 @@ class IcebergApplyOperator(SparkSubmitOperator):
         pipeline: str,
         iceberg: IcebergConfig | None = None,
         table_map: dict[str, str] | None = None,
+        asset_alias: str | None = _DEFAULT_ALIAS,
         conf: dict[str, Any] | None = None,
         driver_memory: str | None = "2g",
         **kwargs: Any,
     ) -> None:
-        self.iceberg = iceberg or IcebergConfig()
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
-        super().__init__(
-            application=str(APPLY_JOB),
-            conf={**self.iceberg.spark_conf(), **(conf or {})},
-            driver_memory=driver_memory,
-            **kwargs,
-        )
+        if asset_alias == _DEFAULT_ALIAS:
+            asset_alias = f"pglogical_apply_{pipeline}"
+        if asset_alias:
+            outlets = kwargs.get("outlets") or []
+            outlets = list(outlets) if isinstance(outlets, (list, tuple)) else [outlets]
+            kwargs["outlets"] = [*outlets, AssetAlias(asset_alias)]
+        super().__init__(application=str(APPLY_JOB), conf=dict(conf or {}), driver_memory=driver_memory, **kwargs)
+        self.iceberg = iceberg or IcebergConfig()
         self.staging_root = staging_root
         self.pipeline = pipeline
         self.table_map = table_map
+        self.asset_alias = asset_alias
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -171,30 +201,59 @@ class IcebergApplyOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Run the job; returns the pipeline, the state table and how many steps and rows were applied."""
-        # staging_root and pipeline are rendered by now: check them, then rebuild the command line
-        check_staging_root(str(self.staging_root))
-        check_pipeline_name(self.pipeline)
-        self.application_args = self.job_args()
-        self._result: dict[str, Any] = {}
-        super().execute(context)
-        steps = self._result.get("steps", [])
-        return {
-            "pipeline": str(self.pipeline),
-            "state_table": f"{self.iceberg.catalog}.{self.iceberg.namespace}._pglogical_state",
-            "steps": len(steps),
-            "rows": sum(step["rows"] for step in steps),
-            "tables": sorted({step["table"] for step in steps}),
-        }
+        with fail_permanent_errors():
+            # staging_root and pipeline are rendered by now: check them, then build the command line
+            check_staging_root(str(self.staging_root))
+            check_pipeline_name(self.pipeline)
+            result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
+            self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
+            self.application_args = self.job_args()
+            super().execute(context)
+            result = read_result(result_at, job="apply")
+            steps = result.get("steps", [])
+            record_applied(storage_path(str(self.staging_root)), str(self.pipeline), steps)
+            self._applied_steps = steps
+            if self.asset_alias and context.get("outlet_events") is not None:  # absent when called by hand
+                emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
+            return {
+                "pipeline": str(self.pipeline),
+                "state_table": f"{self.iceberg.catalog}.{self.iceberg.namespace}._pglogical_state",
+                "steps": len(steps),
+                "rows": sum(step["rows"] for step in steps),
+                "tables": sorted({step["table"] for step in steps}),
+            }
 
-    def _get_hook(self):
-        hook = super()._get_hook()
-        process_log = hook._process_spark_submit_log
-        hook._process_spark_submit_log = lambda lines: process_log(self._watch(lines))
-        return hook
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """Staged tables → the Iceberg tables this run changed (with their columns)."""
+        from airflow_provider_pglogical.lineage import apply_lineage
 
-    def _watch(self, lines):
-        """Pass spark-submit's output through, keeping the job's result line (client mode)."""
-        for line in lines:
-            if RESULT_PREFIX in line:
-                self._result = json.loads(line.split(RESULT_PREFIX, 1)[1])
-            yield line
+        return apply_lineage(storage_path(str(self.staging_root)), str(self.pipeline),
+                             self.iceberg.warehouse or default_warehouse(), self.iceberg.namespace,
+                             getattr(self, "_applied_steps", []))
+
+
+def iceberg_table_asset(catalog: str, namespace: str, table: str) -> Asset:
+    """The Airflow Asset of one Iceberg table: ``iceberg://<catalog>/<namespace>/<table>``.
+
+    Schedule a downstream DAG on it: ``schedule=[iceberg_table_asset("lake", "shop", "public__orders")]``.
+    """
+    return Asset(uri=f"iceberg://{catalog}/{namespace}/{table}", group="iceberg")
+
+
+def emit_table_assets(context, alias: str, iceberg: IcebergConfig, pipeline: str, steps: list[dict]) -> list[Asset]:
+    """Add one asset event per changed target table to the alias; returns the assets."""
+    by_target: dict[str, dict] = {}
+    for step in steps:
+        entry = by_target.setdefault(step["target"], {"pipeline": pipeline, "source_table": step["table"],
+                                                      "steps": 0, "rows": 0})
+        entry["steps"] += 1
+        entry["rows"] += step["rows"]
+        entry["batch"] = step["batch"]
+        parsed = parse_batch_name(step["batch"])
+        entry["lsn"] = str(parsed[1]) if parsed else None
+    assets = []
+    for target, extra in sorted(by_target.items()):
+        asset = iceberg_table_asset(iceberg.catalog, iceberg.namespace, target)
+        context["outlet_events"][AssetAlias(alias)].add(asset, extra=extra)
+        assets.append(asset)
+    return assets

@@ -21,7 +21,7 @@ MAINTENANCE_JOB = Path(__file__).resolve().parent.parent / "spark" / "maintenanc
 class IcebergMaintenanceOperator(SparkSubmitOperator):
     """Run ``rewrite_data_files``, ``rewrite_position_delete_files`` and ``expire_snapshots``.
 
-    :param iceberg: the lakehouse (the same config as the apply task); default :class:`IcebergConfig`.
+    :param iceberg: the lakehouse (the same config as the apply task); default :class:`IcebergConfig`. (templated)
     :param tables: tables of ``iceberg.namespace`` to maintain; default all of them. (templated)
     :param min_input_files: compact a file group once it has this many files.
     :param older_than_hours: expire snapshots older than this (time travel stays possible within it).
@@ -30,7 +30,7 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
     :param kwargs: anything else :class:`SparkSubmitOperator` takes.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "tables")
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "tables", "iceberg")
 
     def __init__(
         self,
@@ -44,14 +44,10 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         driver_memory: str | None = "2g",
         **kwargs: Any,
     ) -> None:
-        self.iceberg = iceberg or IcebergConfig()
-        kwargs.setdefault("name", f"pglogical-maintenance-{self.iceberg.namespace}")
-        super().__init__(
-            application=str(MAINTENANCE_JOB),
-            conf={**self.iceberg.spark_conf(), **(conf or {})},
-            driver_memory=driver_memory,
-            **kwargs,
-        )
+        iceberg = iceberg or IcebergConfig()
+        kwargs.setdefault("name", f"pglogical-maintenance-{iceberg.namespace}")
+        super().__init__(application=str(MAINTENANCE_JOB), conf=dict(conf or {}), driver_memory=driver_memory, **kwargs)
+        self.iceberg = iceberg
         self.tables = tables
         self.min_input_files = min_input_files
         self.older_than_hours = older_than_hours
@@ -67,5 +63,7 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         return args
 
     def execute(self, context) -> None:
-        self.application_args = self.job_args()  # tables may have been templated
+        # resolved when the task runs, not when the DAG is parsed (the jar lookup, templated values)
+        self.conf = {**self.iceberg.spark_conf(), **(self.conf or {})}
+        self.application_args = self.job_args()
         super().execute(context)

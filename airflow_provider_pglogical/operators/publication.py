@@ -8,6 +8,8 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.replication.publications import PUBLISH_OPERATIONS, PublishedTable
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -17,6 +19,8 @@ def _as_published(tables: Sequence[PublishedTable | dict | str] | None) -> list[
     """Accept PublishedTable objects, plain names, or dicts (templated/JSON-friendly)."""
     if tables is None:
         return None
+    if isinstance(tables, (str, dict, PublishedTable)):  # one table, e.g. a rendered template
+        tables = [tables]
     out = []
     for table in tables:
         if isinstance(table, PublishedTable):
@@ -39,15 +43,16 @@ class PgCreatePublicationOperator(BaseOperator):
     :param publication: the publication's name.
     :param tables: tables to publish (``PublishedTable``, ``"schema.table"`` or
         ``{"name": …, "columns": […], "where": "…"}``); or use ``all_tables`` / ``schemas``.
+        (templated: the names and dicts; ``PublishedTable`` objects are used as they are)
     :param all_tables: ``FOR ALL TABLES``.
     :param schemas: ``FOR TABLES IN SCHEMA``.
     :param publish: the DML operations to publish.
     :param publish_via_partition_root: publish partitions as their root table.
     :param check: check the result before committing and fail (changing nothing) with every problem found.
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("publication", "schemas")
+    template_fields: Sequence[str] = ("publication", "tables", "schemas", "publish", "postgres_conn_id")
     ui_color = "#e8f4e8"
 
     def __init__(
@@ -67,29 +72,30 @@ class PgCreatePublicationOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-        change = hook.ensure_publication(
-            self.publication, _as_published(self.tables), all_tables=self.all_tables, schemas=self.schemas,
-            publish=self.publish, publish_via_partition_root=self.publish_via_partition_root, check=self.check,
-        )
-        if change.created:
-            self.log.info("Created publication %s", self.publication)
-        elif change.changes:
-            self.log.info("Changed publication %s: %s", self.publication, "; ".join(change.changes))
-        else:
-            self.log.info("Publication %s is as declared already", self.publication)
-        tables = [t.qualified_name for t in hook.published_tables([self.publication])]
-        return {**change.as_dict(), "tables": tables}
+        with fail_permanent_errors():
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            change = hook.ensure_publication(
+                self.publication, _as_published(self.tables), all_tables=self.all_tables, schemas=self.schemas,
+                publish=self.publish, publish_via_partition_root=self.publish_via_partition_root, check=self.check,
+            )
+            if change.created:
+                self.log.info("Created publication %s", self.publication)
+            elif change.changes:
+                self.log.info("Changed publication %s: %s", self.publication, "; ".join(change.changes))
+            else:
+                self.log.info("Publication %s is as declared already", self.publication)
+            tables = [t.qualified_name for t in hook.published_tables([self.publication])]
+            return {**change.as_dict(), "tables": tables}
 
 
 class PgCheckPublisherOperator(BaseOperator):
     """Fail with one message listing every problem that would stop replication of ``publications``.
 
     :param publications: the publications to check.
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("publications",)
+    template_fields: Sequence[str] = ("publications", "postgres_conn_id")
 
     def __init__(
         self, *, publications: Sequence[str], postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any
@@ -99,4 +105,5 @@ class PgCheckPublisherOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> None:
-        PgLogicalHook(postgres_conn_id=self.postgres_conn_id).check_publisher(list(self.publications))
+        with fail_permanent_errors():
+            PgLogicalHook(postgres_conn_id=self.postgres_conn_id).check_publisher(list(self.publications))

@@ -7,15 +7,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.operators._errors import permanent_errors_fail_the_task
+from airflow_provider_pglogical.lineage import CaptureLineageMixin
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.replication.pull import run_pull
 from airflow_provider_pglogical.replication.validation import check_staging_root
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class PgSlotPullOperator(BaseOperator):
+class PgSlotPullOperator(CaptureLineageMixin, BaseOperator):
     """Stage the slot's pending changes as one change batch, then advance the slot past it.
 
     PostgreSQL has already applied the publications' row filters (UPDATEs crossing a filter
@@ -39,12 +41,14 @@ class PgSlotPullOperator(BaseOperator):
         PostgreSQL's exact text output (a string column in Iceberg), for values the column's
         mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
         initial sync, backfill and pull operators of a pipeline (docs/types.md).
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     :return: (XCom) ``{"batch", "start_lsn", "end_lsn", "advanced_to", "tables", "transactions", "changes", "recovered"}``.
     """
 
-    template_fields: Sequence[str] = ("slot", "publications", "staging_path", "pipeline", "max_changes", "max_bytes",
-                                       "new_tables", "on_slot_lost")
+    template_fields: Sequence[str] = (
+        "slot", "publications", "staging_path", "pipeline", "max_changes", "max_bytes", "new_tables", "on_slot_lost",
+        "type_overrides", "postgres_conn_id",
+    )
     ui_color = "#d8f0ff"
 
     def __init__(
@@ -66,11 +70,12 @@ class PgSlotPullOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        with permanent_errors_fail_the_task():
-            return run_pull(
-                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), slot=self.slot,
-                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
+        with fail_permanent_errors():
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            return self.remember_lineage(hook, root, run_pull(
+                hook, slot=self.slot, publications=self.publications, root=root,
                 pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,
                 new_tables=self.new_tables, on_slot_lost=self.on_slot_lost, type_overrides=self.type_overrides,
                 report=self.log.info,
-            )
+            ))

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -18,11 +20,13 @@ class PgCreateSubscriptionOperator(BaseOperator):
     :param subscription: the subscription's name.
     :param publications: publications to subscribe to.
     :param publisher_conn_id: the publisher's Airflow connection (as the subscriber server reaches it).
-    :param postgres_conn_id: the subscriber's Airflow connection.
+    :param postgres_conn_id: the subscriber's Airflow connection. (templated)
     :param options: more ``CREATE SUBSCRIPTION … WITH`` options (``copy_data``, ``streaming``, ``binary``, …).
     """
 
-    template_fields: Sequence[str] = ("subscription", "publications")
+    template_fields: Sequence[str] = (
+        "subscription", "publications", "publisher_conn_id", "postgres_conn_id", "options",
+    )
 
     def __init__(self, *, subscription: str, publications: Sequence[str], publisher_conn_id: str,
                  postgres_conn_id: str = PgLogicalHook.default_conn_name, options: dict | None = None,
@@ -35,10 +39,11 @@ class PgCreateSubscriptionOperator(BaseOperator):
         self.options = options or {}
 
     def execute(self, context: Context) -> dict:
-        hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-        created = hook.create_subscription(self.subscription, list(self.publications),
-                                           publisher_conn_id=self.publisher_conn_id, **self.options)
-        return {"subscription": self.subscription, "created": created}
+        with fail_permanent_errors():
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            created = hook.create_subscription(self.subscription, list(self.publications),
+                                               publisher_conn_id=self.publisher_conn_id, **self.options)
+            return {"subscription": self.subscription, "created": created}
 
 
 class PgDropSubscriptionOperator(BaseOperator):
@@ -46,10 +51,10 @@ class PgDropSubscriptionOperator(BaseOperator):
 
     :param subscription: the subscription's name.
     :param keep_remote_slot: leave the publisher's slot in place.
-    :param postgres_conn_id: the subscriber's Airflow connection.
+    :param postgres_conn_id: the subscriber's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("subscription",)
+    template_fields: Sequence[str] = ("subscription", "postgres_conn_id")
 
     def __init__(self, *, subscription: str, keep_remote_slot: bool = False,
                  postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any) -> None:
@@ -59,6 +64,7 @@ class PgDropSubscriptionOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> None:
-        PgLogicalHook(postgres_conn_id=self.postgres_conn_id).drop_subscription(
-            self.subscription, keep_remote_slot=self.keep_remote_slot
-        )
+        with fail_permanent_errors():
+            PgLogicalHook(postgres_conn_id=self.postgres_conn_id).drop_subscription(
+                self.subscription, keep_remote_slot=self.keep_remote_slot
+            )

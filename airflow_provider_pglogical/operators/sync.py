@@ -6,11 +6,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
+from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.operators._errors import permanent_errors_fail_the_task
+from airflow_provider_pglogical.lineage import CaptureLineageMixin
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.replication.backfill import KeyRange, run_backfill
 from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
 from airflow_provider_pglogical.replication.validation import check_staging_root
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -24,14 +27,14 @@ def checked_parallelism(operator: BaseOperator) -> int:
     except (TypeError, ValueError):
         count = 0
     if count < 1 or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError(
+        raise InvalidInputError(
             f"{type(operator).__name__} {operator.task_id!r}: parallelism must be a whole number of "
             f"connections, 1 or more (got {value!r}); pass e.g. parallelism=2"
         )
     return count
 
 
-class PgInitialSyncOperator(BaseOperator):
+class PgInitialSyncOperator(CaptureLineageMixin, BaseOperator):
     """Create the pipeline's slot and stage a filtered, parallel snapshot of its publications.
 
     The snapshot batch sits at the slot's consistent LSN, so the change batches pulled from the
@@ -47,10 +50,12 @@ class PgInitialSyncOperator(BaseOperator):
         PostgreSQL's exact text output (a string column in Iceberg), for values the column's
         mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
         initial sync, backfill and pull operators of a pipeline (docs/types.md).
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("slot", "publications", "staging_path", "pipeline", "parallelism")
+    template_fields: Sequence[str] = (
+        "slot", "publications", "staging_path", "pipeline", "parallelism", "type_overrides", "postgres_conn_id",
+    )
     ui_color = "#cfe8fc"
 
     def __init__(
@@ -68,17 +73,17 @@ class PgInitialSyncOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        parallelism = checked_parallelism(self)
-        hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-        with permanent_errors_fail_the_task():
-            return run_initial_sync(
-                hook, slot=self.slot, publications=self.publications,
-                root=ObjectStoragePath(check_staging_root(self.staging_path)), pipeline=self.pipeline,
+        with fail_permanent_errors():
+            parallelism = checked_parallelism(self)
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            return self.remember_lineage(hook, root, run_initial_sync(
+                hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
-            )
+            ))
 
 
-class PgBackfillOperator(BaseOperator):
+class PgBackfillOperator(CaptureLineageMixin, BaseOperator):
     """Re-snapshot one or more tables while the pipeline's slot keeps flowing.
 
     A temporary slot gives a fresh snapshot and its LSN; the apply job replaces the tables (or
@@ -95,10 +100,13 @@ class PgBackfillOperator(BaseOperator):
         PostgreSQL's exact text output (a string column in Iceberg), for values the column's
         mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
         initial sync, backfill and pull operators of a pipeline (docs/types.md).
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("tables", "key_range", "publications", "staging_path", "pipeline", "parallelism")
+    template_fields: Sequence[str] = (
+        "tables", "key_range", "publications", "staging_path", "pipeline", "parallelism", "type_overrides",
+        "postgres_conn_id",
+    )
     ui_color = "#fce8cf"
 
     def __init__(
@@ -117,13 +125,14 @@ class PgBackfillOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
-        parallelism = checked_parallelism(self)
-        tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
-        key_range = KeyRange(**self.key_range) if self.key_range else None
-        with permanent_errors_fail_the_task():
-            return run_backfill(
-                PgLogicalHook(postgres_conn_id=self.postgres_conn_id), tables=tables,
-                publications=self.publications, root=ObjectStoragePath(check_staging_root(self.staging_path)),
-                pipeline=self.pipeline, key_range=key_range, parallelism=parallelism,
-                type_overrides=self.type_overrides, report=self.log.info,
-            )
+        with fail_permanent_errors():
+            parallelism = checked_parallelism(self)
+            tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
+            key_range = KeyRange(**self.key_range) if self.key_range else None
+            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
+            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            return self.remember_lineage(hook, root, run_backfill(
+                hook, tables=tables, publications=self.publications, root=root, pipeline=self.pipeline,
+                key_range=key_range, parallelism=parallelism, type_overrides=self.type_overrides,
+                report=self.log.info,
+            ))

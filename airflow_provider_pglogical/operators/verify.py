@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -11,42 +12,42 @@ from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.job_result import RESULT_CONF, read_result
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
 from airflow_provider_pglogical.replication import verify
 from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
+#: the job also prints its result after this prefix, for people reading the log
 RESULT_PREFIX = "PGLOGICAL_VERIFY_RESULT "
 
 
 class LakehouseDiffers(PgLogicalError):
     """verify found rows that differ between the source and the lakehouse."""
 
+    permanent = True
+
 
 def run_verify_job(specs: list[dict], snapshot_dir: str, iceberg: IcebergConfig, *, conn_id: str = "spark_default",
                    driver_memory: str = "2g", limit: int = 10) -> dict:
-    """spark-submit the comparison job through the Spark provider's hook; returns its JSON result."""
+    """spark-submit the comparison job through the Spark provider's hook; returns its JSON result.
+
+    The job writes the result next to the snapshot it compares (``<snapshot_dir>/_result.json``),
+    read back through ObjectStoragePath: the driver's stdout is not needed (cluster deploy modes).
+    """
+    result_at = f"{snapshot_dir.rstrip('/')}/_result-{uuid.uuid4().hex}.json"
     hook = SparkSubmitHook(
-        conf=iceberg.spark_conf(), conn_id=conn_id, name="pglogical-verify", driver_memory=driver_memory,
+        conf={**iceberg.spark_conf(), RESULT_CONF: result_at}, conn_id=conn_id, name="pglogical-verify",
+        driver_memory=driver_memory,
         application_args=["--snapshot-dir", snapshot_dir, "--tables", json.dumps(specs), "--limit", str(limit)],
     )
-    result: dict = {}
-    process_log = hook._process_spark_submit_log
-
-    def watch(lines):
-        for line in lines:
-            if RESULT_PREFIX in line:
-                result.update(json.loads(line.split(RESULT_PREFIX, 1)[1]))
-            yield line
-
-    hook._process_spark_submit_log = lambda lines: process_log(watch(lines))
     hook.submit(application=str(VERIFY_JOB))
-    if not result:
-        raise PgLogicalError("the verify job printed no result; see the spark-submit log above")
-    return result
+    return read_result(result_at, job="verify")
 
 
 def verify_pipeline(
@@ -85,12 +86,15 @@ class PgVerifyOperator(BaseOperator):
     :param iceberg: the lakehouse (default: the embedded Hadoop catalog).
     :param table_map: source ``schema.table`` -> Iceberg table name, as given to the apply operator.
     :param source_conn_id: read the source rows here instead of the publisher (e.g. a native subscriber).
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     :param spark_conn_id: the Spark connection.
     :param type_overrides: the pipeline's ``type_overrides`` (as given to the sync and pull operators).
     """
 
-    template_fields: Sequence[str] = ("publications", "staging_path", "pipeline")
+    template_fields: Sequence[str] = (
+        "publications", "staging_path", "pipeline", "iceberg", "table_map", "source_conn_id", "postgres_conn_id",
+        "spark_conn_id", "type_overrides",
+    )
 
     def __init__(
         self, *, publications: Sequence[str], staging_path: str, pipeline: str, iceberg: IcebergConfig | None = None,
@@ -110,16 +114,17 @@ class PgVerifyOperator(BaseOperator):
         self.type_overrides = type_overrides
 
     def execute(self, context: Context) -> dict:
-        check_staging_root(str(self.staging_path))
-        check_pipeline_name(self.pipeline)
-        result = verify_pipeline(
-            postgres_conn_id=self.postgres_conn_id, publications=list(self.publications),
-            staging_path=self.staging_path, pipeline=self.pipeline, iceberg=self.iceberg, table_map=self.table_map,
-            source_conn_id=self.source_conn_id, spark_conn_id=self.spark_conn_id, report=self.log.info,
-            type_overrides=self.type_overrides,
-        )
-        self.log.info("verify:\n%s", result["summary"])
-        if not result["equal"]:
-            raise LakehouseDiffers(f"the lakehouse differs from the source:\n{result['summary']}")
-        return {"equal": True, "source_lsn": result["source_lsn"],
-                "tables": {t["table"]: t["source_rows"] for t in result["tables"]}}
+        with fail_permanent_errors():
+            check_staging_root(str(self.staging_path))
+            check_pipeline_name(self.pipeline)
+            result = verify_pipeline(
+                postgres_conn_id=self.postgres_conn_id, publications=list(self.publications),
+                staging_path=self.staging_path, pipeline=self.pipeline, iceberg=self.iceberg, table_map=self.table_map,
+                source_conn_id=self.source_conn_id, spark_conn_id=self.spark_conn_id, report=self.log.info,
+                type_overrides=self.type_overrides,
+            )
+            self.log.info("verify:\n%s", result["summary"])
+            if not result["equal"]:
+                raise LakehouseDiffers(f"the lakehouse differs from the source:\n{result['summary']}")
+            return {"equal": True, "source_lsn": result["source_lsn"],
+                    "tables": {t["table"]: t["source_rows"] for t in result["tables"]}}

@@ -92,14 +92,15 @@ def _claim_existing_slot(hook, existing, record: PipelineRecord | None, slot: st
             f"replication slot {slot!r} exists but pipeline {pipeline!r} did not create it ({live}; the pipeline "
             f"has {'no record of a slot' if record is None else 'a record of slot ' + repr(record.slot)}): it may "
             "belong to another consumer, so it is left alone. Choose another slot name, or drop that slot "
-            "yourself (PgLogicalHook.drop_slot) if you know it is unused. Nothing was changed"
+            "yourself (PgLogicalHook.drop_slot) if you know it is unused. Nothing was changed", permanent=True,
         )
     if not record.created(existing):
         raise SlotError(
             f"replication slot {slot!r} is not the one pipeline {pipeline!r} created: the pipeline created it with "
             f"plugin {record.plugin} in database {record.database} at {record.created_lsn}, the live one is {live}. "
             "It was dropped and re-created by someone else, or consumed meanwhile, so it is left alone. Choose "
-            "another slot name, or drop that slot yourself if you know it is unused. Nothing was changed"
+            "another slot name, or drop that slot yourself if you know it is unused. Nothing was changed",
+            permanent=True,
         )
     report(f"slot {slot} was created by an earlier attempt of pipeline {pipeline} that died before committing "
            f"its snapshot (created at {record.created_lsn}, never consumed): recreating it")

@@ -312,7 +312,7 @@ def require_logical_wal(cursor) -> None:
         raise SlotError(
             f"the publisher runs with wal_level = {level}, so no logical slot can exist or decode: set "
             "wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart the server, then run the "
-            "initial sync again. Nothing was changed"
+            "initial sync again. Nothing was changed", permanent=True,
         )
 
 

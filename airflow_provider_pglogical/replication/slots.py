@@ -92,7 +92,7 @@ def create_slot(
         if existing and existing.plugin != plugin:
             raise SlotError(
                 f"replication slot {name!r} exists with plugin {existing.plugin!r}, not {plugin!r}: "
-                "drop it (drop_slot) or choose another slot name"
+                "drop it (drop_slot) or choose another slot name", permanent=True,
             )
         return None
     return Lsn.parse(cursor.fetchone()[0])
@@ -208,7 +208,7 @@ def exported_snapshot(
         except psycopg2.errors.DuplicateObject as err:
             raise SlotError(
                 f"replication slot {slot!r} already exists: an initial sync needs a new slot. Drop it "
-                "(PgLogicalHook.drop_slot) to re-snapshot from scratch, or use a backfill."
+                "(PgLogicalHook.drop_slot) to re-snapshot from scratch, or use a backfill.", permanent=True,
             ) from err
         slot_name, consistent_point, snapshot_name, output_plugin = cursor.fetchone()
         log.info("created slot %s at consistent point %s (snapshot %s)", slot_name, consistent_point, snapshot_name)
@@ -221,13 +221,15 @@ def assert_slot_usable(cursor, name: str) -> SlotInfo:
     """The slot exists, is logical, is not invalidated and nobody else consumes it."""
     slot = get_slot(cursor, name)
     if slot is None:
-        raise SlotError(f"replication slot {name!r} does not exist: run the initial sync first (it creates it)")
+        raise SlotError(f"replication slot {name!r} does not exist: run the initial sync first (it creates it)",
+                        permanent=True)
     if slot.slot_type != "logical":
-        raise SlotError(f"replication slot {name!r} is a {slot.slot_type} slot; a logical slot is needed")
+        raise SlotError(f"replication slot {name!r} is a {slot.slot_type} slot; a logical slot is needed",
+                        permanent=True)
     if slot.invalidated:
         raise SlotError(
             f"replication slot {name!r} was invalidated (wal_status=lost: the WAL it needed is gone). "
-            "Drop it and re-snapshot (initial sync) to recover."
+            "Drop it and re-snapshot (initial sync) to recover.", permanent=True,
         )
     if slot.active:
         raise SlotError(

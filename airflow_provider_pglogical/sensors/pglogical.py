@@ -5,6 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
+try:
+    from airflow.providers.common.compat.sdk import conf
+except ImportError:  # common-compat before 1.8
+    from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_pglogical.exceptions import SlotError, SubscriptionError
@@ -15,6 +19,8 @@ from airflow_provider_pglogical.triggers.pglogical import (
     _slot_status,
     _subscription_status,
 )
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -32,15 +38,16 @@ class PgSlotLagSensor(BaseSensorOperator):
     :param max_retained_wal_bytes: WAL the slot may hold back on the server.
     :param max_lag_bytes: how far the slot's confirmed position may trail the server.
     :param fail_on_breach: fail (True) or warn (False) when a threshold is passed.
-    :param deferrable: wait in the triggerer instead of a worker slot.
-    :param postgres_conn_id: the publisher's Airflow connection.
+    :param deferrable: wait in the triggerer instead of a worker slot; default ``[operators] default_deferrable``.
+    :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("slot", "max_retained_wal_bytes", "max_lag_bytes")
+    template_fields: Sequence[str] = ("slot", "max_retained_wal_bytes", "max_lag_bytes", "postgres_conn_id")
 
     def __init__(
         self, *, slot: str, max_retained_wal_bytes: int | None = None, max_lag_bytes: int | None = None,
-        fail_on_breach: bool = True, deferrable: bool = False,
+        fail_on_breach: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -56,32 +63,35 @@ class PgSlotLagSensor(BaseSensorOperator):
         return as_int(self.max_retained_wal_bytes), as_int(self.max_lag_bytes)
 
     def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        status = _slot_status(self.postgres_conn_id, self.slot, *self._limits())
-        if status["state"] != "busy":
-            return self._conclude(status)
-        self.defer(
-            trigger=SlotHealthTrigger(self.postgres_conn_id, self.slot, *self._limits(),
-                                      poll_interval=self.poke_interval),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
-        )
+        with fail_permanent_errors():
+            if not self.deferrable:
+                return super().execute(context)
+            status = _slot_status(self.postgres_conn_id, self.slot, *self._limits())
+            if status["state"] != "busy":
+                return self._conclude(status)
+            self.defer(
+                trigger=SlotHealthTrigger(self.postgres_conn_id, self.slot, *self._limits(),
+                                          poll_interval=self.poke_interval),
+                method_name="execute_complete",
+                timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+            )
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
-        status = _slot_status(self.postgres_conn_id, self.slot, *self._limits())
-        if status["state"] == "busy":
-            self.log.info(status["message"])
-            return False
-        return PokeReturnValue(is_done=True, xcom_value=self._conclude(status))
+        with fail_permanent_errors():
+            status = _slot_status(self.postgres_conn_id, self.slot, *self._limits())
+            if status["state"] == "busy":
+                self.log.info(status["message"])
+                return False
+            return PokeReturnValue(is_done=True, xcom_value=self._conclude(status))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
-        return self._conclude(event)
+        with fail_permanent_errors():
+            return self._conclude(event)
 
     def _conclude(self, status: dict) -> dict:
         state = status["state"]
         if state in ("missing", "invalidated"):
-            raise SlotError(status["message"])
+            raise SlotError(status["message"], permanent=True)
         if state == "breach":
             if self.fail_on_breach:
                 raise SlotError(status["message"])
@@ -95,13 +105,14 @@ class PgSubscriptionReadySensor(BaseSensorOperator):
     """Wait until every table of a subscription finished its initial copy (``pg_subscription_rel`` state r).
 
     :param subscription: the subscription's name (on the subscriber).
-    :param deferrable: wait in the triggerer instead of a worker slot.
-    :param postgres_conn_id: the subscriber's Airflow connection.
+    :param deferrable: wait in the triggerer instead of a worker slot; default ``[operators] default_deferrable``.
+    :param postgres_conn_id: the subscriber's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("subscription",)
+    template_fields: Sequence[str] = ("subscription", "postgres_conn_id")
 
-    def __init__(self, *, subscription: str, deferrable: bool = False,
+    def __init__(self, *, subscription: str,
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.subscription = subscription
@@ -109,25 +120,28 @@ class PgSubscriptionReadySensor(BaseSensorOperator):
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        status = _subscription_status(self.postgres_conn_id, self.subscription)
-        if status["state"] != "waiting":
-            return self.execute_complete(context, status)
-        self.defer(
-            trigger=SubscriptionReadyTrigger(self.postgres_conn_id, self.subscription, poll_interval=self.poke_interval),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
-        )
+        with fail_permanent_errors():
+            if not self.deferrable:
+                return super().execute(context)
+            status = _subscription_status(self.postgres_conn_id, self.subscription)
+            if status["state"] != "waiting":
+                return self.execute_complete(context, status)
+            self.defer(
+                trigger=SubscriptionReadyTrigger(self.postgres_conn_id, self.subscription, poll_interval=self.poke_interval),
+                method_name="execute_complete",
+                timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+            )
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
-        status = _subscription_status(self.postgres_conn_id, self.subscription)
-        if status["state"] == "missing":
-            raise SubscriptionError(status["message"])
-        self.log.info(status["message"])
-        return PokeReturnValue(is_done=True, xcom_value=status) if status["state"] == "ready" else False
+        with fail_permanent_errors():
+            status = _subscription_status(self.postgres_conn_id, self.subscription)
+            if status["state"] == "missing":
+                raise SubscriptionError(status["message"])
+            self.log.info(status["message"])
+            return PokeReturnValue(is_done=True, xcom_value=status) if status["state"] == "ready" else False
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
-        if event["state"] == "missing":
-            raise SubscriptionError(event["message"])
-        return event
+        with fail_permanent_errors():
+            if event["state"] == "missing":
+                raise SubscriptionError(event["message"])
+            return event

@@ -1070,9 +1070,28 @@ def main(argv: list[str] | None = None) -> int:
     tune_session(spark)
     summary = run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
                   json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count)
-    print(RESULT_PREFIX + json.dumps(summary), flush=True)
+    print(RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
+    write_result(spark, summary)
     spark.stop()
     return 0
+
+
+def write_result(spark, summary: dict) -> None:
+    """Leave the summary where the operator reads it (``spark.pglogical.resultUri``): stdout is lost
+    in cluster deploy modes. Written to a temporary name, then renamed."""
+    uri = spark.conf.get("spark.pglogical.resultUri", None)
+    if not uri:
+        return
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path
+    fs = hadoop_path(uri).getFileSystem(spark._jsc.hadoopConfiguration())
+    fs.setWriteChecksum(False)
+    out = fs.create(hadoop_path(uri + ".tmp"), True)
+    try:
+        out.write(bytearray(json.dumps(summary).encode()))
+    finally:
+        out.close()
+    if not fs.rename(hadoop_path(uri + ".tmp"), hadoop_path(uri)):
+        raise OSError(f"could not rename the result file to {uri}")
 
 
 if __name__ == "__main__":

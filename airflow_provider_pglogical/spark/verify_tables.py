@@ -9,7 +9,8 @@ batch and each target table, casts the source columns to the target's types, and
   hash (the sum of ``xxhash64`` over each row);
 - for the buckets that differ, the first ``--limit`` keys missing, extra or changed.
 
-It prints one line ``PGLOGICAL_VERIFY_RESULT <json>`` and exits 0; the caller decides.
+It writes its summary as JSON to the Spark property ``spark.pglogical.resultUri`` (and prints it after
+``PGLOGICAL_VERIFY_RESULT`` for people reading the log) and exits 0; the caller decides.
 
     spark-submit verify_tables.py --snapshot-dir file:///staging/p/_verify/X --tables '[...]'
 """
@@ -108,9 +109,28 @@ def main(argv: list[str]) -> int:
     tables = json.loads(args.tables)
     results = [compare_table(spark, args.snapshot_dir, spec, args.buckets, args.limit) for spec in tables]
     summary = {"equal": all(r["equal"] for r in results), "tables": results}
-    print(RESULT_PREFIX + json.dumps(summary, sort_keys=True), flush=True)
+    print(RESULT_PREFIX + json.dumps(summary, sort_keys=True), flush=True)  # for people reading the log
+    write_result(spark, summary)
     spark.stop()
     return 0
+
+
+def write_result(spark, summary: dict) -> None:
+    """Leave the summary where the caller reads it (``spark.pglogical.resultUri``): stdout is lost
+    in cluster deploy modes. Written to a temporary name, then renamed."""
+    uri = spark.conf.get("spark.pglogical.resultUri", None)
+    if not uri:
+        return
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path
+    fs = hadoop_path(uri).getFileSystem(spark._jsc.hadoopConfiguration())
+    fs.setWriteChecksum(False)
+    out = fs.create(hadoop_path(uri + ".tmp"), True)
+    try:
+        out.write(bytearray(json.dumps(summary, sort_keys=True).encode()))
+    finally:
+        out.close()
+    if not fs.rename(hadoop_path(uri + ".tmp"), hadoop_path(uri)):
+        raise OSError(f"could not rename the result file to {uri}")
 
 
 if __name__ == "__main__":

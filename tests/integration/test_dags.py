@@ -22,7 +22,8 @@ def test_dagbag_loads_every_example_dag_without_errors(monkeypatch):
 
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_sync", "pglogical_pg_to_pg"]
+    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_sync", "pglogical_orders_downstream",
+                                   "pglogical_pg_to_pg"]
     sync = bag.dags["pglogical_lakehouse_sync"]
     assert [t.task_id for t in sync.topological_sort()] == ["publication", "initial_sync", "slot_lag", "pull", "apply"]
 

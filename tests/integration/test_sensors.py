@@ -7,6 +7,7 @@ import threading
 
 import psycopg2.extras
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pglogical.embedded.postgres import LocalPostgres, wait_until
 from airflow_provider_pglogical.exceptions import SlotError, SubscriptionError
@@ -36,8 +37,9 @@ def test_healthy_slot_passes_and_returns_its_metrics(publisher, publisher_hook):
 def test_thresholds_fail_or_warn(publisher, publisher_hook):
     publisher_hook.create_slot("s1")
     publisher.execute("CREATE TABLE w(x int); INSERT INTO w SELECT generate_series(1, 50000)")
-    with pytest.raises(SlotError, match="retains .* bytes of WAL \\(limit 1,000\\)"):
+    with pytest.raises(SlotError, match="retains .* bytes of WAL \\(limit 1,000\\)") as breach:
         sensor(slot="s1", max_retained_wal_bytes=1000).poke({})
+    assert not isinstance(breach.value, AirflowFailException)  # the next pull brings it down: retry
     warned = sensor(slot="s1", max_lag_bytes=1000, fail_on_breach=False).poke({})
     assert warned.is_done and warned.xcom_value["state"] == "breach"
 
@@ -76,9 +78,10 @@ def test_busy_slot_waits_until_the_other_consumer_leaves(publisher, publisher_ho
     assert asyncio.run(wait_then_release())["state"] == "ok"
 
 
-def test_missing_slot_fails_with_the_fix(publisher):
-    with pytest.raises(SlotError, match="does not exist: run the initial sync"):
-        sensor(slot="nope").poke({})
+def test_missing_slot_fails_with_the_fix_and_is_not_retried(publisher):
+    with pytest.raises(AirflowFailException, match="does not exist: run the initial sync") as missing:
+        sensor(slot="nope").execute({})
+    assert isinstance(missing.value, SlotError)
 
 
 def test_invalidated_slot_fails_pointing_at_the_re_snapshot(monkeypatch):
@@ -93,7 +96,7 @@ def test_invalidated_slot_fails_pointing_at_the_re_snapshot(monkeypatch):
             return pg.query("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 's1'")[0][0] == "lost"
 
         wait_until(lose, timeout=120, interval=0, message="the slot to be invalidated")
-        with pytest.raises(SlotError, match="invalidated .*re-snapshot"):
+        with pytest.raises(AirflowFailException, match="invalidated .*re-snapshot"):
             sensor(slot="s1").poke({})
         assert first_event(SlotHealthTrigger("pglogical_publisher", "s1"))["state"] == "invalidated"
 

@@ -63,25 +63,28 @@ def test_cluster_config_uses_packages_and_a_catalog_impl():
 
 def test_apply_operator_fills_the_job_and_its_arguments():
     op = IcebergApplyOperator(task_id="apply", staging_root="file:///data/staging/{{ ds }}", pipeline="orders",
-                              iceberg=IcebergConfig(warehouse="file:///wh", namespace="sales"),
-                              table_map={"public.orders": "orders"}, conf={"spark.sql.shuffle.partitions": "8"})
+                              iceberg=IcebergConfig(warehouse="file:///wh/{{ ds }}", namespace="sales_{{ params.env }}"),
+                              table_map={"public.orders": "orders_{{ params.env }}"},
+                              conf={"spark.sql.shuffle.partitions": "8"})
     assert Path(op.application) == APPLY_JOB and APPLY_JOB.is_file()
-    assert {"staging_root", "pipeline", "application_args", "conf"} <= set(op.template_fields)
-    assert op.conf["spark.sql.shuffle.partitions"] == "8"
-    assert op.conf["spark.sql.catalog.lake.warehouse"] == "file:///wh"
-    op.render_template_fields({"ds": "2024-01-01"})
+    assert {"staging_root", "pipeline", "application_args", "conf", "iceberg", "table_map"} <= set(op.template_fields)
+    # nothing is resolved when the DAG is parsed: the conf is the user's until the task runs
+    assert op.conf == {"spark.sql.shuffle.partitions": "8"}
+    op.render_template_fields({"ds": "2024-01-01", "params": {"env": "prod"}})
     assert op.staging_root == "file:///data/staging/2024-01-01"
+    assert (op.iceberg.warehouse, op.iceberg.namespace) == ("file:///wh/2024-01-01", "sales_prod")
     assert op.job_args() == ["--staging-root", "file:///data/staging/2024-01-01", "--pipeline", "orders",
-                             "--catalog", "lake", "--namespace", "sales", "--write-mode", "merge-on-read",
-                             "--table-map", '{"public.orders": "orders"}']
+                             "--catalog", "lake", "--namespace", "sales_prod", "--write-mode", "merge-on-read",
+                             "--table-map", '{"public.orders": "orders_prod"}']
     # the job accepts exactly what the operator passes
     args = apply_changes.parse_args(op.job_args())
-    assert (args.staging_root, args.pipeline, args.namespace) == ("file:///data/staging/2024-01-01", "orders", "sales")
+    assert (args.staging_root, args.pipeline, args.namespace) == ("file:///data/staging/2024-01-01", "orders", "sales_prod")
 
 
 def test_apply_operator_builds_a_spark_submit_command(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
     op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p", iceberg=IcebergConfig(warehouse="/wh"))
+    op.conf = {**op.iceberg.spark_conf(), **op.conf}  # what execute does before submitting
     command = op._get_hook()._build_spark_submit_command(op.application)
     assert command[:3] == ["spark-submit", "--master", "local[2]"]
     assert f"spark.jars={iceberg_runtime_jar()}" in command
@@ -89,13 +92,16 @@ def test_apply_operator_builds_a_spark_submit_command(monkeypatch):
     assert command[-len(op.application_args) - 1:] == [str(APPLY_JOB), *op.application_args]
 
 
-def test_apply_operator_keeps_the_job_result_from_the_log():
-    op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p", iceberg=IcebergConfig(warehouse="/wh"))
-    op._result = {}
-    lines = ["INFO something\n", apply_changes.RESULT_PREFIX + '{"steps": [{"table": "public.t", "rows": 3}]}\n']
-    assert list(op._watch(iter(lines))) == lines
-    assert op._result["steps"][0]["rows"] == 3
-    assert iceberg_apply.RESULT_PREFIX == apply_changes.RESULT_PREFIX
+def test_apply_operator_declares_its_asset_alias():
+    op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="shop")
+    assert [alias.name for alias in op.outlets] == ["pglogical_apply_shop"]
+    assert IcebergApplyOperator(task_id="a2", staging_root="/s", pipeline="shop", asset_alias=None).outlets == []
+    from airflow.sdk import Asset
+
+    mine = Asset("s3://bucket/report")
+    both = IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="shop", outlets=mine).outlets
+    assert both[0] == mine and both[1].name == "pglogical_apply_shop"
+    assert iceberg_apply.iceberg_table_asset("lake", "shop", "public__orders").uri == "iceberg://lake/shop/public__orders"
 
 
 def test_maintenance_operator_and_its_procedure_calls():

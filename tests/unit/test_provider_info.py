@@ -38,3 +38,20 @@ def test_verify_and_apply_agree_on_target_names():
 
     for name in ("public.orders", "Sales.Order Items", "x.ünï"):
         assert default_target_name(name) == apply_changes.default_target_name(name)
+
+
+def test_provider_info_names_its_documentation_and_cli_commands():
+    info = get_provider_info()
+    assert info["documentation-url"].startswith("https://")
+    [path] = info["cli"]
+    module, _, function = path.rpartition(".")
+    [group] = getattr(importlib.import_module(module), function)()
+    assert group.name == "pglogical" and sorted(c.name for c in group.subcommands) == ["drop", "status"]
+
+
+def test_license_and_changelog_ship_with_the_source():
+    root = Path(__file__).resolve().parents[2]
+    license_text = (root / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert (root / "CHANGELOG.md").read_text().startswith("# Changelog")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pglogical.operators.sync import PgBackfillOperator, PgInitialSyncOperator
 
@@ -31,6 +32,6 @@ def test_a_bad_parallelism_is_refused_before_anything_runs(bad):
     backfill = PgBackfillOperator(task_id="backfill", tables="public.t", publications=["pub"],
                                   staging_path="file:///x", pipeline="p", parallelism=bad, postgres_conn_id="pg_nowhere")
     for op in (sync, backfill):
-        with pytest.raises(ValueError, match=rf"{type(op).__name__} '{op.task_id}': parallelism must be a whole "
+        with pytest.raises(AirflowFailException, match=rf"{type(op).__name__} '{op.task_id}': parallelism must be a whole "
                                              r"number of connections, 1 or more \(got .*\); pass e.g. parallelism=2"):
             op.execute({})

@@ -1,0 +1,90 @@
+"""The apply and verify jobs hand their results back through a file under staging, not stdout.
+
+``spark-submit`` is replaced on PATH by a wrapper that throws the driver's stdout and stderr away
+(as YARN and Kubernetes cluster deploy modes do): the operators still get the steps applied,
+emit one asset event per changed Iceberg table, and verify still compares. Real PostgreSQL,
+real Spark (local), real Iceberg.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+
+import pytest
+from airflow.sdk import AssetAlias, ObjectStoragePath
+from airflow.sdk.execution_time.context import OutletEventAccessors
+
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator, IcebergConfig
+from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
+from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
+from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
+from airflow_provider_pglogical.operators.verify import PgVerifyOperator
+
+pytestmark = pytest.mark.spark
+
+SOURCE = """
+CREATE TABLE orders(id int PRIMARY KEY, status text NOT NULL, total numeric(10,2));
+CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL);
+INSERT INTO orders SELECT g, 'new', g * 1.5 FROM generate_series(1, 40) g;
+INSERT INTO customers SELECT g, 'c' || g FROM generate_series(1, 7) g;
+"""
+
+
+@pytest.fixture
+def silent_spark_submit(tmp_path, monkeypatch):
+    """``spark-submit`` on PATH that runs the real one with its stdout and stderr discarded."""
+    real = shutil.which("spark-submit")
+    assert real, "spark-submit must be on PATH (pyspark)"
+    bin_dir = tmp_path / "silent-bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "spark-submit"
+    wrapper.write_text(f'#!/bin/sh\nexec "{real}" "$@" >/dev/null 2>&1\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    return wrapper
+
+
+def _apply(staging: str, iceberg: IcebergConfig, task_id: str):
+    operator = IcebergApplyOperator(task_id=task_id, staging_root=staging, pipeline="shop", iceberg=iceberg,
+                                    conf={"spark.ui.enabled": "false"}, env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
+    events = OutletEventAccessors()
+    result = operator.execute({"outlet_events": events})
+    alias_events = events[AssetAlias("pglogical_apply_shop")].asset_alias_events
+    return result, {event.dest_asset_key.uri: event.extra for event in alias_events}
+
+
+def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
+    publisher, publisher_hook, silent_spark_submit, tmp_path
+):
+    publisher.execute(SOURCE)
+    staging = f"file://{tmp_path}/staging"
+    iceberg = IcebergConfig(warehouse=f"file://{tmp_path}/warehouse", namespace="shop")
+    common = {"postgres_conn_id": publisher.conn_id, "staging_path": staging, "pipeline": "shop"}
+    PgCreatePublicationOperator(task_id="pub", publication="shop", tables=["public.orders", "public.customers"],
+                                postgres_conn_id=publisher.conn_id).execute({})
+    PgInitialSyncOperator(task_id="sync", slot="shop", publications=["shop"], **common).execute({})
+
+    first, first_assets = _apply(staging, iceberg, "apply1")
+    assert first["tables"] == ["public.customers", "public.orders"] and first["steps"] == 2 and first["rows"] == 47
+    assert sorted(first_assets) == ["iceberg://lake/shop/public__customers", "iceberg://lake/shop/public__orders"]
+    assert first_assets["iceberg://lake/shop/public__orders"]["rows"] == 40
+    assert first_assets["iceberg://lake/shop/public__orders"]["source_table"] == "public.orders"
+
+    publisher.execute("UPDATE orders SET status = 'paid' WHERE id <= 3; DELETE FROM orders WHERE id = 40")
+    pulled = PgSlotPullOperator(task_id="pull", slot="shop", publications=["shop"], **common).execute({})
+    second, second_assets = _apply(staging, iceberg, "apply2")
+    # only the table the batch changed gets an asset event, positioned at the batch's end
+    assert second["tables"] == ["public.orders"] and second["rows"] == 4
+    assert list(second_assets) == ["iceberg://lake/shop/public__orders"]
+    assert second_assets["iceberg://lake/shop/public__orders"]["lsn"] == pulled["end_lsn"]
+    assert pulled["batch"].endswith(second_assets["iceberg://lake/shop/public__orders"]["batch"])
+    # the result files are read and removed; nothing else is left in _results
+    assert list(ObjectStoragePath(f"{staging}/shop/_results").iterdir()) == []
+
+    verified = PgVerifyOperator(task_id="verify", publications=["shop"], iceberg=iceberg,
+                                **common).execute({})
+    assert verified["equal"] is True and verified["tables"] == {"public.orders": 39, "public.customers": 7}
