@@ -21,10 +21,16 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.job_result import RESULT_CONF, read_result, result_uri, storage_path
+from airflow_provider_pglogical.replication.apply_marker import pending_batches, write_marker
 from airflow_provider_pglogical.replication.applied_positions import record_applied
 from airflow_provider_pglogical.replication.staging import parse_batch_name
 from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+
+try:
+    from airflow.sdk.exceptions import AirflowSkipException
+except ImportError:  # Task SDK 1.0 (Airflow 3.0): the class lives in airflow.exceptions
+    from airflow.exceptions import AirflowSkipException
 
 
 if TYPE_CHECKING:
@@ -156,6 +162,9 @@ class IcebergApplyOperator(SparkSubmitOperator):
     :param table_map: source ``schema.table`` -> target table name; default ``<schema>__<table>``. (templated)
     :param asset_alias: name of the asset alias the table assets are emitted through; default
         ``pglogical_apply_<pipeline>``; ``None`` emits no assets.
+    :param skip_when_idle: when every committed batch was seen by an earlier successful apply into
+        the same lakehouse (``_apply_marker.json`` under staging), end as *skipped* without starting
+        Spark; the Iceberg state table stays the truth, the marker never hides a pending batch.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
@@ -176,6 +185,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         asset_alias: str | None = _DEFAULT_ALIAS,
         conf: dict[str, Any] | None = None,
         driver_memory: str | None = "2g",
+        skip_when_idle: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -191,6 +201,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.pipeline = pipeline
         self.table_map = table_map
         self.asset_alias = asset_alias
+        self.skip_when_idle = skip_when_idle
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -205,13 +216,17 @@ class IcebergApplyOperator(SparkSubmitOperator):
             # staging_root and pipeline are rendered by now: check them, then build the command line
             check_staging_root(str(self.staging_root))
             check_pipeline_name(self.pipeline)
+            root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
+            if self.skip_when_idle:
+                self.skip_if_idle(root, lakehouse)
             result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
             self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
             self.application_args = self.job_args()
             super().execute(context)
             result = read_result(result_at, job="apply")
             steps = result.get("steps", [])
-            record_applied(storage_path(str(self.staging_root)), str(self.pipeline), steps)
+            record_applied(root, str(self.pipeline), steps)
+            write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []))
             self._applied_steps = steps
             if self.asset_alias and context.get("outlet_events") is not None:  # absent when called by hand
                 emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
@@ -222,6 +237,27 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "rows": sum(step["rows"] for step in steps),
                 "tables": sorted({step["table"] for step in steps}),
             }
+
+    def lakehouse_identity(self) -> dict:
+        """What the apply writes into (no credentials): a marker for another lakehouse means nothing."""
+        return {"catalog": self.iceberg.catalog, "catalog_type": self.iceberg.catalog_type,
+                "catalog_impl": self.iceberg.catalog_impl, "namespace": self.iceberg.namespace,
+                "warehouse": self.iceberg.warehouse or default_warehouse(), "table_map": self.table_map or {}}
+
+    def skip_if_idle(self, root, lakehouse: dict) -> None:
+        """End as skipped, without spark-submit, when no committed batch is new to the lakehouse."""
+        pending = pending_batches(root, str(self.pipeline), lakehouse)
+        if pending is None:
+            self.log.info("no apply marker for this lakehouse yet: starting Spark to find what is pending")
+            return
+        if pending:
+            self.log.info("%d committed batch(es) not applied yet (first %s): starting Spark", len(pending), pending[0])
+            return
+        raise AirflowSkipException(
+            f"nothing to apply: every committed batch of pipeline {self.pipeline} was applied to "
+            f"{lakehouse['catalog']}.{lakehouse['namespace']} by an earlier run (apply marker under staging); "
+            "Spark was not started"
+        )
 
     def get_openlineage_facets_on_complete(self, task_instance):
         """Staged tables → the Iceberg tables this run changed (with their columns)."""

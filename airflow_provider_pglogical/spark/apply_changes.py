@@ -953,7 +953,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     batches = staging.committed()
     if not batches:
         log.info("no committed batch under %s", staging.directory)
-        return {"pipeline": pipeline, "batches": 0, "steps": []}
+        return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": []}
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
     if bucket_count:
         lakehouse.drop_batch_tables()
@@ -974,7 +974,9 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         batch.manifest = staging.read_manifest(batch)
     sources = sorted({source for batch in wanted for source in batch.manifest["tables"]} | set(states))
 
-    summary = {"pipeline": pipeline, "batches": len(batches), "steps": []}
+    # "seen": every batch this run found committed; once the run succeeds, each of them is applied
+    # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
+    summary = {"pipeline": pipeline, "batches": len(batches), "steps": [], "seen": [b.name for b in batches]}
     plans = {}
     for source in sources:
         state = states.setdefault(source, TableState(table_map.get(source) or default_target_name(source)))

@@ -15,6 +15,7 @@ import stat
 
 import pytest
 from airflow.sdk import AssetAlias, ObjectStoragePath
+from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator, IcebergConfig
@@ -58,7 +59,7 @@ def _apply(staging: str, iceberg: IcebergConfig, task_id: str):
 
 
 def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
-    publisher, publisher_hook, silent_spark_submit, tmp_path
+    publisher, publisher_hook, silent_spark_submit, tmp_path, monkeypatch
 ):
     publisher.execute(SOURCE)
     staging = f"file://{tmp_path}/staging"
@@ -84,6 +85,19 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
     assert pulled["batch"].endswith(second_assets["iceberg://lake/shop/public__orders"]["batch"])
     # the result files are read and removed; nothing else is left in _results
     assert list(ObjectStoragePath(f"{staging}/shop/_results").iterdir()) == []
+
+    # An idle tick (an empty pull commits no batch) starts no Spark: a master that does not exist
+    # proves the apply never submitted anything.
+    assert PgSlotPullOperator(task_id="pull", slot="shop", publications=["shop"], **common).execute({})["batch"] is None
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:9"}))
+    with pytest.raises(AirflowSkipException, match="nothing to apply: every committed batch of pipeline shop"):
+        _apply(staging, iceberg, "idle")
+    # A batch committed since the last apply is never skipped.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    publisher.execute("UPDATE orders SET status = 'sent' WHERE id = 5")
+    PgSlotPullOperator(task_id="pull", slot="shop", publications=["shop"], **common).execute({})
+    third, _ = _apply(staging, iceberg, "apply3")
+    assert third["tables"] == ["public.orders"] and third["rows"] == 1
 
     verified = PgVerifyOperator(task_id="verify", publications=["shop"], iceberg=iceberg,
                                 **common).execute({})

@@ -1,0 +1,50 @@
+"""Which committed batches the last successful apply saw: ``<root>/<pipeline>/_apply_marker.json``.
+
+An idle tick must not start a JVM (5-10 s) just to learn that nothing is pending. The apply job
+reports every batch it found committed; after the job *succeeded*, each of those is applied (or
+made irrelevant by a later snapshot), and the operator records them here with the lakehouse they
+went to. Before the next spark-submit the operator lists the committed batches: when each is in
+the marker, for the same catalog, namespace and warehouse, there is nothing to apply.
+
+The Iceberg state table stays the truth. The marker can only make the operator run Spark when it
+was not needed (a stale marker), never skip a pending batch: a batch is skipped only when a
+successful run saw it, and one committed during or after that run is not in the marker. Reset the
+lakehouse and you must delete the marker too (``airflow pglogical drop`` removes staging whole).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+from airflow_provider_pglogical.replication.staging import StagingPath, committed_batches
+
+MARKER = "_apply_marker.json"
+
+
+def read_marker(root: StagingPath, pipeline: str) -> dict | None:
+    path = root / pipeline / MARKER
+    if not path.exists():
+        return None
+    with path.open("rb") as fh:
+        return json.loads(fh.read().decode())
+
+
+def write_marker(root: StagingPath, pipeline: str, lakehouse: dict, seen: Iterable[str]) -> None:
+    """Record the batches a successful apply saw (through a temporary name and a rename)."""
+    directory = root / pipeline
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (MARKER + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(json.dumps({"lakehouse": lakehouse, "seen": sorted(set(seen))}, indent=1).encode())
+    tmp.rename(directory / MARKER)
+
+
+def pending_batches(root: StagingPath, pipeline: str, lakehouse: dict) -> list[str] | None:
+    """Committed batches the last successful apply into ``lakehouse`` did not see, in LSN order;
+    ``None`` when no marker speaks for this lakehouse (then only Spark can tell)."""
+    marker = read_marker(root, pipeline)
+    if marker is None or marker.get("lakehouse") != lakehouse:
+        return None
+    seen = set(marker.get("seen", ()))
+    return [name for name, _start, _end, _kind in committed_batches(root, pipeline) if name not in seen]
