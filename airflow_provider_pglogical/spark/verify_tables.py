@@ -115,6 +115,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# Kept in step with apply_changes.py's copy: each job is submitted as one file with nothing beside it
+# (shipping spark/ as a zip through py_files is issue 15).
 def write_result(spark, summary: dict) -> None:
     """Leave the summary where the caller reads it (``spark.pglogical.resultUri``): stdout is lost
     in cluster deploy modes. Written to a temporary name, then renamed."""
