@@ -3,236 +3,31 @@
 Exactly once: the slot is advanced only after the batch's manifest is committed (invariant 2),
 and a run first looks for a committed batch that starts at the slot's position (a run that died
 between commit and advance) and only advances past it, staging nothing twice. Batches end on
-transaction boundaries (``upto_nchanges`` never splits a transaction; invariant 4).
+transaction boundaries (``upto_nchanges`` never splits a transaction; invariant 4). Reading and
+decoding the window is :mod:`.peek`.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import psycopg2
-from psycopg2 import sql
 
-from airflow_provider_pglogical.replication import change_batch, columnar, staging, toast, values
 from airflow_provider_pglogical.exceptions import InvalidInputError, PipelineStateError, SlotError, SlotLostError
+from airflow_provider_pglogical.replication import change_batch, columnar, staging, toast
 from airflow_provider_pglogical.replication.backfill import published_by_name, snapshot_tables
-from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
 from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
 from airflow_provider_pglogical.replication.initial_sync import check_sync_arguments, lost_slot_message, resync
-from airflow_provider_pglogical.replication.pipeline_record import PipelineRecord, require_streaming
 from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.slots import advance_slot, assert_slot_usable, changes_sql
+from airflow_provider_pglogical.replication.peek import PullWindow, apply_session_settings, peek_window
+from airflow_provider_pglogical.replication.pipeline_record import PipelineRecord, require_streaming
+from airflow_provider_pglogical.replication.slots import advance_slot, assert_slot_usable
 from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath, TableManifest
 from airflow_provider_pglogical.replication.validation import check_count
 
 log = logging.getLogger(__name__)
-
-PROTO_VERSION = 1
-FETCH_ROWS = 20_000
-
-
-@dataclass
-class PullWindow:
-    """What one bounded peek returned: its tables' changes, and what the manifest records besides."""
-
-    #: per table oid, a TableBatch or columnar.ColumnarTable (``versions``, ``truncated``, ``build``)
-    tables: dict[int, Any]
-    transaction_count: int
-    #: end LSN of the last transaction in the window (where the slot may advance to)
-    last_end_lsn: int | None
-    messages: list[dict]
-    schema_changes: list[dict]
-    rows: int
-    bytes: int
-    #: True when upto_nchanges / max_bytes cut the window short: more may be waiting before upto
-    limited: bool
-    #: True when transactions were held back before an unresolved PREPARE (two-phase slots)
-    held_back: bool = False
-
-
-def plugin_options(publications: Sequence[str]) -> dict[str, str]:
-    return {"proto_version": str(PROTO_VERSION), "publication_names": ",".join(publications), "messages": "true"}
-
-
-def _apply_session_settings(cursor) -> None:
-    for key, value in values.SESSION_SETTINGS.items():
-        cursor.execute("SELECT set_config(%s, %s, false)", (key, value))
-
-
-class _WindowFull(Exception):
-    """Raised from the COPY sink to stop reading once max_bytes is reached at a commit."""
-
-
-_LSN = struct.Struct(">Q")
-_FRAME = struct.Struct(">hiQi")  # field count, lsn length, lsn, data length
-_COPY_HEADER = 19  # signature (11) + flags (4) + header extension length (4)
-_TRAILER = b"\xff\xff"
-
-
-class _BoundedSink:
-    """A ``copy_expert`` sink that stops the COPY after the first commit past ``max_bytes``.
-
-    psycopg2 hands over one COPY data message, i.e. one ``(lsn, data)`` row, per ``write``.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.chunks: list[bytes] = []
-        self.max_bytes = max_bytes
-        self.size = 0
-
-    def write(self, chunk: bytes) -> None:
-        self.chunks.append(chunk)
-        self.size += len(chunk)
-        if self.size >= self.max_bytes and len(self.chunks) > 1 and chunk[18:19] == b"C":
-            raise _WindowFull
-
-
-def _rows(chunks: list[bytes]) -> Iterator[tuple[int, None, bytes]]:
-    """``(lsn, None, data)`` per row of a binary COPY of ``(lsn pg_lsn, data bytea)``.
-
-    The fast path takes one row per chunk (what psycopg2 delivers); anything else is framed from
-    the joined stream.
-    """
-    if not chunks:
-        return
-    first = chunks[0]
-    rest = [first[_COPY_HEADER:]] + chunks[1:] if len(first) > _COPY_HEADER else chunks[1:]
-    unpack_lsn = _LSN.unpack_from
-    for index, chunk in enumerate(rest):
-        if len(chunk) >= 18 and int.from_bytes(chunk[14:18], "big") == len(chunk) - 18:
-            yield unpack_lsn(chunk, 6)[0], None, chunk[18:]
-        elif chunk == _TRAILER:
-            return
-        else:
-            yield from _framed(b"".join(rest[index:]))
-            return
-
-
-def _framed(data: bytes) -> Iterator[tuple[int, None, bytes]]:
-    pos, end = 0, len(data)
-    while end - pos >= 18:
-        _n, _lsn_len, lsn, length = _FRAME.unpack_from(data, pos)
-        if _n == -1:
-            return
-        yield lsn, None, data[pos + 18:pos + 18 + length]
-        pos += 18 + length
-
-
-def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Transaction], list[dict], int, int]:
-    transactions: list[Transaction] = []
-    messages: list[dict] = []
-    rows = nbytes = 0
-    pending: list[tuple[int, None, bytes]] = []
-
-    def flush() -> None:
-        for item in assembler.feed(pending):
-            if isinstance(item, Transaction):
-                transactions.append(item)
-            else:
-                messages.append(_message(item, transactional=False))
-        pending.clear()
-
-    for row in _rows(chunks):
-        pending.append(row)
-        nbytes += len(row[2])
-        rows += 1
-        if len(pending) >= FETCH_ROWS:
-            flush()
-    flush()
-    return transactions, messages, rows, nbytes
-
-
-def peek_window(
-    connect_kwargs: Mapping[str, Any], slot: str, publications: Sequence[str], upto: Lsn, max_changes: int,
-    max_bytes: int | None, *, vectorised: bool = True,
-) -> PullWindow:
-    """Peek ``[confirmed, upto)`` bounded by ``max_changes`` messages (and ``max_bytes``), and decode it.
-
-    The rows travel as binary ``COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(…))``:
-    no text-encoded bytea to decode, no per-row cursor or Python-level write overhead. They are
-    decoded column-wise (:mod:`.columnar`); a window that needs more (or is malformed) goes through
-    the message-by-message assembler instead.
-
-    :param vectorised: False forces the message-by-message assembler (for comparisons).
-    """
-    conn = psycopg2.connect(**connect_kwargs)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cursor:
-            _apply_session_settings(cursor)
-            query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
-                                      options=plugin_options(publications), columns=("lsn", "data"))
-            copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(cursor.mogrify(query, args).decode()))
-            chunks: list[bytes] = []
-            sink: Any = _BoundedSink(max_bytes) if max_bytes else _ListSink(chunks)
-            limited = False
-            try:
-                cursor.copy_expert(copy, sink, size=1 << 20)
-            except _WindowFull:
-                limited = True  # the rows after this commit are read again by the next pull
-            if max_bytes:
-                chunks = sink.chunks
-    finally:
-        conn.close()
-    window = None
-    if vectorised:
-        try:
-            decoded = columnar.decode_window(chunks, PROTO_VERSION, _message)
-            window = PullWindow(decoded.tables, decoded.transaction_count, decoded.last_end_lsn, decoded.messages,
-                                decoded.schema_changes, decoded.rows, decoded.bytes, limited)
-        except columnar.NeedsAssembler as why:
-            log.info("decoding this window message by message: %s", why)
-    if window is None:
-        window = _assembled_window(chunks, limited)
-    if window.rows >= max_changes:
-        window.limited = True
-    return window
-
-
-def _assembled_window(chunks: list[bytes], limited: bool) -> PullWindow:
-    """The message-by-message path: every message of protocols 1-4, precise errors."""
-    assembler = ChangeAssembler(PROTO_VERSION)
-    transactions, messages, rows, nbytes = _assemble(chunks, assembler)
-    limit = assembler.advance_limit
-    if limit is not None:
-        transactions = [t for t in transactions if t.end_lsn is not None and t.end_lsn <= limit]
-    messages = messages + [
-        _message(m.message, transactional=True, commit_lsn=t.commit_lsn) for t in transactions for m in t.messages
-    ]
-    schema_changes = [
-        {"table": c.new.qualified_name, "lsn": str(Lsn(c.lsn)) if c.lsn else None,
-         "columns": list(c.new.column_names), "previous_columns": list(c.old.column_names)}
-        for t in transactions for c in t.schema_changes
-    ]
-    return PullWindow(
-        change_batch.group_by_table(transactions, assembler.relations), len(transactions),
-        transactions[-1].end_lsn if transactions else None, messages, schema_changes, rows, nbytes, limited,
-        held_back=limit is not None,
-    )
-
-
-class _ListSink:
-    """``copy_expert`` calls ``write`` once per row: bind it to ``list.append`` (C, no Python frame)."""
-
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.write = chunks.append
-
-
-def _message(msg, transactional: bool, commit_lsn: int | None = None) -> dict:
-    content = bytes(msg.content)
-    try:
-        text: str | None = content.decode()
-    except UnicodeDecodeError:
-        text = None
-    return {
-        "lsn": str(Lsn(msg.lsn)), "prefix": msg.prefix, "transactional": transactional,
-        "content": text, "content_hex": None if text is not None else content.hex(),
-        "commit_lsn": str(Lsn(commit_lsn)) if commit_lsn is not None else None,
-    }
 
 
 def find_staged(root: StagingPath, pipeline: str, position: Lsn) -> tuple[str, Lsn] | None:
@@ -416,7 +211,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
     conn.autocommit = True
     try:
         with conn.cursor() as cursor:
-            _apply_session_settings(cursor)
+            apply_session_settings(cursor)
             types = change_batch.lookup_types(cursor, change_batch.relations_of(tables))
             partitioned = _partitioned(cursor, [b.relation.oid for b in tables.values()])
             for oid, batch in tables.items():

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_pglogical.replication import change_batch, columnar, staging
 from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.pull import peek_window
+from airflow_provider_pglogical.replication.peek import peek_window
 
 
 def _window(hook, vectorised: bool):

@@ -325,9 +325,10 @@ def test_toast_fetch_after_a_key_change_in_a_later_batch(publisher, publisher_ho
     boundary = publisher.query("SELECT pg_current_wal_flush_lsn()::text")[0][0]
     publisher.execute("UPDATE o SET id = 880 WHERE id = 407")       # key change, note unchanged
     # Pull only up to the boundary (as a window that ended there), after the key change happened.
+    from airflow_provider_pglogical.replication import peek
     from airflow_provider_pglogical.replication import pull as pull_module
 
-    first = pull_module.peek_window(publisher_hook.connect_kwargs(), "s1", ["pub"],
+    first = peek.peek_window(publisher_hook.connect_kwargs(), "s1", ["pub"],
                                     pull_module.Lsn.parse(boundary), 1000, None)
     manifest = pull_module.stage_batch(publisher_hook, root, "p", publisher_hook.get_slot("s1").confirmed_flush_lsn,
                                        pull_module.Lsn(first.last_end_lsn), first)

@@ -29,7 +29,8 @@ from airflow_provider_pglogical.replication import staging, values, verify
 from airflow_provider_pglogical.replication.backfill import run_backfill
 from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
 from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.pull import peek_window, run_pull, stage_batch
+from airflow_provider_pglogical.replication.peek import peek_window
+from airflow_provider_pglogical.replication.pull import run_pull, stage_batch
 from airflow_provider_pglogical.spark import apply_changes
 
 
