@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from airflow_provider_pglogical.replication.staging import BatchManifest, StagingPath, read_manifest
+from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, read_manifest
 
 EXTRA = "pip install 'airflow-provider-pglogical[openlineage]'"
 

@@ -35,7 +35,8 @@ sys.path.insert(0, str(REPO))
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergConfig  # noqa: E402
-from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, TableManifest  # noqa: E402
+from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402
+from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.spark import apply_changes as job  # noqa: E402
 
 COLUMNS = [

@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_provider_pglogical.replication import pgoutput_tuples  # noqa: E402
-from airflow_provider_pglogical.replication.changes import ChangeAssembler  # noqa: E402
-from airflow_provider_pglogical.replication.pgoutput import PgOutputDecoder  # noqa: E402
+from airflow_provider_pglogical.decoding import tuples  # noqa: E402
+from airflow_provider_pglogical.decoding.assembler import ChangeAssembler  # noqa: E402
+from airflow_provider_pglogical.decoding.pgoutput import PgOutputDecoder  # noqa: E402
 
 RELATION_OID = 16393
 
@@ -150,13 +150,13 @@ def main() -> None:
         return
     # Why values are bytes: the same generated parser with ``.decode()`` on every text value
     # (what returning str would cost), each followed by building the Arrow string columns.
-    str_parser = pgoutput_tuples._compile(
+    str_parser = tuples._compile(
         "str parser", ["def generated(buf, pos):",
                        *[line.replace("buf[pos:pos + length]", "buf[pos:pos + length].decode()")
-                         for line in pgoutput_tuples._column_code(7)],
+                         for line in tuples._column_code(7)],
                        "    return values, pos, rare"])
-    bytes_parser = pgoutput_tuples.tuple_parser(7)
-    pad = pgoutput_tuples.PAD
+    bytes_parser = tuples.tuple_parser(7)
+    pad = tuples.PAD
     t_bytes = timed("values as bytes: parse", n, lambda: [bytes_parser(m + pad, 8)[0] for m in inserts],
                     gc_paused=True)
     t_str = timed("values as str: parse", n, lambda: [str_parser(m + pad, 8)[0] for m in inserts],

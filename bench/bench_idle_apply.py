@@ -33,9 +33,10 @@ from airflow.sdk import ObjectStoragePath  # noqa: E402
 from airflow.sdk.exceptions import AirflowSkipException  # noqa: E402
 
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator, IcebergConfig  # noqa: E402
-from airflow_provider_pglogical.replication.apply_marker import write_marker  # noqa: E402
-from airflow_provider_pglogical.replication.lsn import Lsn  # noqa: E402
-from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, TableManifest  # noqa: E402
+from airflow_provider_pglogical.staging.apply_marker import write_marker  # noqa: E402
+from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
+from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402
+from airflow_provider_pglogical.staging.batches import BatchWriter
 
 
 def stage(root, count: int) -> list[str]:

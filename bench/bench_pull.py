@@ -28,7 +28,7 @@ from common import cluster, report
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
-from airflow_provider_pglogical.replication.pull import run_pull  # noqa: E402
+from airflow_provider_pglogical.capture.pull import run_pull  # noqa: E402
 
 PEEK_COUNT = ("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1',"
               " 'publication_names', 'pub')")

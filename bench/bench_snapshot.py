@@ -26,7 +26,7 @@ from common import client_cpu, cluster, peak_rss_growth, psql, report, server_cp
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync  # noqa: E402
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync  # noqa: E402
 
 TABLE = """
 CREATE TABLE bench(id bigint PRIMARY KEY, customer int, status text, total numeric(12,2),

@@ -1,4 +1,4 @@
-"""The ``airflow pglogical`` commands; thin wrappers over :mod:`airflow_provider_pglogical.replication.pipeline_ops`."""
+"""The ``airflow pglogical`` commands; thin wrappers over :mod:`airflow_provider_pglogical.management.pipeline_ops`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.replication.pipeline_ops import drop_pipeline, pipeline_status
-from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
+from airflow_provider_pglogical.management.pipeline_ops import drop_pipeline, pipeline_status
+from airflow_provider_pglogical.management.validation import check_pipeline_name, check_staging_root
 
 
 def _target(args) -> tuple[PgLogicalHook, ObjectStoragePath, str]:

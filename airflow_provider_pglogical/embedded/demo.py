@@ -211,7 +211,7 @@ def summary(pg: LocalPostgres, db: str, env: dict, result: dict, activity: list[
 
     import pglogical_settings as settings
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-    from airflow_provider_pglogical.replication.staging import committed_batches
+    from airflow_provider_pglogical.staging.layout import committed_batches
 
     batches = committed_batches(ObjectStoragePath(env["PGLOGICAL_STAGING"]), settings.PIPELINE)
     slot = PgLogicalHook(postgres_conn_id=settings.SOURCE_CONN_ID).get_slot(settings.SLOT)

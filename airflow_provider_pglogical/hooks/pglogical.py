@@ -14,13 +14,17 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import SubscriptionError
-from airflow_provider_pglogical.replication import health, publication_sync, published, slots, subscriptions
-from airflow_provider_pglogical.replication import publications as pubs
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.publications import PublicationInfo, PublishedTable
-from airflow_provider_pglogical.replication.published import ResolvedTable
-from airflow_provider_pglogical.replication.slots import ExportedSnapshot, SlotInfo
-from airflow_provider_pglogical.replication.subscriptions import SubscriptionStatus
+from airflow_provider_pglogical.management import health
+from airflow_provider_pglogical.management import publication_sync
+from airflow_provider_pglogical.management import published
+from airflow_provider_pglogical.management import slots
+from airflow_provider_pglogical.management import subscriptions
+from airflow_provider_pglogical.management import publications as pubs
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.management.publications import PublicationInfo, PublishedTable
+from airflow_provider_pglogical.management.published import ResolvedTable
+from airflow_provider_pglogical.management.slots import ExportedSnapshot, SlotInfo
+from airflow_provider_pglogical.management.subscriptions import SubscriptionStatus
 
 #: the ``cursor`` extra, as psycopg2 cursor classes (PostgresHook maps it to psycopg 3 row factories
 #: when psycopg 3 is installed)

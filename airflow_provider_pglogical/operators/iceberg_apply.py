@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias
 
-from airflow_provider_pglogical.job_result import RESULT_CONF, read_result, result_uri, storage_path
-from airflow_provider_pglogical.replication.apply_marker import pending_batches, write_marker
-from airflow_provider_pglogical.replication.applied_positions import record_applied
-from airflow_provider_pglogical.replication.staging import parse_batch_name
-from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
+from airflow_provider_pglogical.staging.job_result import RESULT_CONF, read_result, result_uri, storage_path
+from airflow_provider_pglogical.staging.apply_marker import pending_batches, write_marker
+from airflow_provider_pglogical.staging.applied_positions import record_applied
+from airflow_provider_pglogical.staging.layout import parse_batch_name
+from airflow_provider_pglogical.management.validation import check_pipeline_name, check_staging_root
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 try:
@@ -41,7 +41,7 @@ ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExt
 APPLY_JOB = Path(__file__).resolve().parent.parent / "spark" / "apply_changes.py"
 WRITE_MODES = ("merge-on-read", "copy-on-write")
 #: the job also prints its summary after this prefix, for people reading the log (the operator
-#: reads the result file, see :mod:`airflow_provider_pglogical.job_result`)
+#: reads the result file, see :mod:`airflow_provider_pglogical.staging.job_result`)
 RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
 _DEFAULT_ALIAS = "<pipeline>"
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.replication.publications import PUBLISH_OPERATIONS, PublishedTable
+from airflow_provider_pglogical.management.publications import PUBLISH_OPERATIONS, PublishedTable
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 

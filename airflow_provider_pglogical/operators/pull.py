@@ -9,8 +9,8 @@ from airflow.sdk import BaseOperator, ObjectStoragePath
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lineage import CaptureLineageMixin
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.replication.pull import run_pull
-from airflow_provider_pglogical.replication.validation import check_staging_root
+from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.management.validation import check_staging_root
 
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lineage import CaptureLineageMixin
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.replication.backfill import KeyRange, run_backfill
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.validation import check_staging_root
+from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.management.validation import check_staging_root
 
 
 if TYPE_CHECKING:

@@ -12,10 +12,10 @@ from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.job_result import RESULT_CONF, read_result
+from airflow_provider_pglogical.staging.job_result import RESULT_CONF, read_result
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
-from airflow_provider_pglogical.replication import verify
-from airflow_provider_pglogical.replication.validation import check_pipeline_name, check_staging_root
+from airflow_provider_pglogical.capture import source_projection
+from airflow_provider_pglogical.management.validation import check_pipeline_name, check_staging_root
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 
@@ -62,14 +62,14 @@ def verify_pipeline(
     tables = publisher.published_tables(list(publications))
     source = PgLogicalHook(postgres_conn_id=source_conn_id) if source_conn_id else publisher
     root = ObjectStoragePath(staging_path)
-    directory, manifest = verify.stage_source_projection(
+    directory, manifest = source_projection.stage_source_projection(
         source.connect_kwargs(), tables, root, pipeline, apply_row_filters=source_conn_id is None,
         type_overrides=type_overrides, report=report,
     )
-    specs = verify.comparison_specs(manifest, iceberg.catalog, iceberg.namespace, table_map)
+    specs = source_projection.comparison_specs(manifest, iceberg.catalog, iceberg.namespace, table_map)
     result = run_verify_job(specs, directory, iceberg, conn_id=spark_conn_id)
     result["source_lsn"] = manifest.start_lsn
-    result["summary"] = verify.describe_differences(result)
+    result["summary"] = source_projection.describe_differences(result)
     return result
 
 

@@ -8,7 +8,7 @@ ships to any cluster as this one file::
         [--write-mode merge-on-read|copy-on-write] [--bucket-count 16]
 
 What it does, per source table, in batch-name (= LSN) order (the staging contract is
-``replication/staging.py``):
+``staging/layout.py``):
 
 - A **snapshot** batch at position C that the table has not applied replaces the table's contents
   (a ranged backfill only the range named in its manifest ``details``: ``key_range`` or
@@ -63,7 +63,7 @@ log = logging.getLogger("pglogical.apply")
 MANIFEST = "_manifest.json"
 STATE_TABLE = "_pglogical_state"
 BATCH_NAME = re.compile(r"^([0-9A-F]{16})-([0-9A-F]{16})-(snapshot|changes)$")
-#: metadata columns of a staged change row (see ``replication/staging.py``)
+#: metadata columns of a staged change row (see ``staging/layout.py``)
 OP, COMMIT_LSN, SEQ, UNCHANGED, OLD_KEY_PREFIX = "_op", "_commit_lsn", "_seq", "_unchanged_toast", "_old_"
 CHANGE_METADATA = (OP, COMMIT_LSN, SEQ, "_xid", "_commit_ts", UNCHANGED)
 ESCAPE = "~"
@@ -81,7 +81,7 @@ class ApplyError(RuntimeError):
     """A batch cannot be applied as staged; the message names the batch, the table and the fix."""
 
 
-# --- PostgreSQL -> Spark types: a copy of replication/typemap.py (a unit test keeps them equal) ---
+# --- PostgreSQL -> Spark types: a copy of staging/typemap.py (a unit test keeps them equal) ---
 
 _SPARK_TYPES = {
     "bool": "boolean", "int2": "int", "int4": "int", "int8": "bigint", "oid": "bigint",
@@ -126,7 +126,7 @@ def quote(name: str) -> str:
 
 
 def staged_name(column: str) -> str:
-    """A source column's name in a staged change file (``replication/staging.py``'s rule)."""
+    """A source column's name in a staged change file (``staging/layout.py``'s rule)."""
     if column in CHANGE_METADATA or column.startswith(OLD_KEY_PREFIX) or column.startswith(ESCAPE):
         return ESCAPE + column
     return column

@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_pglogical.replication.monitoring import slot_health
+from airflow_provider_pglogical.management.monitoring import slot_health
 
 
 def _slot_status(conn_id: str, slot: str, max_retained: int | None, max_lag: int | None) -> dict:

@@ -7,18 +7,18 @@ check the exact source state without Spark; the Spark job is tested against the 
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.replication import staging
-from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.staging import batches, layout
+from airflow_provider_pglogical.lsn import Lsn
 
 
 def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
     """``{table: {key tuple: row dict}}`` after applying every committed batch in order."""
     state: dict[str, dict[tuple, dict]] = {}
     position: dict[str, Lsn] = {}
-    for name, start, end, kind in staging.committed_batches(root, pipeline):
-        manifest = staging.read_manifest(root, pipeline, name)
+    for name, start, end, kind in layout.committed_batches(root, pipeline):
+        manifest = layout.read_manifest(root, pipeline, name)
         for qualified, table in manifest.tables.items():
-            rows = staging.read_table(root, pipeline, name, table).to_pylist()
+            rows = batches.read_table(root, pipeline, name, table).to_pylist()
             key = table.key
             columns = [c["name"] for c in table.columns]
             if kind == "snapshot":
@@ -27,15 +27,15 @@ def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
                 continue
             current = state.setdefault(qualified, {})
             since = position.get(qualified, Lsn(0))
-            for row in sorted(rows, key=lambda r: (r[staging.COMMIT_LSN], r[staging.SEQ])):
-                if Lsn(row[staging.COMMIT_LSN]) < since:
+            for row in sorted(rows, key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ])):
+                if Lsn(row[layout.COMMIT_LSN]) < since:
                     continue
-                op = row[staging.OP]
+                op = row[layout.OP]
                 if op == "T":
                     current.clear()
                     continue
                 new_key = tuple(row[k] for k in key)
-                old_key = tuple(row.get(staging.OLD_KEY_PREFIX + k) for k in key)
+                old_key = tuple(row.get(layout.OLD_KEY_PREFIX + k) for k in key)
                 if op == "D":
                     current.pop(new_key, None)
                     continue
@@ -44,7 +44,7 @@ def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
                     previous = current.pop(old_key, None)
                 previous = previous or current.get(new_key)
                 values = {c: row[c] for c in columns}
-                for unchanged in row[staging.UNCHANGED] or []:
+                for unchanged in row[layout.UNCHANGED] or []:
                     values[unchanged] = previous[unchanged] if previous else None
                 current[new_key] = values
             position[qualified] = end

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
-from airflow_provider_pglogical.replication.staging import committed_batches, read_manifest, read_table
+from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
+from airflow_provider_pglogical.staging.batches import read_table
 
 
 def native_rows(subscriber_hook, subscriber, publisher, name: str, publications: list[str], tables: list[str]):

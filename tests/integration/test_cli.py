@@ -16,7 +16,7 @@ from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOpera
 from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
-from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
+from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
 
 pytestmark = pytest.mark.spark
 

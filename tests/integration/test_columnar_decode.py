@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pglogical.replication import change_batch, columnar, staging
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.peek import peek_window
+from airflow_provider_pglogical.decoding import staged_tables
+from airflow_provider_pglogical.decoding import columnar
+from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.capture.peek import peek_window
 
 
 def _window(hook, vectorised: bool):
@@ -20,11 +22,11 @@ def _window(hook, vectorised: bool):
 
 def _staged(hook, window) -> dict[str, list[dict]]:
     with hook._cursor() as cursor:
-        types = change_batch.lookup_types(cursor, change_batch.relations_of(window.tables))
+        types = staged_tables.lookup_types(cursor, staged_tables.relations_of(window.tables))
     out = {}
     for batch in window.tables.values():
         rows = batch.build(types).to_pylist()
-        out[batch.qualified_name] = sorted(rows, key=lambda r: (r[staging.COMMIT_LSN], r[staging.SEQ]))
+        out[batch.qualified_name] = sorted(rows, key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ]))
     return out
 
 
@@ -90,12 +92,12 @@ def test_vectorised_decode_stages_exactly_what_the_assembler_stages(publisher, p
         assert fast_rows[table] == slow_rows[table], table
     kinds = fast_rows["public.kinds"]
     # What the comparison covered, so it cannot pass on two empty tables.
-    assert {r[staging.OP] for r in kinds} == {"I", "U", "D", "T"}
-    assert any("big" in (r[staging.UNCHANGED] or []) for r in kinds)
-    assert any(r[staging.OLD_KEY_PREFIX + "id"] is not None for r in kinds)
+    assert {r[layout.OP] for r in kinds} == {"I", "U", "D", "T"}
+    assert any("big" in (r[layout.UNCHANGED] or []) for r in kinds)
+    assert any(r[layout.OLD_KEY_PREFIX + "id"] is not None for r in kinds)
     keyed = fast_rows["public.keyed"]
-    assert [r[staging.OP] for r in keyed] == ["I", "U", "I", "D"]
-    assert keyed[0][staging.UNCHANGED] == ["note"]
+    assert [r[layout.OP] for r in keyed] == ["I", "U", "I", "D"]
+    assert keyed[0][layout.UNCHANGED] == ["note"]
 
 
 def test_a_window_with_two_phase_messages_falls_back_to_the_assembler(publisher, publisher_hook):

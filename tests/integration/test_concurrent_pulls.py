@@ -18,10 +18,11 @@ from pathlib import Path
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
-from airflow_provider_pglogical.replication.staging import committed_batches, read_manifest, read_table
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
+from airflow_provider_pglogical.staging.batches import read_table
 
 PULLERS = 3
 TRANSACTIONS = 200
@@ -35,7 +36,7 @@ from pathlib import Path
 from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.exceptions import ConcurrentRunError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.capture.pull import run_pull
 
 conn_id, root, stop, out = sys.argv[1:5]
 hook, pulls, refused = PgLogicalHook(postgres_conn_id=conn_id), 0, 0

@@ -19,11 +19,12 @@ from airflow_provider_pglogical.exceptions import (
     SlotError,
 )
 from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
-from airflow_provider_pglogical.replication.backfill import run_backfill
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
-from airflow_provider_pglogical.replication.staging import read_manifest, read_table
+from airflow_provider_pglogical.capture.backfill import run_backfill
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.staging.layout import read_manifest
+from airflow_provider_pglogical.staging.batches import read_table
 from tests.support.source_state import SourceState, assert_application_can_write
 
 ORDERS = """
@@ -179,7 +180,7 @@ def test_a_recreated_slot_of_the_same_name_is_not_taken_over(publisher, publishe
     # An attempt that failed after creating its slot drops it again, keeping its record.
     with pytest.raises(InvalidInputError):
         run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", parallelism=0)
-    from airflow_provider_pglogical.replication import initial_sync
+    from airflow_provider_pglogical.capture import initial_sync
 
     def failing_copy(*args, **kwargs):  # the copy fails after the slot exists (e.g. a lost connection)
         raise RuntimeError("copy failed")
@@ -262,7 +263,7 @@ def test_the_operators_check_templated_values(publisher, staging_dir):
 
 def test_a_second_run_waits_boundedly_then_names_the_holder(publisher, publisher_hook, staging_dir, root):
     from airflow_provider_pglogical.exceptions import ConcurrentRunError
-    from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
+    from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
 
     publisher.execute(ORDERS)
     publisher_hook.create_publication("p", [PublishedTable("orders")])

@@ -33,9 +33,10 @@ import pytest
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergApplyOperator, IcebergConfig
-from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, TableManifest
-from airflow_provider_pglogical.replication.typemap import map_type
-from airflow_provider_pglogical.replication.values import text_to_arrow
+from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest
+from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.staging.typemap import map_type
+from airflow_provider_pglogical.staging.values import text_to_arrow
 from airflow_provider_pglogical.spark import maintenance
 
 pytestmark = pytest.mark.spark

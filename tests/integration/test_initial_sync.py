@@ -12,13 +12,13 @@ import pytest
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import ColumnListConflict, PipelineStateError, PublicationError, SlotError
-from airflow_provider_pglogical.replication import snapshot
-from airflow_provider_pglogical.replication.backfill import KeyRange, run_backfill
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
-from airflow_provider_pglogical.replication.staging import committed_batches, read_manifest
+from airflow_provider_pglogical.capture import snapshot
+from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
 from tests.integration.sync_helpers import native_rows, staged_rows
 
 
@@ -137,14 +137,16 @@ def test_copy_killed_mid_way_then_rerun_gives_a_complete_batch(publisher, publis
         import os, signal
         from airflow.sdk import ObjectStoragePath
         from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-        from airflow_provider_pglogical.replication import snapshot, initial_sync, staging
+        from airflow_provider_pglogical.capture import snapshot
+        from airflow_provider_pglogical.capture import initial_sync
+        from airflow_provider_pglogical.staging import batches
         snapshot.MIN_BLOCKS_PER_UNIT = 2
         snapshot.CSV_BLOCK_SIZE = 1 << 16
-        counted = staging.BatchWriter._count
+        counted = batches.BatchWriter._count
         def count_then_die(self, table, entry, rows):  # the first Parquet part is complete: SIGKILL
             counted(self, table, entry, rows)
             os.kill(os.getpid(), signal.SIGKILL)
-        staging.BatchWriter._count = count_then_die
+        batches.BatchWriter._count = count_then_die
         initial_sync.run_initial_sync(PgLogicalHook(postgres_conn_id="{publisher.conn_id}"), slot="s1",
             publications=["p"], root=ObjectStoragePath("{root}"), pipeline="p", parallelism=2)
     """)
@@ -222,7 +224,7 @@ def test_a_workload_during_the_copy_is_neither_lost_nor_doubled(publisher, publi
     the snapshot plus the following change batch replay to exactly the source's rows."""
     import threading
 
-    from airflow_provider_pglogical.replication.pull import run_pull
+    from airflow_provider_pglogical.capture.pull import run_pull
     from tests.integration.replay import replay, table_rows
 
     publisher.execute(

@@ -26,10 +26,10 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergConfig
-from airflow_provider_pglogical.replication.backfill import KeyRange, run_backfill
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
 
 pytestmark = pytest.mark.spark
 

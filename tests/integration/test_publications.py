@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_pglogical.exceptions import ColumnListConflict, PublicationError
-from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.management.publications import PublishedTable
 
 ROW_FILTER_TABLES = """
 CREATE TABLE t1(a int, b int, c text, PRIMARY KEY(a,c));

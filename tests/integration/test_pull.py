@@ -10,10 +10,10 @@ import sys
 import pytest
 from airflow.sdk import ObjectStoragePath
 
-from airflow_provider_pglogical.replication import staging
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.staging import batches, layout
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
 from tests.integration.replay import replay, table_rows
 
 
@@ -32,12 +32,12 @@ def pull(hook, root, publications, slot="s1", **kwargs):
 
 def changes_of(root, result) -> list[dict]:
     name = result["batch"].rsplit("/", 1)[1]
-    manifest = staging.read_manifest(root, "p", name)
+    manifest = layout.read_manifest(root, "p", name)
     rows = []
     for qualified, table in manifest.tables.items():
-        for row in staging.read_table(root, "p", name, table).to_pylist():
+        for row in batches.read_table(root, "p", name, table).to_pylist():
             rows.append({"table": qualified, **row})
-    return sorted(rows, key=lambda r: (r[staging.COMMIT_LSN], r[staging.SEQ]))
+    return sorted(rows, key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ]))
 
 
 def source_rows(db, table, columns="*", where="true"):
@@ -60,7 +60,7 @@ def test_insert_update_delete_truncate(publisher, publisher_hook, root):
     publisher.execute("INSERT INTO t VALUES (3, 'three'); TRUNCATE t; INSERT INTO t VALUES (4, 'four')")
     result = pull(publisher_hook, root, ["pub"])
     assert [r["_op"] for r in changes_of(root, result)] == ["I", "T", "I"]
-    manifest = staging.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
+    manifest = layout.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
     assert manifest.tables["public.t"].details["truncated"] is True
     assert table_rows(replay(root, "p"), "public.t", ["id", "v"]) == [(4, "four")]
 
@@ -104,7 +104,7 @@ def test_replica_identity_full_sends_old_rows(publisher, publisher_hook, root):
     assert [(r["_op"], r["a"], r["b"], r["_old_a"], r["_old_b"]) for r in rows] == [
         ("U", 1, "z", 1, "x"), ("D", 2, "y", None, None)
     ]
-    manifest = staging.read_manifest(root, "p", staging.committed_batches(root, "p")[-1][0])
+    manifest = layout.read_manifest(root, "p", layout.committed_batches(root, "p")[-1][0])
     assert manifest.tables["public.f"].key == ["a", "b"]
     assert table_rows(replay(root, "p"), "public.f", ["a", "b"]) == [(1, "z")]
 
@@ -184,7 +184,7 @@ def test_schema_change_inside_a_batch(publisher, publisher_hook, root):
     publisher.execute("INSERT INTO t VALUES (2, 'b', 1.50)")
     publisher.execute("UPDATE t SET n = 2.25 WHERE id = 1")
     result = pull(publisher_hook, root, ["pub"])
-    manifest = staging.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
+    manifest = layout.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
     assert [c["name"] for c in manifest.tables["public.t"].columns] == ["id", "a", "n"]
     assert [c["formatted"] for c in manifest.tables["public.t"].columns] == ["integer", "text", "numeric(8,2)"]
     assert manifest.schema_changes and manifest.schema_changes[0]["columns"] == ["id", "a", "n"]
@@ -230,7 +230,7 @@ def test_logical_messages_are_exposed(publisher, publisher_hook, root):
     start(publisher_hook, root, ["pub"])
     publisher.execute("BEGIN; INSERT INTO t VALUES (1); SELECT pg_logical_emit_message(true, 'wm', 'inside'); COMMIT")
     result = pull(publisher_hook, root, ["pub"])
-    manifest = staging.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
+    manifest = layout.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
     assert [(m["prefix"], m["content"], m["transactional"]) for m in manifest.messages] == [("wm", "inside", True)]
 
 
@@ -238,13 +238,14 @@ KILL_SCRIPT = """
 import os, signal
 from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.replication import pull, staging
+from airflow_provider_pglogical.capture import pull
+from airflow_provider_pglogical.staging import batches, layout
 point = os.environ["KILL_AT"]
 if point == "before_manifest":
-    original = staging.BatchWriter.commit
+    original = batches.BatchWriter.commit
     def die(self):
         os.kill(os.getpid(), signal.SIGKILL)
-    staging.BatchWriter.commit = die
+    batches.BatchWriter.commit = die
 def before_advance(path):
     if point == "before_advance":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -265,12 +266,12 @@ def test_pull_killed_then_rerun_stages_every_change_once(publisher, publisher_ho
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT], env=env)
     assert proc.returncode == -signal.SIGKILL
     assert publisher_hook.get_slot("s1").confirmed_flush_lsn == position  # never advanced
-    changes = [b for b in staging.committed_batches(root, "p") if b[3] == "changes"]
+    changes = [b for b in layout.committed_batches(root, "p") if b[3] == "changes"]
     assert len(changes) == (1 if kill_at == "before_advance" else 0)
     rerun = pull(publisher_hook, root, ["pub"])
     assert rerun["recovered"] is (kill_at == "before_advance")
     assert pull(publisher_hook, root, ["pub"])["batch"] is None  # nothing left, nothing twice
-    batches = [b for b in staging.committed_batches(root, "p") if b[3] == "changes"]
+    batches = [b for b in layout.committed_batches(root, "p") if b[3] == "changes"]
     assert len(batches) == 1
     rows = changes_of(root, {"batch": f"{root}/p/{batches[0][0]}"})
     assert len(rows) == 1010
@@ -311,7 +312,7 @@ def test_toast_fetch_follows_a_later_key_change_in_the_batch(publisher, publishe
     publisher.execute("UPDATE o SET status = 'paid' WHERE id = 407")
     publisher.execute("UPDATE o SET id = 880 WHERE id = 407")        # key change, note unchanged
     result = pull(publisher_hook, root, ["pub"])
-    manifest = staging.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
+    manifest = layout.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
     assert manifest.tables["public.o"].details["toast_fetch"]["filled"] == 2  # the INSERT and the key change
     assert table_rows(replay(root, "p"), "public.o", ["id", "region", "status", "note"]) == source_rows(
         publisher, "o", "id, region, status, note")
@@ -325,8 +326,8 @@ def test_toast_fetch_after_a_key_change_in_a_later_batch(publisher, publisher_ho
     boundary = publisher.query("SELECT pg_current_wal_flush_lsn()::text")[0][0]
     publisher.execute("UPDATE o SET id = 880 WHERE id = 407")       # key change, note unchanged
     # Pull only up to the boundary (as a window that ended there), after the key change happened.
-    from airflow_provider_pglogical.replication import peek
-    from airflow_provider_pglogical.replication import pull as pull_module
+    from airflow_provider_pglogical.capture import peek
+    from airflow_provider_pglogical.capture import pull as pull_module
 
     first = peek.peek_window(publisher_hook.connect_kwargs(), "s1", ["pub"],
                                     pull_module.Lsn.parse(boundary), 1000, None)
@@ -335,7 +336,7 @@ def test_toast_fetch_after_a_key_change_in_a_later_batch(publisher, publisher_ho
     publisher_hook.advance_slot("s1", pull_module.Lsn(first.last_end_lsn))
     assert manifest.tables["public.o"].details["toast_fetch"]["missing"] == 1  # 407 is gone already
     second = pull(publisher_hook, root, ["pub"])
-    later = staging.read_manifest(root, "p", second["batch"].rsplit("/", 1)[1])
+    later = layout.read_manifest(root, "p", second["batch"].rsplit("/", 1)[1])
     assert later.tables["public.o"].details["toast_fetch"]["filled"] == 1     # found under 880
     assert table_rows(replay(root, "p"), "public.o", ["id", "region", "status", "note"]) == source_rows(
         publisher, "o", "id, region, status, note")

@@ -1,7 +1,7 @@
 """Source columns named like staging metadata (``_op``, ``_old_id``, ``~x``) land exactly.
 
 Such a column may also be added after the slot exists, when leaving it out of a column list no
-longer helps: the staged change files give it another name (``staging.staged_name``) and the
+longer helps: the staged change files give it another name (``layout.staged_name``) and the
 apply maps it back, so the lakehouse has the source's names and values.
 """
 
@@ -14,10 +14,10 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
 from airflow_provider_pglogical.operators.verify import verify_pipeline
-from airflow_provider_pglogical.replication import staging
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.staging import batches, layout
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.spark import apply_changes
 from tests.integration.test_toast_filter_crossing import apply
 
@@ -25,12 +25,12 @@ from tests.integration.test_toast_filter_crossing import apply
 def test_staged_names_never_collide_and_both_sides_agree():
     names = ["id", "_op", "_seq", "_xid", "_commit_ts", "_commit_lsn", "_unchanged_toast", "_old_id", "~_op",
              "~", "_", "_created_at", "a.b", "old_id", "~~x"]
-    staged = [staging.staged_name(n) for n in names]
+    staged = [layout.staged_name(n) for n in names]
     assert staged == [apply_changes.staged_name(n) for n in names]
     assert len(set(staged)) == len(names)
-    taken = set(staging.CHANGE_METADATA) | {staging.OLD_KEY_PREFIX + n for n in names}
+    taken = set(layout.CHANGE_METADATA) | {layout.OLD_KEY_PREFIX + n for n in names}
     assert not taken & set(staged)
-    assert staging.staged_name("_created_at") == "_created_at" and staging.staged_name("_op") == "~_op"
+    assert layout.staged_name("_created_at") == "_created_at" and layout.staged_name("_op") == "~_op"
 
 
 @pytest.mark.spark
@@ -50,8 +50,8 @@ def test_columns_named_like_metadata_replicate_exactly(publisher, publisher_hook
                          INSERT INTO t VALUES (6, 'six', 6, 'x6', 600); UPDATE t SET "_seq" = 5 WHERE id = 5""")
     result = run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
     assert result["changes"] == 6
-    manifest = staging.read_manifest(storage, "p", result["batch"].rsplit("/", 1)[1])
-    staged = staging.read_table(storage, "p", manifest.name, manifest.tables["public.t"]).column_names
+    manifest = layout.read_manifest(storage, "p", result["batch"].rsplit("/", 1)[1])
+    staged = batches.read_table(storage, "p", manifest.name, manifest.tables["public.t"]).column_names
     assert {"_op", "~_op", "_old_id", "~_old_id", "~~x", "_seq", "~_seq"} <= set(staged)
     apply(root, warehouse)
     verdict = verify_pipeline(postgres_conn_id=publisher.conn_id, publications=["p"], staging_path=root.as_uri(),

@@ -13,11 +13,11 @@ from airflow_provider_pglogical.exceptions import SlotLostError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
 from airflow_provider_pglogical.operators.verify import verify_pipeline
-from airflow_provider_pglogical.replication import staging
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.pipeline_record import read_record
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.staging.pipeline_record import read_record
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
 from tests.integration.test_toast_filter_crossing import apply
 
 
@@ -65,7 +65,7 @@ def test_an_invalidated_slot_fails_permanently_then_resyncs_to_the_source(tmp_pa
         assert slot.wal_status != "lost" and str(slot.confirmed_flush_lsn) == result["start_lsn"]
         record = read_record(storage, "p")
         assert record.created_lsn == result["start_lsn"] != first["lsn"] and record.state == "streaming"
-        manifest = staging.read_manifest(storage, "p", result["batch"].rsplit("/", 1)[1])
+        manifest = layout.read_manifest(storage, "p", result["batch"].rsplit("/", 1)[1])
         assert manifest.details["initial"] and manifest.details["resync"]
 
         cluster.execute("UPDATE t SET v = 'after the resync' WHERE id = 4")

@@ -8,8 +8,8 @@ import psycopg2
 import pytest
 
 from airflow_provider_pglogical.exceptions import SlotError
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.management.publications import PublishedTable
 
 
 @pytest.fixture

@@ -25,12 +25,14 @@ from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.exceptions import UnrepresentableValue
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
-from airflow_provider_pglogical.replication import staging, values, verify
-from airflow_provider_pglogical.replication.backfill import run_backfill
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.peek import peek_window
-from airflow_provider_pglogical.replication.pull import run_pull, stage_batch
+from airflow_provider_pglogical.staging import batches, layout
+from airflow_provider_pglogical.staging import values
+from airflow_provider_pglogical.capture import source_projection
+from airflow_provider_pglogical.capture.backfill import run_backfill
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.capture.peek import peek_window
+from airflow_provider_pglogical.capture.pull import run_pull, stage_batch
 from airflow_provider_pglogical.spark import apply_changes
 
 
@@ -163,10 +165,10 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     publisher.execute(SNAPSHOT_ROWS)
     snapshot = run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p",
                                 type_overrides=OVERRIDES)
-    staged = staging.read_manifest(root, "p", snapshot["batch"].rsplit("/", 1)[1]).tables["public.special"]
+    staged = layout.read_manifest(root, "p", snapshot["batch"].rsplit("/", 1)[1]).tables["public.special"]
     assert {c["name"]: c.get("override") for c in staged.columns if c.get("override")} == {
         name.rsplit(".", 1)[1]: "string" for name in OVERRIDES}
-    snapshot_rows = as_numbers(staging.read_table(root, "p", staged_name(snapshot), staged).sort_by("id"))
+    snapshot_rows = as_numbers(batches.read_table(root, "p", staged_name(snapshot), staged).sort_by("id"))
     assert same(snapshot_rows, publisher_values(publisher)), snapshot_rows
 
     publisher.execute(CHANGES)
@@ -175,14 +177,14 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     window = peek_window(publisher_hook.connect_kwargs(), "s1", ["pub"], Lsn.parse(upto), 1000, None, vectorised=False)
     other = root.parent / "assembled"
     assembled = stage_batch(publisher_hook, other, "p", Lsn.parse(snapshot["lsn"]), Lsn.parse(upto), window, OVERRIDES)
-    assembled_rows = staging.read_table(other, "p", assembled.name, assembled.tables["public.special"])
+    assembled_rows = batches.read_table(other, "p", assembled.name, assembled.tables["public.special"])
 
     pulled = run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p",
                       type_overrides=OVERRIDES)
     assert pulled["changes"] == 3
-    changes = staging.read_manifest(root, "p", staged_name(pulled)).tables["public.special"]
+    changes = layout.read_manifest(root, "p", staged_name(pulled)).tables["public.special"]
     assert [c.get("override") for c in changes.columns] == [c.get("override") for c in staged.columns]
-    pulled_rows = staging.read_table(root, "p", staged_name(pulled), changes)
+    pulled_rows = batches.read_table(root, "p", staged_name(pulled), changes)
     assert same(as_numbers(assembled_rows.drop_columns(["_commit_ts"])), as_numbers(pulled_rows.drop_columns(["_commit_ts"])))
     assert pulled_rows.filter(pc.equal(pulled_rows["id"], 5))["arr_b"].to_pylist() == ["[-3:-2]={1,2}"]
 
@@ -221,14 +223,14 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
     assert "table public.events, column ends_at: value 'infinity'" in message
     assert "type_overrides={'public.events.ends_at': 'string'}" in message
     assert publisher.query("SELECT slot_name FROM pg_replication_slots") == []
-    assert staging.committed_batches(root, "p") == []
+    assert layout.committed_batches(root, "p") == []
     assert [p.name for p in (root / "p").iterdir()] == ["_pipeline.json"]  # no Parquet part is left
 
     # With the override the same sync completes: the value arrives as PostgreSQL's text.
     result = run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p",
                               type_overrides={"public.events.ends_at": "string"})
-    table = staging.read_manifest(root, "p", staged_name(result)).tables["public.events"]
-    rows = staging.read_table(root, "p", staged_name(result), table)
+    table = layout.read_manifest(root, "p", staged_name(result)).tables["public.events"]
+    rows = batches.read_table(root, "p", staged_name(result), table)
     last = rows.filter(pc.equal(rows["id"], 5001))
     assert last["ends_at"].to_pylist() == ["infinity"]
     # 0100-01-01 BC, exactly: PostgreSQL's own day count
@@ -238,25 +240,25 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
 
     # A backfill follows the same rule: an error without the override (its temporary slot and
     # files gone), the text with it.
-    batches = staging.committed_batches(root, "p")
+    committed = layout.committed_batches(root, "p")
     with pytest.raises(UnrepresentableValue, match=r"type_overrides=\{'public.events.ends_at': 'string'\}"):
         run_backfill(publisher_hook, tables=["public.events"], publications=["pub"], root=root, pipeline="p")
     # PostgreSQL drops a temporary slot when its session's backend exits, just after the close
     wait_until(lambda: publisher.query("SELECT slot_name FROM pg_replication_slots") == [("s1",)], timeout=10,
                message="the backfill's temporary slot to go")
-    assert staging.committed_batches(root, "p") == batches
-    assert sorted(p.name for p in (root / "p").iterdir()) == sorted(["_pipeline.json", *(b[0] for b in batches)])
+    assert layout.committed_batches(root, "p") == committed
+    assert sorted(p.name for p in (root / "p").iterdir()) == sorted(["_pipeline.json", *(b[0] for b in committed)])
     backfill = run_backfill(publisher_hook, tables=["public.events"], publications=["pub"], root=root, pipeline="p",
                             type_overrides={"public.events.ends_at": "string"})
-    table = staging.read_manifest(root, "p", staged_name(backfill)).tables["public.events"]
-    rows = staging.read_table(root, "p", staged_name(backfill), table)
+    table = layout.read_manifest(root, "p", staged_name(backfill)).tables["public.events"]
+    rows = batches.read_table(root, "p", staged_name(backfill), table)
     assert rows.filter(pc.equal(rows["id"], 5001))["ends_at"].to_pylist() == ["infinity"]
 
     # The verify stages the source projection by the same rule.
     tables = publisher_hook.published_tables(["pub"])
     with pytest.raises(UnrepresentableValue, match="column ends_at"):
-        verify.stage_source_projection(publisher_hook.connect_kwargs(), tables, root, "p")
-    _, projection = verify.stage_source_projection(publisher_hook.connect_kwargs(), tables, root, "p",
+        source_projection.stage_source_projection(publisher_hook.connect_kwargs(), tables, root, "p")
+    _, projection = source_projection.stage_source_projection(publisher_hook.connect_kwargs(), tables, root, "p",
                                                    type_overrides={"public.events.ends_at": "string"})
     assert [c.get("override") for c in projection.tables["public.events"].columns] == [None, None, "string", None]
 
@@ -269,12 +271,12 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
     assert "table public.events, column tags: value '[0:0]={3}'" in str(caught.value)
     assert "type_overrides={'public.events.tags': 'string'}" in str(caught.value)
     assert publisher.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots") == [position]
-    assert [kind for *_, kind in staging.committed_batches(root, "p")] == ["snapshot", "snapshot"]
+    assert [kind for *_, kind in layout.committed_batches(root, "p")] == ["snapshot", "snapshot"]
 
     pulled = run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p",
                       type_overrides={"public.events.ends_at": "string", "public.events.tags": "string"})
-    table = staging.read_manifest(root, "p", staged_name(pulled)).tables["public.events"]
-    row = staging.read_table(root, "p", staged_name(pulled), table).to_pylist()[0]
+    table = layout.read_manifest(root, "p", staged_name(pulled)).tables["public.events"]
+    row = batches.read_table(root, "p", staged_name(pulled), table).to_pylist()[0]
     assert (row["id"], row["ends_at"], row["tags"]) == (5002, "infinity", "[0:0]={3}")
 
 
@@ -294,16 +296,16 @@ def test_values_of_9_and_40_mib_through_the_snapshot(publisher, publisher_hook, 
     assert [row[1] for row in expected[-2:]] == [9 * 2**20 + 11, 40 * 2**20 + 11]
 
     result = run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
-    table = staging.read_manifest(root, "p", staged_name(result)).tables["public.blobs"]
-    rows = staging.read_table(root, "p", staged_name(result), table).sort_by("id").to_pylist()
+    table = layout.read_manifest(root, "p", staged_name(result)).tables["public.blobs"]
+    rows = batches.read_table(root, "p", staged_name(result), table).sort_by("id").to_pylist()
     assert fingerprints(rows) == expected
 
     # ... and through the pull: both big values change in one transaction
     publisher.execute("UPDATE blobs SET v = v || E'\\\\x', b = b || '\\x01' WHERE id > 3000")
     expected = publisher.query("SELECT id, length(v), md5(v), length(b), md5(b) FROM blobs WHERE id > 3000 ORDER BY id")
     pulled = run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
-    table = staging.read_manifest(root, "p", staged_name(pulled)).tables["public.blobs"]
-    rows = staging.read_table(root, "p", staged_name(pulled), table).sort_by("id").to_pylist()
+    table = layout.read_manifest(root, "p", staged_name(pulled)).tables["public.blobs"]
+    rows = batches.read_table(root, "p", staged_name(pulled), table).sort_by("id").to_pylist()
     assert [r["_unchanged_toast"] for r in rows] == [None, None]
     assert fingerprints(rows) == expected
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
-from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.management.publications import PublishedTable
 
 TABLES = """
 CREATE TABLE t1(a int, b text, PRIMARY KEY(a));

@@ -16,11 +16,11 @@ from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.exceptions import PipelineStateError
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
 from airflow_provider_pglogical.operators.verify import verify_pipeline
-from airflow_provider_pglogical.replication import staging
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.pipeline_record import read_record
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.staging.pipeline_record import read_record
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
 from tests.integration.test_toast_filter_crossing import apply
 from tests.support.source_state import SourceState
 
@@ -28,8 +28,8 @@ DDL = "CREATE TABLE a(id int PRIMARY KEY, v text); CREATE TABLE b(id int PRIMARY
 
 
 def kinds(root) -> list[tuple[str, list[str]]]:
-    return [(kind, sorted(staging.read_manifest(root, "p", name).tables))
-            for name, _s, _e, kind in staging.committed_batches(root, "p")]
+    return [(kind, sorted(layout.read_manifest(root, "p", name).tables))
+            for name, _s, _e, kind in layout.committed_batches(root, "p")]
 
 
 @pytest.mark.spark

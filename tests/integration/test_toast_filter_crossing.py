@@ -18,10 +18,10 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergConfig
 from airflow_provider_pglogical.operators.verify import verify_pipeline
-from airflow_provider_pglogical.replication import staging
-from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-from airflow_provider_pglogical.replication.publications import PublishedTable
-from airflow_provider_pglogical.replication.pull import run_pull
+from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.capture.pull import run_pull
 
 DDL = """
 CREATE TABLE orders(id int NOT NULL, region text NOT NULL, n int, note text, blob bytea);
@@ -70,7 +70,7 @@ def test_rows_entering_the_filter_keep_their_toast_values(
     publisher.execute("UPDATE orders SET n = 2 WHERE id = 100")  # an ordinary update, TOAST untouched
     publisher.execute("DELETE FROM orders WHERE id = 4")  # deleted before the pull's fetch
     first = run_pull(publisher_hook, slot="s1", publications=["pub"], root=storage, pipeline="p")
-    manifest = staging.read_manifest(storage, "p", first["batch"].rsplit("/", 1)[1])
+    manifest = layout.read_manifest(storage, "p", first["batch"].rsplit("/", 1)[1])
     fetch = manifest.tables["public.orders"].details["toast_fetch"]
     assert (fetch["rows"], fetch["filled"], fetch["missing"], fetch["columns"]) == (6, 5, 1, ["blob", "note"])
     assert fetch["at_lsn"]

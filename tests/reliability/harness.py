@@ -59,7 +59,10 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from airflow.sdk import ObjectStoragePath
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-    from airflow_provider_pglogical.replication import backfill, initial_sync, pull, staging
+    from airflow_provider_pglogical.capture import backfill
+    from airflow_provider_pglogical.capture import initial_sync
+    from airflow_provider_pglogical.capture import pull
+    from airflow_provider_pglogical.staging import batches, layout
 
     point, root = os.environ["KILL_AT"], ObjectStoragePath(os.environ["ROOT"])
     hook = PgLogicalHook(postgres_conn_id=os.environ["CONN"])
@@ -70,21 +73,21 @@ KILL_SCRIPT = textwrap.dedent("""
         os.kill(os.getpid(), signal.SIGKILL)
 
     if point in ("initial_sync_mid_copy", "backfill_mid_copy"):
-        original = staging.BatchWriter._count
+        original = batches.BatchWriter._count
         def count(self, table, entry, rows):  # a Parquet part is complete: the copy is under way
             original(self, table, entry, rows)
             die()
-        staging.BatchWriter._count = count
+        batches.BatchWriter._count = count
     if point == "pull_before_manifest":
         def commit(self):
             die()
-        staging.BatchWriter.commit = commit
+        batches.BatchWriter.commit = commit
 
     def before_advance(path):
         if point == "pull_before_advance":
             die()
         if point == "schema_change":
-            manifest = staging.read_manifest(root, os.environ["PIPELINE"], path.rstrip("/").rsplit("/", 1)[1])
+            manifest = layout.read_manifest(root, os.environ["PIPELINE"], path.rstrip("/").rsplit("/", 1)[1])
             if manifest.schema_changes:
                 die()
 
@@ -189,8 +192,8 @@ class Harness:
 
     # --- setup -----------------------------------------------------------------------------
     def setup(self, *, initial_rows: int = 300, kill: bool = True) -> None:
-        from airflow_provider_pglogical.replication.initial_sync import run_initial_sync
-        from airflow_provider_pglogical.replication.publications import PublishedTable
+        from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+        from airflow_provider_pglogical.management.publications import PublishedTable
 
         self.workload.create_schema()
         self.figures.counts.add(self.workload.load(initial_rows))
@@ -208,13 +211,13 @@ class Harness:
 
     def committed_batches(self, kind: str) -> int:
         """Committed batches of ``kind`` in staging (whichever run, killed or not, staged them)."""
-        from airflow_provider_pglogical.replication import staging
+        from airflow_provider_pglogical.staging import layout
 
-        return sum(1 for *_, k in staging.committed_batches(self.root, PIPELINE) if k == kind)
+        return sum(1 for *_, k in layout.committed_batches(self.root, PIPELINE) if k == kind)
 
     # --- pull ------------------------------------------------------------------------------
     def pull_all(self, kills: set[str], changes: int) -> None:
-        from airflow_provider_pglogical.replication.pull import run_pull
+        from airflow_provider_pglogical.capture.pull import run_pull
 
         # upto_nchanges counts decoded messages: from ~3 batches per round down to one. Every
         # batch costs one MERGE per table in the apply, so windows stay proportional to the round.
@@ -231,7 +234,7 @@ class Harness:
         self.fail("pull never ran dry")
 
     def backfill(self, kills: set[str]) -> None:
-        from airflow_provider_pglogical.replication.backfill import run_backfill
+        from airflow_provider_pglogical.capture.backfill import run_backfill
 
         table = self.rng.choice(["public.accounts", "public.events", "public.orders", "public.audit", "public.bag"])
         if "backfill_mid_copy" in kills:
@@ -348,12 +351,13 @@ class Harness:
 
     def diagnose(self, limit: int = 200) -> dict:
         from airflow_provider_pglogical.operators.verify import RESULT_PREFIX, VERIFY_JOB
-        from airflow_provider_pglogical.replication import staging, verify
+        from airflow_provider_pglogical.staging import layout
+        from airflow_provider_pglogical.capture import source_projection
 
-        name = staging.committed_batches(self.root, f"{verify.VERIFY_DIR}/{PIPELINE}")[-1][0]
-        manifest = staging.read_manifest(self.root, f"{verify.VERIFY_DIR}/{PIPELINE}", name)
-        specs = verify.comparison_specs(manifest, "lake", NAMESPACE)
-        directory = str(self.root / verify.VERIFY_DIR / PIPELINE / name).replace("file://", "")
+        name = layout.committed_batches(self.root, f"{source_projection.VERIFY_DIR}/{PIPELINE}")[-1][0]
+        manifest = layout.read_manifest(self.root, f"{source_projection.VERIFY_DIR}/{PIPELINE}", name)
+        specs = source_projection.comparison_specs(manifest, "lake", NAMESPACE)
+        directory = str(self.root / source_projection.VERIFY_DIR / PIPELINE / name).replace("file://", "")
         command = self.spark_command(VERIFY_JOB, ["--snapshot-dir", directory, "--tables", json.dumps(specs),
                                                   "--limit", str(limit)])
         self.figures.spark_submits += 1

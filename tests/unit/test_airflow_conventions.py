@@ -27,7 +27,7 @@ from airflow_provider_pglogical.operators.publication import PgCheckPublisherOpe
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.subscription import PgCreateSubscriptionOperator
 from airflow_provider_pglogical.operators.verify import LakehouseDiffers, PgVerifyOperator
-from airflow_provider_pglogical.replication.publications import PublishedTable
+from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.sensors.pglogical import PgSlotLagSensor, PgSubscriptionReadySensor
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 from airflow.sdk import ObjectStoragePath
 
-from airflow_provider_pglogical.replication.apply_marker import pending_batches, write_marker
-from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, TableManifest
+from airflow_provider_pglogical.staging.apply_marker import pending_batches, write_marker
+from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest
+from airflow_provider_pglogical.staging.batches import BatchWriter
 
 LAKE = {"catalog": "lake", "namespace": "shop", "warehouse": "file:///wh"}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.staging import batch_name
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.staging.layout import batch_name
 from airflow_provider_pglogical.spark.apply_changes import (
     ApplyError,
     Batch,

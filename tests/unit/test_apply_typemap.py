@@ -1,5 +1,5 @@
 """The Spark job carries its own copy of the type mapping (it ships as one file): it must agree
-with ``replication/typemap.py``, the one table the rest of the package uses."""
+with ``staging/typemap.py``, the one table the rest of the package uses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ast
 
 import pytest
 
-from airflow_provider_pglogical.replication.typemap import TYPE_MAP, map_type
+from airflow_provider_pglogical.staging.typemap import TYPE_MAP, map_type
 from airflow_provider_pglogical.spark import apply_changes
 
 COLUMNS = [
@@ -57,7 +57,7 @@ def test_job_imports_nothing_from_airflow_or_the_package():
 @pytest.mark.parametrize("column", COLUMNS, ids=lambda c: c.get("formatted") or c["type"])
 def test_an_override_stages_and_applies_any_type_as_string(column):
     """The same manifest entry gives the same type in staging (Arrow) and in the lakehouse (Spark)."""
-    from airflow_provider_pglogical.replication.typemap import map_column
+    from airflow_provider_pglogical.staging.typemap import map_column
 
     entry = {**column, "name": "c", "override": "string"}
     assert map_column(entry).spark == apply_changes.column_type(entry) == "string"

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from airflow_provider_pglogical.replication.changes import (
+from airflow_provider_pglogical.decoding.assembler import (
     ChangeAssembler,
     ChangeAssemblyError,
     TableChanges,
@@ -14,7 +14,7 @@ from airflow_provider_pglogical.replication.changes import (
     TruncateChange,
     iter_transactions,
 )
-from airflow_provider_pglogical.replication.pgoutput import Column, LogicalMessage, Relation
+from airflow_provider_pglogical.decoding.pgoutput import Column, LogicalMessage, Relation
 from tests.fixtures.pgoutput import build
 
 

@@ -10,9 +10,11 @@ import struct
 
 import pytest
 
-from airflow_provider_pglogical.replication import change_batch, columnar, staging
-from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
-from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.decoding import staged_tables
+from airflow_provider_pglogical.decoding import columnar
+from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.decoding.assembler import ChangeAssembler, Transaction
+from airflow_provider_pglogical.lsn import Lsn
 from tests.fixtures.pgoutput import build
 
 HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
@@ -36,12 +38,12 @@ def both_ways(rows) -> tuple[dict, dict]:
     fast = columnar.decode_window(copy_chunks(rows), 1, entry)
     assembler = ChangeAssembler(1)
     txns = [t for t in assembler.feed(rows) if isinstance(t, Transaction)]
-    slow = change_batch.group_by_table(txns, assembler.relations)
+    slow = staged_tables.group_by_table(txns, assembler.relations)
     assert fast.transaction_count == len(txns)
     assert fast.last_end_lsn == (txns[-1].end_lsn if txns else None)
 
     def staged(tables):
-        return {t.qualified_name: sorted(t.build({}).to_pylist(), key=lambda r: (r[staging.COMMIT_LSN], r[staging.SEQ]))
+        return {t.qualified_name: sorted(t.build({}).to_pylist(), key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ]))
                 for t in tables.values()}
     return staged(fast.tables), staged(slow)
 
@@ -80,9 +82,9 @@ def test_hand_built_shapes_stage_identically():
     fast, slow = both_ways(rows)
     assert fast == slow
     staged = fast["public.t"]
-    assert [r[staging.OP] for r in staged] == ["I", "I", "U", "U", "D", "T", "I", "U"]
-    assert [r[staging.SEQ] for r in staged] == [0, 1, 2, 3, 4, 6, 7, 0]  # the message took seq 5
-    assert staged[1][staging.UNCHANGED] == ["big"] and staged[1]["big"] is None
+    assert [r[layout.OP] for r in staged] == ["I", "I", "U", "U", "D", "T", "I", "U"]
+    assert [r[layout.SEQ] for r in staged] == [0, 1, 2, 3, 4, 6, 7, 0]  # the message took seq 5
+    assert staged[1][layout.UNCHANGED] == ["big"] and staged[1]["big"] is None
     assert (staged[3]["id"], staged[3]["_old_id"]) == ("10", "1")  # no type info given: text
     window = columnar.decode_window(copy_chunks(rows), 1, entry)
     assert [(m["prefix"], m["commit_lsn"]) for m in window.messages] == [("loose", None), ("wm", 1090)]
@@ -151,7 +153,7 @@ def test_parts_split_large_groups_and_build_in_order(monkeypatch):
 def test_copy_text_unescape_touches_only_escaped_values():
     import pyarrow as pa
 
-    from airflow_provider_pglogical.replication.values import unescape_copy_text
+    from airflow_provider_pglogical.staging.values import unescape_copy_text
 
     texts = pa.array(["plain", "a\\tb\\nc", "\\\\N", None, "\\b\\f\\v\\r", "é\\\\"])
     assert unescape_copy_text(texts).to_pylist() == ["plain", "a\tb\nc", "\\N", None, "\b\f\v\r", "é\\"]

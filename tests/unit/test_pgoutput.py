@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from airflow_provider_pglogical.replication.pgoutput import (
+from airflow_provider_pglogical.decoding.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     BeginPrepare,
@@ -40,7 +40,7 @@ from airflow_provider_pglogical.replication.pgoutput import (
     Update,
     pg_timestamp,
 )
-from airflow_provider_pglogical.replication.pgoutput_tuples import PAD, parse_tuple
+from airflow_provider_pglogical.decoding.tuples import PAD, parse_tuple
 from tests.fixtures.pgoutput import build
 
 

@@ -33,7 +33,7 @@ def test_hook_declares_itself_like_the_official_providers():
 
 
 def test_verify_and_apply_agree_on_target_names():
-    from airflow_provider_pglogical.replication.verify import default_target_name
+    from airflow_provider_pglogical.capture.source_projection import default_target_name
     from airflow_provider_pglogical.spark import apply_changes
 
     for name in ("public.orders", "Sales.Order Items", "x.ünï"):

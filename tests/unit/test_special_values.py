@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError, UnrepresentableValue
-from airflow_provider_pglogical.replication import snapshot, values
-from airflow_provider_pglogical.replication.typemap import apply_overrides, map_column, map_type
+from airflow_provider_pglogical.capture import snapshot
+from airflow_provider_pglogical.staging import values
+from airflow_provider_pglogical.staging.typemap import apply_overrides, map_column, map_type
 
 EPOCH = dt.datetime(1970, 1, 1)
 

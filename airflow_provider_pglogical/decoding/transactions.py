@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.pgoutput import LogicalMessage, Relation, pg_timestamp
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.decoding.pgoutput import LogicalMessage, Relation, pg_timestamp
 
 __all__ = ["Transaction", "TableChanges", "TruncateChange", "TransactionMessage", "SchemaChange"]
 

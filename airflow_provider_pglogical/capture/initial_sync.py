@@ -17,24 +17,20 @@ from airflow_provider_pglogical.exceptions import (
     SlotError,
     SlotLostError,
 )
-from airflow_provider_pglogical.replication import health, validation
-from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
-from airflow_provider_pglogical.replication.pipeline_record import (
+from airflow_provider_pglogical.management import health
+from airflow_provider_pglogical.management import validation
+from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
+from airflow_provider_pglogical.staging.pipeline_record import (
     STREAMING,
     PipelineRecord,
     read_record,
     write_record,
 )
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.published import ResolvedTable
-from airflow_provider_pglogical.replication.snapshot import copy_tables
-from airflow_provider_pglogical.replication.staging import (
-    BatchManifest,
-    BatchWriter,
-    StagingPath,
-    committed_batches,
-    read_manifest,
-)
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.management.published import ResolvedTable
+from airflow_provider_pglogical.capture.snapshot import copy_tables
+from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, committed_batches, read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 from airflow_provider_pglogical.exceptions import PipelineStateError
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.slots import SlotInfo
-from airflow_provider_pglogical.replication.staging import StagingPath, committed_batches, read_manifest
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.management.slots import SlotInfo
+from airflow_provider_pglogical.staging.layout import StagingPath, committed_batches, read_manifest
 
 RECORD = "_pipeline.json"
 SNAPSHOTTING = "snapshotting"

@@ -15,8 +15,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.pgoutput_messages import (
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.decoding.messages import (
     PG_EPOCH,
     Begin,
     BeginPrepare,
@@ -41,7 +41,7 @@ from airflow_provider_pglogical.replication.pgoutput_messages import (
     Update,
     pg_timestamp,
 )
-from airflow_provider_pglogical.replication.pgoutput_tuples import (
+from airflow_provider_pglogical.decoding.tuples import (
     INSERT_DECODERS,
     PAD,
     UNCHANGED_TOAST,

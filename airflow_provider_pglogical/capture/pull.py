@@ -16,23 +16,27 @@ from typing import Callable, Mapping, Sequence
 import psycopg2
 
 from airflow_provider_pglogical.exceptions import InvalidInputError, PipelineStateError, SlotError, SlotLostError
-from airflow_provider_pglogical.replication import change_batch, columnar, staging, toast
-from airflow_provider_pglogical.replication.backfill import published_by_name, snapshot_tables
-from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
-from airflow_provider_pglogical.replication.initial_sync import check_sync_arguments, lost_slot_message, resync
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.peek import PullWindow, apply_session_settings, peek_window
-from airflow_provider_pglogical.replication.pipeline_record import PipelineRecord, require_streaming
-from airflow_provider_pglogical.replication.slots import advance_slot, assert_slot_usable
-from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath, TableManifest
-from airflow_provider_pglogical.replication.validation import check_count
+from airflow_provider_pglogical.decoding import staged_tables
+from airflow_provider_pglogical.decoding import columnar
+from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.capture import toast
+from airflow_provider_pglogical.capture.backfill import published_by_name, snapshot_tables
+from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
+from airflow_provider_pglogical.capture.initial_sync import check_sync_arguments, lost_slot_message, resync
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.capture.peek import PullWindow, apply_session_settings, peek_window
+from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming
+from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable
+from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
+from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.management.validation import check_count
 
 log = logging.getLogger(__name__)
 
 
 def find_staged(root: StagingPath, pipeline: str, position: Lsn) -> tuple[str, Lsn] | None:
     """A committed change batch that covers ``position`` (a run died before advancing past it)."""
-    for name, start, end, kind in staging.committed_batches(root, pipeline):
+    for name, start, end, kind in layout.committed_batches(root, pipeline):
         if kind == "changes" and start <= position < end:
             return name, end
     return None
@@ -126,7 +130,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
             advance_slot(cursor, slot, end)
             report(f"batch {name} was committed by an earlier run that died before advancing the slot; "
                    f"advanced {slot} to {end}, staged nothing new")
-            return _summary(root, staging.read_manifest(root, pipeline, name), recovered=True, advanced_to=end)
+            return _summary(root, layout.read_manifest(root, pipeline, name), recovered=True, advanced_to=end)
         cursor.execute("SELECT pg_current_wal_flush_lsn()::text")
         upto = Lsn.parse(cursor.fetchone()[0])
 
@@ -212,7 +216,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
     try:
         with conn.cursor() as cursor:
             apply_session_settings(cursor)
-            types = change_batch.lookup_types(cursor, change_batch.relations_of(tables))
+            types = staged_tables.lookup_types(cursor, staged_tables.relations_of(tables))
             partitioned = _partitioned(cursor, [b.relation.oid for b in tables.values()])
             for oid, batch in tables.items():
                 data = batch.build(types, type_overrides)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from airflow_provider_pglogical.replication.staging import StagingPath, committed_batches
+from airflow_provider_pglogical.staging.layout import StagingPath, committed_batches
 
 MARKER = "_apply_marker.json"
 

@@ -6,10 +6,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from airflow_provider_pglogical.exceptions import PipelineStateError, SlotError
-from airflow_provider_pglogical.replication.applied_positions import read_applied
-from airflow_provider_pglogical.replication.consumer_lock import slot_consumer_lock
-from airflow_provider_pglogical.replication.pipeline_record import read_record
-from airflow_provider_pglogical.replication.staging import StagingPath, committed_batches
+from airflow_provider_pglogical.staging.applied_positions import read_applied
+from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
+from airflow_provider_pglogical.staging.pipeline_record import read_record
+from airflow_provider_pglogical.staging.layout import StagingPath, committed_batches
 
 
 @dataclass

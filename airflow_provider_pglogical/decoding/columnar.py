@@ -27,9 +27,10 @@ import numpy as np
 import pyarrow as pa
 from numpy.lib.stride_tricks import as_strided
 
-from airflow_provider_pglogical.replication import change_batch, values
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.pgoutput import LogicalMessage, PgOutputDecoder, Relation, Truncate
+from airflow_provider_pglogical.decoding import staged_tables
+from airflow_provider_pglogical.staging import values
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.decoding.pgoutput import LogicalMessage, PgOutputDecoder, Relation, Truncate
 
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _COPY_HEADER = 19
@@ -201,7 +202,7 @@ class _Transactions:
 
 
 @dataclass
-class ColumnarTable(change_batch.StagedTableNames):
+class ColumnarTable(staged_tables.StagedTableNames):
     """One table's changes in the window, built into the staged Arrow table on demand."""
 
     relation: Relation  # newest version
@@ -219,10 +220,10 @@ class ColumnarTable(change_batch.StagedTableNames):
     def truncated(self) -> bool:
         return bool(self.truncates)
 
-    def build(self, types: change_batch.TypeInfo, type_overrides=None) -> pa.Table:
-        self.columns = change_batch.union_columns(self.versions, types, type_overrides)
+    def build(self, types: staged_tables.TypeInfo, type_overrides=None) -> pa.Table:
+        self.columns = staged_tables.union_columns(self.versions, types, type_overrides)
         key = self.key
-        schema = change_batch.change_schema(self.columns, key)
+        schema = staged_tables.change_schema(self.columns, key)
         if len(self.groups) > 1:
             with ThreadPoolExecutor(WORKERS) as pool:
                 parts = list(pool.map(lambda g: self._group_table(g, key, schema), self.groups))
@@ -265,7 +266,7 @@ class ColumnarTable(change_batch.StagedTableNames):
         arrays.append(self._unchanged(group, position))
         for entry in self.columns:
             name = entry["name"]
-            mapped = change_batch.mapped_type(entry)
+            mapped = staged_tables.mapped_type(entry)
             j = position.get(name)
             if j is None:
                 arrays.append(pa.nulls(n, mapped.arrow))
@@ -274,7 +275,7 @@ class ColumnarTable(change_batch.StagedTableNames):
             arrays.append(values.text_to_arrow(texts, mapped, name, self.qualified_name))
         key_index = {rel.columns[i].name: i for i in rel.key_indices}
         for name in key:
-            mapped = change_batch.mapped_type(next(c for c in self.columns if c["name"] == name))
+            mapped = staged_tables.mapped_type(next(c for c in self.columns if c["name"] == name))
             j = key_index.get(name)
             if group.old is None or j is None:
                 arrays.append(pa.nulls(n, mapped.arrow))
@@ -300,13 +301,13 @@ class ColumnarTable(change_batch.StagedTableNames):
         rows = np.nonzero(toast.any(axis=0))[0] if len(names) else np.empty(0, np.int64)
         updates = np.nonzero(group.op == 1)[0] if absent else np.empty(0, np.int64)
         if not len(rows) and not len(updates):
-            return pa.nulls(n, change_batch.UNCHANGED_TYPE)
+            return pa.nulls(n, staged_tables.UNCHANGED_TYPE)
         out: list[list[str] | None] = [None] * n
         for row in rows.tolist():
             out[row] = [names[j] for j in np.nonzero(toast[:, row])[0].tolist()]
         for row in updates.tolist():
             out[row] = (out[row] or []) + absent
-        return pa.array(out, change_batch.UNCHANGED_TYPE)
+        return pa.array(out, staged_tables.UNCHANGED_TYPE)
 
 
 @dataclass

@@ -16,9 +16,9 @@ from typing import Sequence
 
 
 from airflow_provider_pglogical.exceptions import PublicationError, PublisherCheckError
-from airflow_provider_pglogical.replication import health
-from airflow_provider_pglogical.replication import publications as pubs
-from airflow_provider_pglogical.replication.publications import PublicationInfo, PublishedTable
+from airflow_provider_pglogical.management import health
+from airflow_provider_pglogical.management import publications as pubs
+from airflow_provider_pglogical.management.publications import PublicationInfo, PublishedTable
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,11 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 from psycopg2 import sql
 
-from airflow_provider_pglogical.replication import values
-from airflow_provider_pglogical.replication.published import ResolvedTable
-from airflow_provider_pglogical.replication.staging import BatchWriter, TableManifest
-from airflow_provider_pglogical.replication.typemap import MappedType, apply_overrides, map_column
+from airflow_provider_pglogical.staging import values
+from airflow_provider_pglogical.management.published import ResolvedTable
+from airflow_provider_pglogical.staging.layout import TableManifest
+from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.staging.typemap import MappedType, apply_overrides, map_column
 
 log = logging.getLogger(__name__)
 

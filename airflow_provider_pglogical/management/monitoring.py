@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.replication.slots import SlotInfo
+from airflow_provider_pglogical.management.slots import SlotInfo
 
 RECOVERY = (
     "docs/troubleshooting.md#invalidated-slot: drop the slot and re-snapshot (run the pipeline's initial "

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 from typing import Iterable
 
-from airflow_provider_pglogical.replication.staging import StagingPath, parse_batch_name
+from airflow_provider_pglogical.staging.layout import StagingPath, parse_batch_name
 
 APPLIED = "_applied.json"
 

@@ -13,10 +13,11 @@ from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from airflow_provider_pglogical.replication import staging, values
-from airflow_provider_pglogical.replication.changes import TableChanges, Transaction
-from airflow_provider_pglogical.replication.pgoutput import Relation
-from airflow_provider_pglogical.replication.typemap import MappedType, apply_overrides, map_column
+from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.staging import values
+from airflow_provider_pglogical.decoding.assembler import TableChanges, Transaction
+from airflow_provider_pglogical.decoding.pgoutput import Relation
+from airflow_provider_pglogical.staging.typemap import MappedType, apply_overrides, map_column
 
 #: ``(type_oid, typmod) -> (typname, format_type, element typname)``, looked up on the publisher
 TypeInfo = dict[tuple[int, int], tuple[str, str, str | None]]
@@ -139,15 +140,15 @@ def build_table(batch: TableBatch, types: TypeInfo, type_overrides: Mapping[str,
 def change_schema(columns: list[dict], key: list[str]) -> pa.Schema:
     mapped = {c["name"]: mapped_type(c) for c in columns}
     fields = [
-        pa.field(staging.OP, pa.string()),
-        pa.field(staging.COMMIT_LSN, pa.int64()),
-        pa.field(staging.SEQ, pa.int64()),
-        pa.field(staging.XID, pa.int64()),
-        pa.field(staging.COMMIT_TS, pa.timestamp("us", tz="UTC")),
-        pa.field(staging.UNCHANGED, UNCHANGED_TYPE),
+        pa.field(layout.OP, pa.string()),
+        pa.field(layout.COMMIT_LSN, pa.int64()),
+        pa.field(layout.SEQ, pa.int64()),
+        pa.field(layout.XID, pa.int64()),
+        pa.field(layout.COMMIT_TS, pa.timestamp("us", tz="UTC")),
+        pa.field(layout.UNCHANGED, UNCHANGED_TYPE),
     ]
-    fields += [pa.field(staging.staged_name(c["name"]), mapped[c["name"]].arrow) for c in columns]
-    fields += [pa.field(staging.OLD_KEY_PREFIX + k, mapped[k].arrow) for k in key]
+    fields += [pa.field(layout.staged_name(c["name"]), mapped[c["name"]].arrow) for c in columns]
+    fields += [pa.field(layout.OLD_KEY_PREFIX + k, mapped[k].arrow) for k in key]
     return pa.schema(fields)
 
 

@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psycopg2
 
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.published import ResolvedTable
-from airflow_provider_pglogical.replication.snapshot import copy_tables
-from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.management.published import ResolvedTable
+from airflow_provider_pglogical.capture.snapshot import copy_tables
+from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath
+from airflow_provider_pglogical.staging.batches import BatchWriter
 
 VERIFY_DIR = "_verify"
 

@@ -16,10 +16,12 @@ from typing import Any, Iterator, Mapping, Sequence
 import psycopg2
 from psycopg2 import sql
 
-from airflow_provider_pglogical.replication import change_batch, columnar, values
-from airflow_provider_pglogical.replication.changes import ChangeAssembler, Transaction
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.slots import changes_sql
+from airflow_provider_pglogical.decoding import staged_tables
+from airflow_provider_pglogical.decoding import columnar
+from airflow_provider_pglogical.staging import values
+from airflow_provider_pglogical.decoding.assembler import ChangeAssembler, Transaction
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.management.slots import changes_sql
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +203,7 @@ def _assembled_window(chunks: list[bytes], limited: bool) -> PullWindow:
         for t in transactions for c in t.schema_changes
     ]
     return PullWindow(
-        change_batch.group_by_table(transactions, assembler.relations), len(transactions),
+        staged_tables.group_by_table(transactions, assembler.relations), len(transactions),
         transactions[-1].end_lsn if transactions else None, messages, schema_changes, rows, nbytes, limited,
         held_back=limit is not None,
     )

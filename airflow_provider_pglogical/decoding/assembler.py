@@ -22,8 +22,8 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from airflow_provider_pglogical.replication.lsn import Lsn
-from airflow_provider_pglogical.replication.pgoutput import (
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.decoding.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     BeginPrepare,
@@ -46,7 +46,7 @@ from airflow_provider_pglogical.replication.pgoutput import (
     Type,
     Update,
 )
-from airflow_provider_pglogical.replication.transactions import (
+from airflow_provider_pglogical.decoding.transactions import (
     SchemaChange,
     TableChanges,
     Transaction,

@@ -17,12 +17,13 @@ from typing import Any, Callable, Mapping, Sequence
 from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import PublicationError
-from airflow_provider_pglogical.replication import validation
-from airflow_provider_pglogical.replication.initial_sync import require_tables, summary
-from airflow_provider_pglogical.replication.pipeline_record import PipelineRecord, require_streaming, write_record
-from airflow_provider_pglogical.replication.published import ResolvedTable
-from airflow_provider_pglogical.replication.snapshot import copy_tables
-from airflow_provider_pglogical.replication.staging import BatchManifest, BatchWriter, StagingPath
+from airflow_provider_pglogical.management import validation
+from airflow_provider_pglogical.capture.initial_sync import require_tables, summary
+from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming, write_record
+from airflow_provider_pglogical.management.published import ResolvedTable
+from airflow_provider_pglogical.capture.snapshot import copy_tables
+from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath
+from airflow_provider_pglogical.staging.batches import BatchWriter
 
 log = logging.getLogger(__name__)
 

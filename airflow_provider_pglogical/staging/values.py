@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_pglogical.exceptions import UnrepresentableValue
-from airflow_provider_pglogical.replication.typemap import MappedType
+from airflow_provider_pglogical.staging.typemap import MappedType
 
 #: settings of every session whose text output we parse (snapshot COPY and slot pulls alike)
 SESSION_SETTINGS: dict[str, str] = {

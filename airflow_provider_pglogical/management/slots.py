@@ -13,7 +13,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import SlotError
-from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.lsn import Lsn
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import SubscriptionError
-from airflow_provider_pglogical.replication.lsn import Lsn
+from airflow_provider_pglogical.lsn import Lsn
 
 #: CREATE SUBSCRIPTION ... WITH options PostgreSQL 15 accepts, and how each value is written
 SUBSCRIPTION_OPTIONS = {

@@ -1,7 +1,7 @@
 """The one table that maps PostgreSQL types to Arrow (staging) and Spark/Iceberg (lakehouse) types.
 
 Values leave PostgreSQL as text (COPY text format, pgoutput text tuples) and are parsed into the
-Arrow type named here (``replication/values.py``); the Spark job casts Parquet columns to the Spark
+Arrow type named here (``staging/values.py``); the Spark job casts Parquet columns to the Spark
 type named here. Anything unknown travels as a string: never an error, never silence.
 
 A value the mapped type cannot hold exactly (``infinity``, a ``numeric`` NaN, a timestamp past

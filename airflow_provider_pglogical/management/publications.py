@@ -13,8 +13,8 @@ from typing import Iterable, Sequence
 from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import PublicationError
-from airflow_provider_pglogical.replication.sql_fragments import check_row_filter, where_clause_text
-from airflow_provider_pglogical.replication.validation import check_identifier
+from airflow_provider_pglogical.management.sql_fragments import check_row_filter, where_clause_text
+from airflow_provider_pglogical.management.validation import check_identifier
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
 

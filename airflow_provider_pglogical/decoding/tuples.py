@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from airflow_provider_pglogical.replication.pgoutput_messages import Insert, Update
+from airflow_provider_pglogical.decoding.messages import Insert, Update
 
 __all__ = [
     "UNCHANGED_TOAST", "BinaryValue", "TupleDataError", "PAD", "INSERT_DECODERS", "UPDATE_DECODERS",

@@ -1,0 +1,1 @@
+"""Sessions on the publisher that produce staged batches: snapshot, initial sync, backfill, pull."""

@@ -1,0 +1,1 @@
+"""Publications, published tables, slots, subscriptions and publisher health: SQL only, no Arrow."""

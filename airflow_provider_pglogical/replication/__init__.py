@@ -1,1 +1,0 @@
-"""Logical-replication building blocks: LSNs, the pgoutput decoder, publications, staging."""
