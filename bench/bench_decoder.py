@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import struct
 import sys
 import time
 from collections.abc import Callable
@@ -32,18 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_provider_pglogical.decoding import tuples  # noqa: E402
+from airflow_provider_pglogical.decoding import tuples, wire  # noqa: E402
 from airflow_provider_pglogical.decoding.assembler import ChangeAssembler  # noqa: E402
 from airflow_provider_pglogical.decoding.pgoutput import PgOutputDecoder  # noqa: E402
 
 RELATION_OID = 16393
-
-
-def _column(value: str | None) -> bytes:
-    if value is None:
-        return b"n"
-    data = value.encode()
-    return b"t" + struct.pack(">I", len(data)) + data
 
 
 def insert_message(i: int, rnd: random.Random) -> bytes:
@@ -57,16 +49,14 @@ def insert_message(i: int, rnd: random.Random) -> bytes:
         f"{rnd.randint(0, 999999):06d}+00",
         None if rnd.random() < 0.3 else "note " * rnd.randint(1, 6),
     ]
-    return b"I" + struct.pack(">IcH", RELATION_OID, b"N", 7) + b"".join(_column(v) for v in values)
+    return wire.write_insert(RELATION_OID, values)
 
 
 def relation_message() -> bytes:
     columns = [("id", 23), ("name", 25), ("qty", 23), ("price", 1700), ("mood", 16386),
                ("created", 1184), ("note", 25)]
-    body = struct.pack(">I", RELATION_OID) + b"public\x00orders\x00d" + struct.pack(">H", len(columns))
-    for n, (name, oid) in enumerate(columns):
-        body += bytes([1 if n == 0 else 0]) + name.encode() + b"\x00" + struct.pack(">Ii", oid, -1)
-    return b"R" + body
+    return wire.write_relation(RELATION_OID, "public", "orders",
+                               [(1 if n == 0 else 0, name, oid, -1) for n, (name, oid) in enumerate(columns)])
 
 
 def rows_with_transactions(inserts: list[bytes], txn_size: int) -> list[tuple[str, str, bytes]]:
@@ -74,11 +64,11 @@ def rows_with_transactions(inserts: list[bytes], txn_size: int) -> list[tuple[st
     lsn = 0x1000000
     for start in range(0, len(inserts), txn_size):
         xid = 1000 + start
-        rows.append(("0/1", str(xid), b"B" + struct.pack(">QqI", lsn + 100, 0, xid)))
+        rows.append(("0/1", str(xid), wire.write_begin(lsn + 100, 0, xid)))
         if start == 0:
             rows.append(("0/1", str(xid), relation_message()))
         rows.extend(("0/1", str(xid), m) for m in inserts[start:start + txn_size])
-        rows.append(("0/1", str(xid), b"C" + struct.pack(">BQQq", 0, lsn + 100, lsn + 148, 0)))
+        rows.append(("0/1", str(xid), wire.write_commit(lsn + 100, lsn + 148, 0)))
         lsn += 200
     return rows
 
@@ -137,7 +127,7 @@ def main() -> None:
     rows = rows_with_transactions(inserts, args.txn_size)
     timed(f"assemble {len(rows)} rows, {args.txn_size} inserts/txn (GC paused)", len(rows),
           lambda: ChangeAssembler(1).feed(rows))
-    updates = rows_with_transactions([b"U" + m[1:] for m in inserts], args.txn_size)
+    updates = rows_with_transactions([wire.UPDATE + m[1:] for m in inserts], args.txn_size)
     timed(f"assemble {len(updates)} rows of UPDATEs, {args.txn_size}/txn (GC paused)", len(updates),
           lambda: ChangeAssembler(1).feed(updates))
     single = rows_with_transactions(inserts[: n // 3], 1)

@@ -9,17 +9,16 @@ slot's consumer lock.
 from __future__ import annotations
 
 import logging
-import struct
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import psycopg2
 from psycopg2 import sql
 
 from airflow_provider_pglogical.decoding import staged_tables
-from airflow_provider_pglogical.decoding import columnar
+from airflow_provider_pglogical.decoding import columnar, wire
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.decoding.assembler import ChangeAssembler, Transaction
+from airflow_provider_pglogical.decoding.window import DecodedWindow, message_record, schema_change_record
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.slots import changes_sql
 
@@ -27,25 +26,6 @@ log = logging.getLogger(__name__)
 
 PROTO_VERSION = 1
 FETCH_ROWS = 20_000
-
-
-@dataclass
-class PullWindow:
-    """What one bounded peek returned: its tables' changes, and what the manifest records besides."""
-
-    #: per table oid, a TableBatch or columnar.ColumnarTable (``versions``, ``truncated``, ``build``)
-    tables: dict[int, Any]
-    transaction_count: int
-    #: end LSN of the last transaction in the window (where the slot may advance to)
-    last_end_lsn: int | None
-    messages: list[dict]
-    schema_changes: list[dict]
-    rows: int
-    bytes: int
-    #: True when upto_nchanges / max_bytes cut the window short: more may be waiting before upto
-    limited: bool
-    #: True when transactions were held back before an unresolved PREPARE (two-phase slots)
-    held_back: bool = False
 
 
 def plugin_options(publications: Sequence[str]) -> dict[str, str]:
@@ -59,12 +39,6 @@ def apply_session_settings(cursor) -> None:
 
 class _WindowFull(Exception):
     """Raised from the COPY sink to stop reading once max_bytes is reached at a commit."""
-
-
-_LSN = struct.Struct(">Q")
-_FRAME = struct.Struct(">hiQi")  # field count, lsn length, lsn, data length
-_COPY_HEADER = 19  # signature (11) + flags (4) + header extension length (4)
-_TRAILER = b"\xff\xff"
 
 
 class _BoundedSink:
@@ -81,39 +55,8 @@ class _BoundedSink:
     def write(self, chunk: bytes) -> None:
         self.chunks.append(chunk)
         self.size += len(chunk)
-        if self.size >= self.max_bytes and len(self.chunks) > 1 and chunk[18:19] == b"C":
+        if self.size >= self.max_bytes and len(self.chunks) > 1 and chunk[wire.ROW_FRAME_SIZE:wire.ROW_FRAME_SIZE + 1] == wire.COMMIT:
             raise _WindowFull
-
-
-def _rows(chunks: list[bytes]) -> Iterator[tuple[int, None, bytes]]:
-    """``(lsn, None, data)`` per row of a binary COPY of ``(lsn pg_lsn, data bytea)``.
-
-    The fast path takes one row per chunk (what psycopg2 delivers); anything else is framed from
-    the joined stream.
-    """
-    if not chunks:
-        return
-    first = chunks[0]
-    rest = [first[_COPY_HEADER:]] + chunks[1:] if len(first) > _COPY_HEADER else chunks[1:]
-    unpack_lsn = _LSN.unpack_from
-    for index, chunk in enumerate(rest):
-        if len(chunk) >= 18 and int.from_bytes(chunk[14:18], "big") == len(chunk) - 18:
-            yield unpack_lsn(chunk, 6)[0], None, chunk[18:]
-        elif chunk == _TRAILER:
-            return
-        else:
-            yield from _framed(b"".join(rest[index:]))
-            return
-
-
-def _framed(data: bytes) -> Iterator[tuple[int, None, bytes]]:
-    pos, end = 0, len(data)
-    while end - pos >= 18:
-        _n, _lsn_len, lsn, length = _FRAME.unpack_from(data, pos)
-        if _n == -1:
-            return
-        yield lsn, None, data[pos + 18:pos + 18 + length]
-        pos += 18 + length
 
 
 def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Transaction], list[dict], int, int]:
@@ -127,12 +70,12 @@ def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Tra
             if isinstance(item, Transaction):
                 transactions.append(item)
             else:
-                messages.append(_message(item, transactional=False))
+                messages.append(message_record(item, transactional=False))
         pending.clear()
 
-    for row in _rows(chunks):
-        pending.append(row)
-        nbytes += len(row[2])
+    for lsn, data in wire.copy_rows(chunks):
+        pending.append((lsn, None, data))
+        nbytes += len(data)
         rows += 1
         if len(pending) >= FETCH_ROWS:
             flush()
@@ -143,7 +86,7 @@ def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Tra
 def peek_window(
     connect_kwargs: Mapping[str, Any], slot: str, publications: Sequence[str], upto: Lsn, max_changes: int,
     max_bytes: int | None, *, vectorised: bool = True,
-) -> PullWindow:
+) -> DecodedWindow:
     """Peek ``[confirmed, upto)`` bounded by ``max_changes`` messages (and ``max_bytes``), and decode it.
 
     The rows travel as binary ``COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(…))``:
@@ -175,9 +118,8 @@ def peek_window(
     window = None
     if vectorised:
         try:
-            decoded = columnar.decode_window(chunks, PROTO_VERSION, _message)
-            window = PullWindow(decoded.tables, decoded.transaction_count, decoded.last_end_lsn, decoded.messages,
-                                decoded.schema_changes, decoded.rows, decoded.bytes, limited)
+            window = columnar.decode_window(chunks, PROTO_VERSION)
+            window.limited = limited
         except columnar.NeedsAssembler as why:
             log.info("decoding this window message by message: %s", why)
     if window is None:
@@ -187,7 +129,7 @@ def peek_window(
     return window
 
 
-def _assembled_window(chunks: list[bytes], limited: bool) -> PullWindow:
+def _assembled_window(chunks: list[bytes], limited: bool) -> DecodedWindow:
     """The message-by-message path: every message of protocols 1-4, precise errors."""
     assembler = ChangeAssembler(PROTO_VERSION)
     transactions, messages, rows, nbytes = _assemble(chunks, assembler)
@@ -195,14 +137,10 @@ def _assembled_window(chunks: list[bytes], limited: bool) -> PullWindow:
     if limit is not None:
         transactions = [t for t in transactions if t.end_lsn is not None and t.end_lsn <= limit]
     messages = messages + [
-        _message(m.message, transactional=True, commit_lsn=t.commit_lsn) for t in transactions for m in t.messages
+        message_record(m.message, transactional=True, commit_lsn=t.commit_lsn) for t in transactions for m in t.messages
     ]
-    schema_changes = [
-        {"table": c.new.qualified_name, "lsn": str(Lsn(c.lsn)) if c.lsn else None,
-         "columns": list(c.new.column_names), "previous_columns": list(c.old.column_names)}
-        for t in transactions for c in t.schema_changes
-    ]
-    return PullWindow(
+    schema_changes = [schema_change_record(c.new, c.old, c.lsn) for t in transactions for c in t.schema_changes]
+    return DecodedWindow(
         staged_tables.group_by_table(transactions, assembler.relations), len(transactions),
         transactions[-1].end_lsn if transactions else None, messages, schema_changes, rows, nbytes, limited,
         held_back=limit is not None,
@@ -214,18 +152,3 @@ class _ListSink:
 
     def __init__(self, chunks: list[bytes]) -> None:
         self.write = chunks.append
-
-
-def _message(msg, transactional: bool, commit_lsn: int | None = None) -> dict:
-    content = bytes(msg.content)
-    try:
-        text: str | None = content.decode()
-    except UnicodeDecodeError:
-        text = None
-    return {
-        "lsn": str(Lsn(msg.lsn)), "prefix": msg.prefix, "transactional": transactional,
-        "content": text, "content_hex": None if text is not None else content.hex(),
-        "commit_lsn": str(Lsn(commit_lsn)) if commit_lsn is not None else None,
-    }
-
-

@@ -24,7 +24,8 @@ from airflow_provider_pglogical.capture.backfill import published_by_name, snaps
 from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
 from airflow_provider_pglogical.capture.initial_sync import check_sync_arguments, lost_slot_message, resync
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.capture.peek import PullWindow, apply_session_settings, peek_window
+from airflow_provider_pglogical.capture.peek import apply_session_settings, peek_window
+from airflow_provider_pglogical.decoding.window import DecodedWindow
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming
 from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
@@ -163,7 +164,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
 NEW_TABLE_POLICIES = ("snapshot", "fail")
 
 
-def _snapshot_new_tables(hook, record: PipelineRecord, window: PullWindow, publications: list[str],
+def _snapshot_new_tables(hook, record: PipelineRecord, window: DecodedWindow, publications: list[str],
                          root: StagingPath, pipeline: str, policy: str, report: Callable[[str], None],
                          type_overrides: Mapping[str, str] | None = None) -> None:
     """Give tables the pipeline never snapshotted a snapshot batch before their changes are staged.
@@ -200,7 +201,7 @@ def _snapshot_new_tables(hook, record: PipelineRecord, window: PullWindow, publi
                         report=report, reason="added to a publication", type_overrides=type_overrides)
 
 
-def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: PullWindow,
+def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: DecodedWindow,
                 type_overrides: Mapping[str, str] | None = None) -> BatchManifest:
     """Build, TOAST-fill and write the batch; the manifest is written last."""
     tables = window.tables

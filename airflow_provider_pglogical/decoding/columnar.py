@@ -27,25 +27,23 @@ import numpy as np
 import pyarrow as pa
 from numpy.lib.stride_tricks import as_strided
 
-from airflow_provider_pglogical.decoding import staged_tables
+from airflow_provider_pglogical.decoding import staged_tables, wire
 from airflow_provider_pglogical.staging import values
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.decoding.window import DecodedWindow, empty_window, message_record, schema_change_record
 from airflow_provider_pglogical.decoding.pgoutput import LogicalMessage, PgOutputDecoder, Relation, Truncate
 
-_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
-_COPY_HEADER = 19
-_TRAILER = b"\xff\xff"
 _PAD = bytes(16)  # lets fixed-width reads run past a message's end without bounds checks
-_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
+_FRAME = wire.ROW_FRAME_SIZE
 
-_B, _C, _I, _U, _D, _T, _M, _R = (ord(c) for c in "BCIUDTMR")
-_KEY, _OLD, _NEW = ord("K"), ord("O"), ord("N")
-_NULL, _TOAST, _TEXT = ord("n"), ord("u"), ord("t")
-_VECTORISED_KINDS = np.array([ord(c) for c in "BCORYIUDTM"], np.uint8)
+_B, _C, _I, _U, _D, _T, _M, _R = (kind[0] for kind in (wire.BEGIN, wire.COMMIT, wire.INSERT, wire.UPDATE,
+                                                       wire.DELETE, wire.TRUNCATE, wire.MESSAGE, wire.RELATION))
+_KEY, _OLD, _NEW = wire.OLD_KEY[0], wire.OLD_ROW[0], wire.NEW_ROW[0]
+_NULL, _TOAST, _TEXT = wire.NULL[0], wire.UNCHANGED_TOAST[0], wire.TEXT[0]
+_VECTORISED_KINDS = np.frombuffer(wire.BEGIN + wire.COMMIT + wire.ORIGIN + wire.RELATION + wire.TYPE + wire.INSERT
+                                  + wire.UPDATE + wire.DELETE + wire.TRUNCATE + wire.MESSAGE, np.uint8)
 _VECTORISED_TUPLE_KINDS = np.zeros(256, bool)
 _VECTORISED_TUPLE_KINDS[[_NULL, _TOAST, _TEXT]] = True
 _OPS = pa.array(["I", "U", "D", "T"])
-_OP_INDEX = {_I: 0, _U: 1, _D: 2}
 
 
 #: rows per unit of parallel work: numpy and Arrow release the GIL, so parts decode and build on
@@ -106,26 +104,27 @@ def _frame(chunks: Sequence[bytes]) -> _Buffer:
     lengths = np.fromiter(map(len, chunks), np.int64, len(chunks))
     starts = np.zeros(len(chunks), np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    if not data.startswith(_COPY_SIGNATURE) or data[15:19] != b"\0\0\0\0" or lengths[0] < _COPY_HEADER:
+    header = wire.COPY_HEADER_SIZE
+    if not data.startswith(wire.COPY_SIGNATURE) or data[header - 4:header] != bytes(4) or lengths[0] < header:
         raise NeedsAssembler("no binary COPY header")
-    starts[0] += _COPY_HEADER
-    lengths[0] -= _COPY_HEADER
+    starts[0] += header
+    lengths[0] -= header
     keep = lengths > 0
-    if lengths[-1] == len(_TRAILER) and data[starts[-1]:starts[-1] + 2] == _TRAILER:
+    if lengths[-1] == len(wire.COPY_TRAILER) and data[starts[-1]:starts[-1] + 2] == wire.COPY_TRAILER:
         keep[-1] = False  # the trailer: alone, or all that follows the header in the first chunk
     starts, lengths = starts[keep], lengths[keep]
     u8 = np.frombuffer(data, np.uint8)
     none = np.empty(0, np.int64)
-    buf = _Buffer(data, u8, pa.py_buffer(data), starts + 18, starts + lengths, none, none.astype(np.uint64))
+    buf = _Buffer(data, u8, pa.py_buffer(data), starts + _FRAME, starts + lengths, none, none.astype(np.uint64))
     if len(starts) == 0:
         return buf
-    # Field count (2), LSN length (8), LSN, data length, then the message's first 8 bytes.
-    frames = buf.rows(starts, 26)
-    if (lengths < 19).any() or (_be(frames, 0, 2) != 2).any() or (_be(frames, 2, 4) != 8).any() \
-            or (_be(frames, 14, 4) != lengths - 18).any():
+    # wire.ROW_FRAME (field count, LSN length, LSN, data length), then the message's first 8 bytes.
+    frames = buf.rows(starts, _FRAME + 8)
+    if (lengths <= _FRAME).any() or (_be(frames, 0, 2) != 2).any() or (_be(frames, 2, 4) != 8).any() \
+            or (_be(frames, 14, 4) != lengths - _FRAME).any():
         raise NeedsAssembler("COPY rows are not one per chunk")
     buf.lsn = _be(frames, 6, 8)
-    buf.head = np.ascontiguousarray(frames[:, 18:26]).view(">u8")[:, 0].astype(np.uint64)
+    buf.head = np.ascontiguousarray(frames[:, _FRAME:_FRAME + 8]).view(">u8")[:, 0].astype(np.uint64)
     return buf
 
 
@@ -310,23 +309,9 @@ class ColumnarTable(staged_tables.StagedTableNames):
         return pa.array(out, staged_tables.UNCHANGED_TYPE)
 
 
-@dataclass
-class ColumnarWindow:
-    """A decoded window: tables ready to build, and what the manifest records besides rows."""
-
-    tables: dict[int, ColumnarTable]
-    transaction_count: int
-    last_end_lsn: int | None
-    messages: list[dict]
-    schema_changes: list[dict]
-    rows: int
-    bytes: int
-
-
-def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) -> ColumnarWindow:
+def decode_window(chunks: Sequence[bytes], proto_version: int) -> DecodedWindow:
     """Decode the binary COPY rows of one ``pg_logical_slot_peek_binary_changes`` call.
 
-    :param message_entry: ``(LogicalMessage, transactional, commit_lsn) -> dict`` for the manifest.
     :raises NeedsAssembler: the window needs the message-by-message assembler.
     """
     if proto_version != 1:
@@ -335,7 +320,7 @@ def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) ->
     count = len(buf.start)
     nbytes = int((buf.end - buf.start).sum())
     if count == 0:
-        return ColumnarWindow({}, 0, None, [], [], 0, 0)
+        return empty_window()
     kind = (buf.head >> np.uint64(56)).astype(np.uint8)
     if not np.isin(kind, _VECTORISED_KINDS).all():
         raise NeedsAssembler("streamed or two-phase messages")
@@ -365,9 +350,7 @@ def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) ->
             known[msg.oid] = msg
             versions.setdefault(msg.oid, []).append((i, msg))
             if previous is not None:
-                schema_changes.append({"table": msg.qualified_name, "lsn": str(Lsn(int(buf.lsn[i]))),
-                                       "columns": list(msg.column_names),
-                                       "previous_columns": list(previous.column_names)})
+                schema_changes.append(schema_change_record(msg, previous, int(buf.lsn[i])))
         elif k == _T or (k == _M and msg.transactional):
             if not inside[i]:
                 raise NeedsAssembler("a transactional message outside a transaction")
@@ -377,7 +360,7 @@ def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) ->
             else:
                 txn_messages.append((i, msg))
         elif k == _M:
-            loose_messages.append(message_entry(msg, False, None))
+            loose_messages.append(message_record(msg, False))
     cumulative = np.cumsum(counted) - counted
     seq = cumulative - cumulative[begins][np.maximum(txn_of, 0)] if len(begins) else cumulative
 
@@ -405,8 +388,8 @@ def decode_window(chunks: Sequence[bytes], proto_version: int, message_entry) ->
             if oid not in tables:
                 tables[oid] = ColumnarTable(known[oid], buf, txns)
             tables[oid].truncates.append((i, int(txn_of[i]), int(seq[i])))
-    messages = loose_messages + [message_entry(m, True, int(txns.commit_lsn[txn_of[i]])) for i, m in txn_messages]
-    return ColumnarWindow(tables, len(begins), int(txns.end_lsn[-1]) if len(begins) else None, messages,
+    messages = loose_messages + [message_record(m, True, int(txns.commit_lsn[txn_of[i]])) for i, m in txn_messages]
+    return DecodedWindow(tables, len(begins), int(txns.end_lsn[-1]) if len(begins) else None, messages,
                           schema_changes, count, nbytes)
 
 
@@ -416,12 +399,14 @@ def _transactions(buf: _Buffer, kind: np.ndarray) -> tuple[_Transactions, np.nda
     if len(bounds) % 2 or not (kind[bounds[0::2]] == _B).all() or not (kind[bounds[1::2]] == _C).all():
         raise NeedsAssembler("transactions do not pair up (an open transaction at the window's end?)")
     begins, commits = bounds[0::2], bounds[1::2]
-    if ((buf.end[begins] - buf.start[begins]) != 21).any() or ((buf.end[commits] - buf.start[commits]) != 26).any():
+    if ((buf.end[begins] - buf.start[begins]) != wire.BEGIN_SIZE).any() \
+            or ((buf.end[commits] - buf.start[commits]) != wire.COMMIT_SIZE).any():
         raise NeedsAssembler("malformed Begin or Commit")
     b, c = buf.start[begins], buf.start[commits]
     txns = _Transactions(
-        xid=buf.be(b + 17, 4), commit_lsn=buf.be(c + 2, 8), end_lsn=buf.be(c + 10, 8),
-        commit_ts=buf.be(c + 18, 8, signed=True) + _PG_EPOCH_US,
+        xid=buf.be(b + wire.BEGIN_XID_AT, 4), commit_lsn=buf.be(c + wire.COMMIT_LSN_AT, 8),
+        end_lsn=buf.be(c + wire.COMMIT_END_LSN_AT, 8),
+        commit_ts=buf.be(c + wire.COMMIT_TS_AT, 8, signed=True) + wire.PG_EPOCH_UNIX_US,
     )
     return txns, begins, commits
 

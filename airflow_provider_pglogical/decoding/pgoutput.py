@@ -15,6 +15,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from airflow_provider_pglogical.decoding import wire
+from airflow_provider_pglogical.decoding.wire import MESSAGE_NAMES
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.decoding.messages import (
     PG_EPOCH,
@@ -58,15 +60,7 @@ __all__ = [
     "MESSAGE_NAMES",
 ]
 
-MESSAGE_NAMES: dict[int, str] = {
-    ord("B"): "Begin", ord("M"): "Message", ord("C"): "Commit", ord("O"): "Origin",
-    ord("R"): "Relation", ord("Y"): "Type", ord("I"): "Insert", ord("U"): "Update",
-    ord("D"): "Delete", ord("T"): "Truncate", ord("S"): "Stream Start", ord("E"): "Stream Stop",
-    ord("c"): "Stream Commit", ord("A"): "Stream Abort", ord("b"): "Begin Prepare",
-    ord("P"): "Prepare", ord("K"): "Commit Prepared", ord("r"): "Rollback Prepared",
-    ord("p"): "Stream Prepare",
-}
-"""Message type byte -> the name PostgreSQL's documentation gives it."""
+
 
 
 class PgOutputDecodeError(ValueError):
@@ -99,19 +93,21 @@ def _describe(type_byte: int) -> str:
     return f"{name} message '{char}'" if name else f"message with type byte '{char}' (0x{type_byte:02x})"
 
 
-_U32 = struct.Struct(">I").unpack_from
-_U32_U32 = struct.Struct(">II").unpack_from
-_BEGIN = struct.Struct(">QqI").unpack_from              # final_lsn, commit_ts, xid
-_COMMIT = struct.Struct(">BQQq").unpack_from            # flags, commit_lsn, end_lsn, commit_ts
-_STREAM_COMMIT = struct.Struct(">IBQQq").unpack_from    # xid, flags, commit_lsn, end_lsn, ts
-_STREAM_ABORT_V4 = struct.Struct(">IIQq").unpack_from   # xid, subxid, abort_lsn, abort_ts
-_BEGIN_PREPARE = struct.Struct(">QQqI").unpack_from     # prepare_lsn, end_lsn, prepare_ts, xid
-_PREPARE = struct.Struct(">BQQqI").unpack_from          # flags, lsn, end_lsn, ts, xid
-_ROLLBACK_PREPARED = struct.Struct(">BQQqqI").unpack_from
-_MESSAGE = struct.Struct(">BQ").unpack_from             # flags, lsn
-_COLUMN = struct.Struct(">Ii").unpack_from              # type oid, typmod
-_TRUNCATE = struct.Struct(">IB").unpack_from            # nrelids, options
-_Q = struct.Struct(">Q").unpack_from
+_U32 = wire.U32.unpack_from
+_U32_U32 = wire.STREAM_ABORT_FIELDS.unpack_from
+_BEGIN = wire.BEGIN_FIELDS.unpack_from
+_COMMIT = wire.COMMIT_FIELDS.unpack_from
+_STREAM_COMMIT = wire.STREAM_COMMIT_FIELDS.unpack_from
+_STREAM_ABORT_V4 = wire.STREAM_ABORT_V4_FIELDS.unpack_from
+_BEGIN_PREPARE = wire.BEGIN_PREPARE_FIELDS.unpack_from
+_PREPARE = wire.PREPARE_FIELDS.unpack_from
+_ROLLBACK_PREPARED = wire.ROLLBACK_PREPARED_FIELDS.unpack_from
+_MESSAGE = wire.MESSAGE_FIELDS.unpack_from
+_COLUMN = wire.COLUMN_FIELDS.unpack_from
+_TRUNCATE = wire.TRUNCATE_FIELDS.unpack_from
+_Q = wire.ORIGIN_FIELDS.unpack_from
+_INSERT, _UPDATE, _DELETE = wire.INSERT[0], wire.UPDATE[0], wire.DELETE[0]
+_OLD_KEY, _OLD_ROW, _NEW_ROW = wire.OLD_KEY[0], wire.OLD_ROW[0], wire.NEW_ROW[0]
 _new = tuple.__new__
 
 
@@ -152,18 +148,18 @@ class PgOutputDecoder:
         kind = buf[0]
         try:
             # Data messages first: they are nearly all of any stream.
-            if kind == 73:  # Insert: 'I' [xid] oid 'N' ncols ...
+            if kind == _INSERT:  # Insert: 'I' [xid] oid 'N' ncols ...
                 if self.in_stream:
                     return INSERT_DECODERS[(buf[10] << 8) | buf[11]](buf, 5, _U32(buf, 1)[0])
                 return INSERT_DECODERS[(buf[6] << 8) | buf[7]](buf, 1, None)
-            if kind == 85:  # Update: 'U' [xid] oid ('K'|'O' old tuple)? 'N' new tuple
+            if kind == _UPDATE:  # Update: 'U' [xid] oid ('K'|'O' old tuple)? 'N' new tuple
                 if self.in_stream:
-                    if buf[9] == 78:
+                    if buf[9] == _NEW_ROW:
                         return UPDATE_DECODERS[(buf[10] << 8) | buf[11]](buf, 5, _U32(buf, 1)[0])
-                elif buf[5] == 78:
+                elif buf[5] == _NEW_ROW:
                     return UPDATE_DECODERS[(buf[6] << 8) | buf[7]](buf, 1, None)
                 return self._update(buf)
-            if kind == 68:
+            if kind == _DELETE:
                 return self._delete(buf)
             handler = _HANDLERS.get(kind)
             if handler is None:
@@ -186,11 +182,11 @@ class PgOutputDecoder:
         padded = buf + PAD
         action = buf[pos]
         old = old_kind = None
-        if action == 75 or action == 79:  # 'K' old key, 'O' old row
-            old_kind = "K" if action == 75 else "O"
+        if action == _OLD_KEY or action == _OLD_ROW:
+            old_kind = chr(action)
             old, _, pos = parse_tuple(padded, pos + 1)
             action = buf[pos]
-        if action != 78:
+        if action != _NEW_ROW:
             raise _Malformed(f"expected 'K', 'O' or 'N' tuple, got {bytes([action])!r}")
         new, unchanged, end = parse_tuple(padded, pos + 1)
         _expect_end(buf, end)
@@ -199,22 +195,22 @@ class PgOutputDecoder:
     def _delete(self, buf: bytes) -> Delete:
         xid, oid, pos = self._xid_oid(buf)
         action = buf[pos]
-        if action != 75 and action != 79:
+        if action != _OLD_KEY and action != _OLD_ROW:
             raise _Malformed(f"expected 'K' or 'O' tuple, got {bytes([action])!r}")
         old, _, end = parse_tuple(buf + PAD, pos + 1)
         _expect_end(buf, end)
-        return _new(Delete, (oid, old, "K" if action == 75 else "O", xid))
+        return _new(Delete, (oid, old, chr(action), xid))
 
     # -- everything else -----------------------------------------------------------------------
     def _stream_xid(self, buf: bytes) -> tuple[int | None, int]:
         return (_U32(buf, 1)[0], 5) if self.in_stream else (None, 1)
 
     def _begin(self, buf: bytes) -> Begin:
-        _expect_end(buf, 21)
+        _expect_end(buf, wire.BEGIN_SIZE)
         return _new(Begin, _BEGIN(buf, 1))
 
     def _commit(self, buf: bytes) -> Commit:
-        _expect_end(buf, 26)
+        _expect_end(buf, wire.COMMIT_SIZE)
         return _new(Commit, _COMMIT(buf, 1))
 
     def _origin(self, buf: bytes) -> Origin:
@@ -284,24 +280,24 @@ class PgOutputDecoder:
         return StreamStop()
 
     def _stream_commit(self, buf: bytes) -> StreamCommit:
-        _expect_end(buf, 30)
+        _expect_end(buf, 1 + wire.STREAM_COMMIT_FIELDS.size)
         return _new(StreamCommit, _STREAM_COMMIT(buf, 1))
 
     def _stream_abort(self, buf: bytes) -> StreamAbort:
-        if len(buf) == 25 and self.proto_version >= 4:  # streaming = parallel sends abort info
+        if len(buf) == 1 + wire.STREAM_ABORT_V4_FIELDS.size and self.proto_version >= 4:  # streaming = parallel sends abort info
             return StreamAbort(*_STREAM_ABORT_V4(buf, 1))
-        _expect_end(buf, 9)
+        _expect_end(buf, 1 + wire.STREAM_ABORT_FIELDS.size)
         return StreamAbort(*_U32_U32(buf, 1))
 
     def _begin_prepare(self, buf: bytes) -> BeginPrepare:
         fields = _BEGIN_PREPARE(buf, 1)
-        gid, end = _cstring(buf, 29)
+        gid, end = _cstring(buf, 1 + wire.BEGIN_PREPARE_FIELDS.size)
         _expect_end(buf, end)
         return BeginPrepare(*fields, gid)
 
     def _prepare_like(self, buf: bytes, cls: Callable[..., Message]) -> Message:
         fields = _PREPARE(buf, 1)
-        gid, end = _cstring(buf, 30)
+        gid, end = _cstring(buf, 1 + wire.PREPARE_FIELDS.size)
         _expect_end(buf, end)
         return cls(*fields, gid)
 
@@ -316,26 +312,26 @@ class PgOutputDecoder:
 
     def _rollback_prepared(self, buf: bytes) -> RollbackPrepared:
         fields = _ROLLBACK_PREPARED(buf, 1)
-        gid, end = _cstring(buf, 38)
+        gid, end = _cstring(buf, 1 + wire.ROLLBACK_PREPARED_FIELDS.size)
         _expect_end(buf, end)
         return RollbackPrepared(*fields, gid)
 
 
 _HANDLERS: dict[int, Callable[[PgOutputDecoder, bytes], Message]] = {
-    ord("B"): PgOutputDecoder._begin,
-    ord("C"): PgOutputDecoder._commit,
-    ord("O"): PgOutputDecoder._origin,
-    ord("R"): PgOutputDecoder._relation,
-    ord("Y"): PgOutputDecoder._type,
-    ord("T"): PgOutputDecoder._truncate,
-    ord("M"): PgOutputDecoder._message,
-    ord("S"): PgOutputDecoder._stream_start,
-    ord("E"): PgOutputDecoder._stream_stop,
-    ord("c"): PgOutputDecoder._stream_commit,
-    ord("A"): PgOutputDecoder._stream_abort,
-    ord("b"): PgOutputDecoder._begin_prepare,
-    ord("P"): PgOutputDecoder._prepare,
-    ord("p"): PgOutputDecoder._stream_prepare,
-    ord("K"): PgOutputDecoder._commit_prepared,
-    ord("r"): PgOutputDecoder._rollback_prepared,
+    wire.BEGIN[0]: PgOutputDecoder._begin,
+    wire.COMMIT[0]: PgOutputDecoder._commit,
+    wire.ORIGIN[0]: PgOutputDecoder._origin,
+    wire.RELATION[0]: PgOutputDecoder._relation,
+    wire.TYPE[0]: PgOutputDecoder._type,
+    wire.TRUNCATE[0]: PgOutputDecoder._truncate,
+    wire.MESSAGE[0]: PgOutputDecoder._message,
+    wire.STREAM_START[0]: PgOutputDecoder._stream_start,
+    wire.STREAM_STOP[0]: PgOutputDecoder._stream_stop,
+    wire.STREAM_COMMIT[0]: PgOutputDecoder._stream_commit,
+    wire.STREAM_ABORT[0]: PgOutputDecoder._stream_abort,
+    wire.BEGIN_PREPARE[0]: PgOutputDecoder._begin_prepare,
+    wire.PREPARE[0]: PgOutputDecoder._prepare,
+    wire.STREAM_PREPARE[0]: PgOutputDecoder._stream_prepare,
+    wire.COMMIT_PREPARED[0]: PgOutputDecoder._commit_prepared,
+    wire.ROLLBACK_PREPARED[0]: PgOutputDecoder._rollback_prepared,
 }

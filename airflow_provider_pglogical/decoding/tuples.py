@@ -30,6 +30,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
+from airflow_provider_pglogical.decoding import wire
 from airflow_provider_pglogical.decoding.messages import Insert, Update
 
 __all__ = [
@@ -76,8 +77,8 @@ PAD: Final = b"\x00\x00\x00\x00"
 
 _KIND_LEN = struct.Struct(">BI").unpack_from
 _NEW_TUPLE_HEADER = struct.Struct(">IcH").unpack_from  # relation oid, 'N', column count
-_LEN = struct.Struct(">I").unpack_from
-_KIND_N, _KIND_U, _KIND_T, _KIND_B = 110, 117, 116, 98
+_LEN = wire.U32.unpack_from
+_KIND_N, _KIND_U, _KIND_T, _KIND_B = wire.NULL[0], wire.UNCHANGED_TOAST[0], wire.TEXT[0], wire.BINARY[0]
 # Above this column count the generated code would be long; a loop is used instead.
 _MAX_GENERATED = 64
 
@@ -128,9 +129,9 @@ def _column_code(ncols: int) -> list[str]:
     for i in range(ncols):
         lines += [
             "    kind, length = _KIND_LEN(buf, pos)",
-            "    if kind == 116:",
+            f"    if kind == {_KIND_T}:",
             f"        pos += 5; v{i} = buf[pos:pos + length]; pos += length",
-            "    elif kind == 110:",
+            f"    elif kind == {_KIND_N}:",
             f"        v{i} = None; pos += 1",
             "    else:",
             f"        v{i}, pos = _rare_column(buf, pos, kind); rare = True",
@@ -183,7 +184,7 @@ def _generated_decoder(ncols: int, cls: type) -> MessageDecoder:
     lines = [
         "def generated(buf, pos, xid):",
         "    oid, action, count = _HEADER(buf, pos)",
-        f"    if action != b'N' or count != {ncols}:",
+        f"    if action != {wire.NEW_ROW!r} or count != {ncols}:",
         f"        raise TupleDataError(f'expected N and {ncols} columns, got {{action!r}} and {{count}}')",
         "    buf += _PAD",
         "    pos += 7",
@@ -204,7 +205,7 @@ def _loop_decoder(ncols: int, cls: type) -> MessageDecoder:
 
     def decode(buf: bytes, pos: int, xid: int | None) -> Insert | Update:
         oid, action, count = _NEW_TUPLE_HEADER(buf, pos)
-        if action != b"N" or count != ncols:
+        if action != wire.NEW_ROW or count != ncols:
             raise TupleDataError(f"expected N and {ncols} columns, got {action!r} and {count}")
         values, end, rare = parse(buf + PAD, pos + 7)
         if end != len(buf):

@@ -6,36 +6,27 @@ what it does not handle must raise NeedsAssembler (never decode wrongly).
 
 from __future__ import annotations
 
-import struct
-
 import pytest
 
 from airflow_provider_pglogical.decoding import staged_tables
-from airflow_provider_pglogical.decoding import columnar
+from airflow_provider_pglogical.decoding import columnar, wire
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.decoding.assembler import ChangeAssembler, Transaction
 from airflow_provider_pglogical.lsn import Lsn
 from tests.fixtures.pgoutput import build
 
-HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
-
-
 def copy_chunks(rows, header_alone: bool = False) -> list[bytes]:
     """``(lsn, xid, data)`` rows framed as psycopg2 hands over a binary COPY of ``(lsn, data)``."""
-    chunks = [struct.pack(">hiQi", 2, 8, Lsn.parse(lsn).value if isinstance(lsn, str) else lsn, len(data)) + data
-              for lsn, _xid, data in rows]
+    header, *chunks, trailer = wire.write_copy(
+        (Lsn.parse(lsn).value if isinstance(lsn, str) else lsn, data) for lsn, _xid, data in rows)
     if header_alone:
-        return [HEADER, *chunks, b"\xff\xff"]
-    return [HEADER + chunks[0], *chunks[1:], b"\xff\xff"] if chunks else [HEADER + b"\xff\xff"]
-
-
-def entry(msg, transactional, commit_lsn):
-    return {"prefix": msg.prefix, "transactional": transactional, "commit_lsn": commit_lsn}
+        return [header, *chunks, trailer]
+    return [header + chunks[0], *chunks[1:], trailer] if chunks else [header + trailer]
 
 
 def both_ways(rows) -> tuple[dict, dict]:
     """Staged rows per table from the vectorised decoder and from the assembler."""
-    fast = columnar.decode_window(copy_chunks(rows), 1, entry)
+    fast = columnar.decode_window(copy_chunks(rows), 1)
     assembler = ChangeAssembler(1)
     txns = [t for t in assembler.feed(rows) if isinstance(t, Transaction)]
     slow = staged_tables.group_by_table(txns, assembler.relations)
@@ -86,8 +77,8 @@ def test_hand_built_shapes_stage_identically():
     assert [r[layout.SEQ] for r in staged] == [0, 1, 2, 3, 4, 6, 7, 0]  # the message took seq 5
     assert staged[1][layout.UNCHANGED] == ["big"] and staged[1]["big"] is None
     assert (staged[3]["id"], staged[3]["_old_id"]) == ("10", "1")  # no type info given: text
-    window = columnar.decode_window(copy_chunks(rows), 1, entry)
-    assert [(m["prefix"], m["commit_lsn"]) for m in window.messages] == [("loose", None), ("wm", 1090)]
+    window = columnar.decode_window(copy_chunks(rows), 1)
+    assert [(m["prefix"], m["commit_lsn"]) for m in window.messages] == [("loose", None), ("wm", str(Lsn(1090)))]
     assert window.tables[OID].truncated
 
 
@@ -99,15 +90,15 @@ def test_a_schema_change_splits_versions_and_keeps_message_order():
     rows += txn(701, 1200, build.update(OID, ["1", "e", "f"]))
     fast, slow = both_ways(rows)
     assert fast == slow
-    window = columnar.decode_window(copy_chunks(rows), 1, entry)
+    window = columnar.decode_window(copy_chunks(rows), 1)
     assert [c["columns"] for c in window.schema_changes] == [["id", "v", "big"]]
     assert [len(g.index) for g in window.tables[OID].groups] == [1, 3]
 
 
 def test_the_header_may_come_alone_and_an_empty_window_is_empty():
     rows = txn(700, 1000, build.relation(OID, "public", "t", COLUMNS), build.insert(OID, ["1", "a", "b"]))
-    assert columnar.decode_window(copy_chunks(rows, header_alone=True), 1, entry).rows == 3 + 0 + 1
-    empty = columnar.decode_window(copy_chunks([]), 1, entry)
+    assert columnar.decode_window(copy_chunks(rows, header_alone=True), 1).rows == 3 + 0 + 1
+    empty = columnar.decode_window(copy_chunks([]), 1)
     assert (empty.rows, empty.tables, empty.transaction_count) == (0, {}, 0)
 
 
@@ -126,18 +117,18 @@ def test_the_header_may_come_alone_and_an_empty_window_is_empty():
 ])
 def test_what_it_does_not_handle_goes_to_the_assembler(why, rows):
     with pytest.raises(columnar.NeedsAssembler):
-        columnar.decode_window(copy_chunks(rows), 1, entry)
+        columnar.decode_window(copy_chunks(rows), 1)
 
 
 def test_rows_not_one_per_chunk_go_to_the_assembler():
     chunks = copy_chunks(txn(700, 1000, build.relation(OID, "public", "t", COLUMNS)))
     with pytest.raises(columnar.NeedsAssembler):
-        columnar.decode_window([b"".join(chunks)], 1, entry)
+        columnar.decode_window([b"".join(chunks)], 1)
 
 
 def test_other_protocol_versions_go_to_the_assembler():
     with pytest.raises(columnar.NeedsAssembler):
-        columnar.decode_window(copy_chunks(txn(700, 1000)), 2, entry)
+        columnar.decode_window(copy_chunks(txn(700, 1000)), 2)
 
 
 def test_parts_split_large_groups_and_build_in_order(monkeypatch):
@@ -145,7 +136,7 @@ def test_parts_split_large_groups_and_build_in_order(monkeypatch):
     monkeypatch.setattr(columnar, "WORKERS", 3)
     rows = txn(700, 1000, build.relation(OID, "public", "t", COLUMNS),
                *[build.insert(OID, [str(i), f"v{i}", None]) for i in range(7)])
-    window = columnar.decode_window(copy_chunks(rows), 1, entry)
+    window = columnar.decode_window(copy_chunks(rows), 1)
     assert [len(g.index) for g in window.tables[OID].groups] == [3, 2, 2]
     assert [r["id"] for r in window.tables[OID].build({}).to_pylist()] == [str(i) for i in range(7)]
 
