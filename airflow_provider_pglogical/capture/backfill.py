@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from psycopg2 import sql
 
+from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import PublicationError
 from airflow_provider_pglogical.management import validation
 from airflow_provider_pglogical.capture.initial_sync import require_tables, summary
@@ -51,7 +53,7 @@ class KeyRange:
 
 
 def run_backfill(
-    hook, *, tables: Sequence[str], publications: Sequence[str], root: StagingPath, pipeline: str,
+    hook: Connector, *, tables: Sequence[str], publications: Sequence[str], root: StagingPath, pipeline: str,
     key_range: KeyRange | None = None, parallelism: int = 2, type_overrides: Mapping[str, str] | None = None,
     report: Callable[[str], None] = log.info,
 ) -> dict:
@@ -74,7 +76,7 @@ def run_backfill(
                 )
     extra = None
     if key_range is not None:
-        with hook._cursor() as cursor:
+        with hook.autocommit_cursor() as cursor:
             text = key_range.where().as_string(cursor)
         extra = {table.qualified_name: text for table in chosen}
     return snapshot_tables(hook, record, chosen, root, pipeline, key_range=key_range, extra_where=extra,
@@ -83,7 +85,7 @@ def run_backfill(
 
 def published_by_name(hook, publications: Sequence[str], wanted: Sequence[str]) -> list[ResolvedTable]:
     """The published tables named ``wanted`` (``schema.table``); an error names any that is not."""
-    published = {t.qualified_name: t for t in require_tables(hook.published_tables(publications), publications)}
+    published = {t.qualified_name: t for t in require_tables(connector.published_tables(hook, publications), publications)}
     unknown = [name for name in wanted if name not in published]
     if unknown:
         raise PublicationError(
@@ -101,7 +103,7 @@ def snapshot_tables(
 ) -> dict:
     """Stage a snapshot batch of ``tables`` at a fresh LSN; a whole-table one joins the record's tables."""
     temporary_slot = f"pglogical_backfill_{uuid.uuid4().hex[:12]}"
-    with hook.exported_snapshot(temporary_slot, temporary=True) as snapshot:
+    with connector.exported_snapshot(hook, temporary_slot, temporary=True) as snapshot:
         lsn = str(snapshot.consistent_lsn)
         manifest = BatchManifest(
             pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn,

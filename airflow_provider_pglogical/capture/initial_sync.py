@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Mapping, Sequence
 
+from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import (
     PipelineStateError,
     PublicationError,
@@ -68,7 +70,7 @@ def check_sync_arguments(slot: str, publications: Sequence[str], root: StagingPa
 
 
 def _database(hook) -> str:
-    with hook._cursor() as cursor:
+    with hook.autocommit_cursor() as cursor:
         cursor.execute("SELECT current_database()")
         return cursor.fetchone()[0]
 
@@ -100,11 +102,11 @@ def _claim_existing_slot(hook, existing, record: PipelineRecord | None, slot: st
         )
     report(f"slot {slot} was created by an earlier attempt of pipeline {pipeline} that died before committing "
            f"its snapshot (created at {record.created_lsn}, never consumed): recreating it")
-    hook.drop_slot(slot)
+    connector.drop_slot(hook, slot)
 
 
 def run_initial_sync(
-    hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, parallelism: int = 2,
+    hook: Connector, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, parallelism: int = 2,
     type_overrides: Mapping[str, str] | None = None, report: Callable[[str], None] = log.info,
     lock_wait_seconds: float = 60.0,
 ) -> dict:
@@ -119,7 +121,7 @@ def run_initial_sync(
     publications = check_sync_arguments(slot, publications, root, pipeline)
     validation.check_count(parallelism, "parallelism")
     with slot_consumer_lock(hook.connect_kwargs(), slot, "initial sync", lock_wait_seconds):
-        tables = require_tables(hook.published_tables(publications), publications)
+        tables = require_tables(connector.published_tables(hook, publications), publications)
         record = read_record(root, pipeline)
         if record is not None and record.slot != slot:
             raise PipelineStateError(
@@ -127,7 +129,7 @@ def run_initial_sync(
                 "or use another pipeline name for a second pipeline. Nothing was changed"
             )
         done = _initial_snapshot_batch(root, pipeline, slot, record)
-        existing_slot = hook.get_slot(slot)
+        existing_slot = connector.get_slot(hook, slot)
         if done is not None and existing_slot is not None and existing_slot.invalidated:
             raise SlotLostError(lost_slot_message(slot, pipeline, "was invalidated (wal_status = lost)"))
         if done is not None and existing_slot is not None:
@@ -138,7 +140,7 @@ def run_initial_sync(
             return summary(root, done)
         if done is not None:
             raise SlotLostError(lost_slot_message(slot, pipeline, "no longer exists"))
-        with hook._cursor() as cursor:  # what would stop replication, found before a slot exists
+        with hook.autocommit_cursor() as cursor:  # what would stop replication, found before a slot exists
             problems = health.find_publisher_problems(cursor, publications, replica_identity=False)
         if problems:
             raise PublisherCheckError(problems)
@@ -157,7 +159,7 @@ def lost_slot_message(slot: str, pipeline: str, what: str) -> str:
     )
 
 
-def resync(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
+def resync(hook: Connector, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
            report: Callable[[str], None], parallelism: int = 2,
            type_overrides: Mapping[str, str] | None = None) -> dict:
     """Recreate the pipeline's lost slot and re-snapshot every published table at its new position.
@@ -167,7 +169,7 @@ def resync(hook, record: PipelineRecord, publications: list[str], root: StagingP
     later full snapshot supersedes everything before it).
     """
     slot = record.slot
-    existing = hook.get_slot(slot)
+    existing = connector.get_slot(hook, slot)
     if existing is not None:
         if not existing.invalidated or existing.plugin != record.plugin or existing.database != record.database:
             raise SlotError(
@@ -176,8 +178,8 @@ def resync(hook, record: PipelineRecord, publications: list[str], root: StagingP
                 "only an invalidated slot of the pipeline. Nothing was changed"
             )
         report(f"dropping the invalidated slot {slot} (wal_status = lost) to resync pipeline {pipeline}")
-        hook.drop_slot(slot)
-    tables = require_tables(hook.published_tables(publications), publications)
+        connector.drop_slot(hook, slot)
+    tables = require_tables(connector.published_tables(hook, publications), publications)
     report(f"resyncing pipeline {pipeline}: new slot {slot}, new snapshot of {len(tables)} table(s)")
     return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report,
                                    resync=True, type_overrides=type_overrides)
@@ -190,7 +192,7 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
     database = _database(hook)
     created = False
     try:
-        with hook.exported_snapshot(slot) as snapshot:
+        with connector.exported_snapshot(hook, slot) as snapshot:
             created = True
             lsn = str(snapshot.consistent_lsn)
             record = PipelineRecord(slot=slot, plugin=snapshot.plugin, database=database, created_lsn=lsn,
@@ -217,7 +219,7 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
 def _drop_own_slot(hook, slot: str) -> None:
     """The copy failed: the slot this run created must not stay behind pinning WAL."""
     try:
-        hook.drop_slot(slot)
+        connector.drop_slot(hook, slot)
         log.warning("the initial sync failed; dropped the slot %s it had created", slot)
     except Exception as err:  # the original error matters more; say what remains
         log.error("the initial sync failed and could not drop the slot %s it created (%s): drop it by hand",

@@ -15,6 +15,8 @@ from typing import Callable, Mapping, Sequence
 
 import psycopg2
 
+from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import InvalidInputError, PipelineStateError, SlotError, SlotLostError
 from airflow_provider_pglogical.decoding import staged_tables
 from airflow_provider_pglogical.decoding import columnar
@@ -44,7 +46,7 @@ def find_staged(root: StagingPath, pipeline: str, position: Lsn) -> tuple[str, L
 
 
 def run_pull(
-    hook, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, max_changes: int = 200_000,
+    hook: Connector, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, max_changes: int = 200_000,
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
     before_advance: Callable[[str], None] | None = None, lock_wait_seconds: float = 60.0,
     new_tables: str = "snapshot", on_slot_lost: str = "fail", type_overrides: Mapping[str, str] | None = None,
@@ -75,7 +77,7 @@ def run_pull(
     publications = check_sync_arguments(slot, publications, root, pipeline)
     max_changes = check_count(max_changes, "max_changes")
     max_bytes = check_count(max_bytes, "max_bytes", optional=True)
-    with hook._cursor() as cursor:
+    with hook.autocommit_cursor() as cursor:
         require_logical_wal(cursor)
     record = require_streaming(root, pipeline, publications, "pull", slot=slot)
     with slot_consumer_lock(hook.connect_kwargs(), slot, "pull", lock_wait_seconds):
@@ -96,7 +98,7 @@ SLOT_LOST_POLICIES = ("fail", "resync")
 
 def _lost(hook, record: PipelineRecord) -> str | None:
     """Why the pipeline's slot is lost ("was invalidated …", "no longer exists"), or None."""
-    slot = hook.get_slot(record.slot)
+    slot = connector.get_slot(hook, record.slot)
     if slot is None:
         return "no longer exists"
     if slot.invalidated:
@@ -122,7 +124,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
                  type_overrides: Mapping[str, str] | None) -> dict:
     started = time.monotonic()
     slot = record.slot
-    with hook._cursor() as cursor:
+    with hook.autocommit_cursor() as cursor:
         slot_info = assert_slot_usable(cursor, slot)
         position = slot_info.confirmed_flush_lsn
         staged = find_staged(root, pipeline, position)
@@ -142,7 +144,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
         end = max(upto, position)
 
     if not window.transaction_count:
-        with hook._cursor() as cursor:
+        with hook.autocommit_cursor() as cursor:
             moved = advance_slot(cursor, slot, end) if end > position else position
         report(f"no changes in [{position}, {upto}); slot {slot} advanced to {moved}")
         return {"batch": None, "start_lsn": str(position), "end_lsn": str(moved), "advanced_to": str(moved),
@@ -153,7 +155,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
     path = str(root / pipeline / manifest.name)
     if before_advance is not None:
         before_advance(path)
-    with hook._cursor() as cursor:
+    with hook.autocommit_cursor() as cursor:
         advanced = advance_slot(cursor, slot, end)
     seconds = time.monotonic() - started
     report(f"staged {sum(t.rows for t in manifest.tables.values()):,} change rows of {window.transaction_count:,} "
@@ -187,7 +189,7 @@ def _snapshot_new_tables(hook, record: PipelineRecord, window: DecodedWindow, pu
             f"give partial tables. Run a backfill of them (PgBackfillOperator(tables={names})), or pull with "
             "new_tables='snapshot'. Nothing was changed"
         )
-    published_now = {t.qualified_name for t in hook.published_tables(publications)}
+    published_now = {t.qualified_name for t in connector.published_tables(hook, publications)}
     gone = [oid for oid, name in unknown.items() if name not in published_now]
     for oid in gone:
         log.warning("dropping the changes of %s: it is no longer published and the pipeline never snapshotted it",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from contextlib import AbstractContextManager
 from typing import Any, Iterator, Mapping, Sequence
 
 import psycopg2
@@ -13,18 +14,15 @@ import psycopg2.extras
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg2 import sql
 
-from airflow_provider_pglogical.exceptions import SubscriptionError
-from airflow_provider_pglogical.management import health
+from airflow_provider_pglogical.hooks.subscription_methods import SubscriptionMethods
+from airflow_provider_pglogical.management import connector, health
 from airflow_provider_pglogical.management import publication_sync
-from airflow_provider_pglogical.management import published
 from airflow_provider_pglogical.management import slots
-from airflow_provider_pglogical.management import subscriptions
 from airflow_provider_pglogical.management import publications as pubs
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.publications import PublicationInfo, PublishedTable
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.management.slots import ExportedSnapshot, SlotInfo
-from airflow_provider_pglogical.management.subscriptions import SubscriptionStatus
 
 #: the ``cursor`` extra, as psycopg2 cursor classes (PostgresHook maps it to psycopg 3 row factories
 #: when psycopg 3 is installed)
@@ -37,7 +35,7 @@ _CURSOR_FACTORIES = {
 _IAM_TOKEN_REUSE_SECONDS = 300
 
 
-class PgLogicalHook(PostgresHook):
+class PgLogicalHook(SubscriptionMethods, PostgresHook):
     """Manage PostgreSQL logical replication from a standard ``postgres`` Airflow connection.
 
     Connections are built as :class:`PostgresHook` builds them (host, port, login, password,
@@ -129,19 +127,13 @@ class PgLogicalHook(PostgresHook):
         serialize = getattr(PostgresHook, "_serialize_cell_ppg2", None)  # providers before psycopg 3 support
         return serialize(cell, conn) if serialize else PostgresHook._serialize_cell(cell, conn)
 
-    @contextlib.contextmanager
-    def _cursor(self) -> Iterator[psycopg2.extensions.cursor]:
-        """An autocommit cursor: replication management statements must not run in a transaction."""
-        conn = psycopg2.connect(**self.connect_kwargs())
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cursor:
-                yield cursor
-        finally:
-            conn.close()
+    def autocommit_cursor(self) -> AbstractContextManager[psycopg2.extensions.cursor]:
+        """An autocommit cursor (:class:`~airflow_provider_pglogical.management.connector.Connector`):
+        replication management statements must not run in a transaction."""
+        return connector.autocommit_cursor(self.connect_kwargs())
 
     def _execute(self, statement: sql.Composable, params: Sequence[Any] | None = None) -> None:
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             self.log.info("Executing: %s", statement.as_string(cursor))
             cursor.execute(statement, params)
 
@@ -249,13 +241,12 @@ class PgLogicalHook(PostgresHook):
 
     def describe_publication(self, name: str) -> PublicationInfo | None:
         """What psql ``\\dRp+`` shows: owner, flags, and each table with its filter and column list."""
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             return pubs.describe_publication(cursor, name)
 
     def published_tables(self, publications: Sequence[str]) -> list[ResolvedTable]:
         """Per published table: the effective column list and combined row filter, by PostgreSQL's rules."""
-        with self._cursor() as cursor:
-            return published.resolve_published_tables(cursor, publications)
+        return connector.published_tables(self, publications)
 
     # -- slots -------------------------------------------------------------------------------
     def create_slot(
@@ -263,7 +254,7 @@ class PgLogicalHook(PostgresHook):
         if_not_exists: bool = True,
     ) -> Lsn | None:
         """Create a logical slot; returns its consistent LSN (None when it existed already)."""
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             return slots.create_slot(cursor, name, plugin, temporary, two_phase, if_not_exists)
 
     @contextlib.contextmanager
@@ -275,27 +266,24 @@ class PgLogicalHook(PostgresHook):
         Inside the block, other sessions ``SET TRANSACTION SNAPSHOT <snapshot_name>`` and see exactly
         the rows committed before the slot's consistent LSN.
         """
-        kwargs = {**self.connect_kwargs(), "replication": "database"}
-        with slots.exported_snapshot(kwargs, name, plugin, temporary, two_phase) as snapshot:
+        with connector.exported_snapshot(self, name, plugin, temporary, two_phase) as snapshot:
             yield snapshot
 
     def drop_slot(self, name: str, missing_ok: bool = True) -> bool:
         """Drop a slot; returns False when it did not exist."""
-        with self._cursor() as cursor:
-            return slots.drop_slot(cursor, name, missing_ok)
+        return connector.drop_slot(self, name, missing_ok)
 
     def list_slots(self) -> list[SlotInfo]:
         """Every slot with active, restart/confirmed LSNs, wal_status, retained WAL and lag bytes."""
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             return slots.list_slots(cursor)
 
     def get_slot(self, name: str) -> SlotInfo | None:
-        with self._cursor() as cursor:
-            return slots.get_slot(cursor, name)
+        return connector.get_slot(self, name)
 
     def advance_slot(self, name: str, lsn: Lsn | str) -> Lsn:
         """Confirm everything before ``lsn`` as consumed, so PostgreSQL may recycle that WAL."""
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             return slots.advance_slot(cursor, name, lsn)
 
     def peek_changes(
@@ -309,7 +297,7 @@ class PgLogicalHook(PostgresHook):
         :param options: output-plugin options, e.g. ``{"proto_version": "1", "publication_names": "p"}``.
         :param binary: use the ``_binary_`` function (required for pgoutput).
         """
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             return slots.read_changes(
                 cursor, name, binary=binary, consume=False, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges,
                 options=options,
@@ -320,145 +308,11 @@ class PgLogicalHook(PostgresHook):
         options: Mapping[str, Any] | None = None, binary: bool = True,
     ) -> list[tuple[Lsn, int, Any]]:
         """Like :meth:`peek_changes`, but consumes what it returns."""
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             return slots.read_changes(
                 cursor, name, binary=binary, consume=True, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges,
                 options=options,
             )
-
-    # -- subscriptions (this hook connected to the subscriber) --------------------------------
-    def create_subscription(
-        self,
-        name: str,
-        publications: Sequence[str],
-        *,
-        publisher_conn_id: str | None = None,
-        conninfo: str | None = None,
-        copy_data: bool | None = None,
-        create_slot: bool | None = None,
-        slot_name: str | None = None,
-        enabled: bool | None = None,
-        connect: bool | None = None,
-        two_phase: bool | None = None,
-        streaming: bool | str | None = None,
-        binary: bool | None = None,
-        disable_on_error: bool | None = None,
-        synchronous_commit: str | None = None,
-        if_not_exists: bool = True,
-    ) -> bool:
-        """Create a subscription to ``publications``; returns False when it existed already.
-
-        :param publisher_conn_id: Airflow connection of the publisher (or give ``conninfo``).
-        :param conninfo: a libpq connection string for the publisher, as the subscriber sees it.
-        :param slot_name: the remote slot (default: the subscription's name); ``"NONE"`` for none.
-        Other options are PostgreSQL's ``CREATE SUBSCRIPTION … WITH (…)`` options; ``None`` keeps
-        PostgreSQL's default.
-        """
-        info = self._publisher_conninfo(publisher_conn_id, conninfo)
-        options = {
-            "copy_data": copy_data, "create_slot": create_slot, "slot_name": slot_name, "enabled": enabled,
-            "connect": connect, "two_phase": two_phase, "streaming": streaming, "binary": binary,
-            "disable_on_error": disable_on_error, "synchronous_commit": synchronous_commit,
-        }
-        statement = subscriptions.create_subscription_sql(name, info, publications, options)
-        try:
-            with self._cursor() as cursor:
-                # The statement holds the publisher's password: log only the name.
-                self.log.info("Creating subscription %s to publication(s) %s", name, ", ".join(publications))
-                cursor.execute(statement)
-        except psycopg2.errors.DuplicateObject:
-            if not if_not_exists:
-                raise
-            self.log.info("Subscription %s exists already", name)
-            return False
-        return True
-
-    def _publisher_conninfo(self, publisher_conn_id: str | None, conninfo: str | None) -> str:
-        if bool(publisher_conn_id) == bool(conninfo):
-            raise SubscriptionError("give exactly one of publisher_conn_id or conninfo for the publisher")
-        if conninfo:
-            return conninfo
-        return subscriptions.conninfo_from(PgLogicalHook(postgres_conn_id=publisher_conn_id).connect_kwargs())
-
-    def _alter_subscription(self, name: str, action: sql.Composable) -> None:
-        self._execute(subscriptions.alter_subscription_sql(name, action))
-
-    def enable_subscription(self, name: str) -> None:
-        self._alter_subscription(name, sql.SQL("ENABLE"))
-
-    def disable_subscription(self, name: str) -> None:
-        self._alter_subscription(name, sql.SQL("DISABLE"))
-
-    def refresh_subscription(self, name: str, copy_data: bool = True) -> None:
-        """Pick up tables added to the publications since; ``copy_data`` copies their rows."""
-        self._alter_subscription(
-            name, sql.SQL("REFRESH PUBLICATION WITH (copy_data = {})").format(sql.SQL("true" if copy_data else "false"))
-        )
-
-    def set_subscription_publications(
-        self, name: str, publications: Sequence[str], refresh: bool | None = None, copy_data: bool | None = None
-    ) -> None:
-        self._alter_subscription(name, subscriptions.publication_action("SET", publications, {"refresh": refresh, "copy_data": copy_data}))
-
-    def add_subscription_publications(
-        self, name: str, publications: Sequence[str], refresh: bool | None = None, copy_data: bool | None = None
-    ) -> None:
-        self._alter_subscription(name, subscriptions.publication_action("ADD", publications, {"refresh": refresh, "copy_data": copy_data}))
-
-    def drop_subscription_publications(self, name: str, publications: Sequence[str], refresh: bool | None = None) -> None:
-        self._alter_subscription(name, subscriptions.publication_action("DROP", publications, {"refresh": refresh}))
-
-    def skip_subscription(self, name: str, lsn: Lsn | str) -> None:
-        """Skip the remote transaction finishing at ``lsn`` (the one in the apply error's CONTEXT)."""
-        self._alter_subscription(name, sql.SQL("SKIP (lsn = {})").format(sql.Literal(str(Lsn.parse(lsn)))))
-
-    def set_subscription_connection(
-        self, name: str, *, publisher_conn_id: str | None = None, conninfo: str | None = None
-    ) -> None:
-        info = self._publisher_conninfo(publisher_conn_id, conninfo)
-        with self._cursor() as cursor:
-            self.log.info("Changing the publisher connection of subscription %s", name)
-            cursor.execute(subscriptions.alter_subscription_sql(name, sql.SQL("CONNECTION {}").format(sql.Literal(info))))
-
-    def drop_subscription(self, name: str, keep_remote_slot: bool = False, missing_ok: bool = True) -> None:
-        """Drop a subscription, also when the publisher is unreachable.
-
-        With ``keep_remote_slot`` (or when the publisher cannot be reached) the subscription is
-        disabled and detached from its slot first; the publisher's slot then stays and must be
-        dropped there (it pins WAL until it is).
-        """
-        with self._cursor() as cursor:
-            status = subscriptions.subscription_status(cursor, name)
-            if status is None:
-                if missing_ok:
-                    return
-                raise SubscriptionError(f"subscription {name!r} does not exist")
-            if not keep_remote_slot:
-                try:
-                    cursor.execute(subscriptions.drop_subscription_sql(name, missing_ok))
-                    return
-                except (psycopg2.errors.ConnectionFailure, psycopg2.OperationalError) as err:
-                    self.log.warning(
-                        "Publisher of subscription %s is unreachable (%s); detaching from its slot",
-                        name, str(err).strip().splitlines()[0],
-                    )
-            self._detach_and_drop(cursor, name, status.slot_name, missing_ok)
-
-    def _detach_and_drop(self, cursor, name: str, slot_name: str | None, missing_ok: bool) -> None:
-        cursor.execute(subscriptions.alter_subscription_sql(name, sql.SQL("DISABLE")))
-        cursor.execute(subscriptions.alter_subscription_sql(name, sql.SQL("SET (slot_name = NONE)")))
-        cursor.execute(subscriptions.drop_subscription_sql(name, missing_ok))
-        if slot_name:
-            self.log.warning(
-                "Replication slot %s of dropped subscription %s remains on the publisher and pins WAL there: "
-                "drop it with pg_drop_replication_slot('%s') when the publisher is reachable",
-                slot_name, name, slot_name,
-            )
-
-    def subscription_status(self, name: str) -> SubscriptionStatus | None:
-        """Worker, received/latest LSNs, per-table sync state and error counts."""
-        with self._cursor() as cursor:
-            return subscriptions.subscription_status(cursor, name)
 
     # -- health ------------------------------------------------------------------------------
     def check_publisher(self, publications: Sequence[str], tables: Sequence[str] = ()) -> None:
@@ -466,5 +320,5 @@ class PgLogicalHook(PostgresHook):
         problem (wal_level, slots, WAL senders, REPLICATION role, replica identities, row filters and
         column lists against the replica identity, missing tables or publications). Read-only.
         """
-        with self._cursor() as cursor:
+        with self.autocommit_cursor() as cursor:
             health.check_publisher(cursor, publications, tables)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.exceptions import PipelineStateError, SlotError
 from airflow_provider_pglogical.staging.applied_positions import read_applied
 from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
@@ -47,7 +48,7 @@ def pipeline_status(hook, root: StagingPath, pipeline: str) -> PipelineStatus:
         name, _start, end, _kind = batches[-1]
         status.last_batch, status.last_batch_end_lsn = name, str(end)
     if record:
-        slot = hook.get_slot(record.slot)
+        slot = connector.get_slot(hook, record.slot)
         if slot is None:
             status.state += " (slot missing)"
         else:
@@ -82,7 +83,7 @@ def drop_pipeline(hook, root: StagingPath, pipeline: str, *, dry_run: bool = Tru
     batches = committed_batches(root, pipeline)
     result = {"slot": record.slot, "slot_dropped": False, "staging": str(directory), "staging_removed": False,
               "batches": len(batches)}
-    slot = hook.get_slot(record.slot)
+    slot = connector.get_slot(hook, record.slot)
     if slot is not None and (slot.plugin != record.plugin or slot.database != record.database):
         raise SlotError(
             f"replication slot {record.slot!r} (plugin {slot.plugin}, database {slot.database}) is not the one "
@@ -101,7 +102,7 @@ def drop_pipeline(hook, root: StagingPath, pipeline: str, *, dry_run: bool = Tru
     # Hold the pipeline's lock while dropping, so no pull or initial sync runs meanwhile.
     with slot_consumer_lock(hook.connect_kwargs(), record.slot, "drop", wait_seconds=5):
         if slot is not None:
-            result["slot_dropped"] = hook.drop_slot(record.slot, missing_ok=True)
+            result["slot_dropped"] = connector.drop_slot(hook, record.slot, missing_ok=True)
             report(f"dropped slot {record.slot}")
         if directory.exists():
             directory.rmdir(recursive=True)

@@ -21,7 +21,7 @@ def _window(hook, vectorised: bool):
 
 
 def _staged(hook, window) -> dict[str, list[dict]]:
-    with hook._cursor() as cursor:
+    with hook.autocommit_cursor() as cursor:
         types = staged_tables.lookup_types(cursor, staged_tables.relations_of(window.tables))
     out = {}
     for batch in window.tables.values():
