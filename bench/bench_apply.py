@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 # spark-submit lives beside this interpreter (the venv's bin), also when the venv is not activated
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
-from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.spark import apply_changes as job  # noqa: E402

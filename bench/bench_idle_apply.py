@@ -32,7 +32,8 @@ os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "sp
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 from airflow.sdk.exceptions import AirflowSkipException  # noqa: E402
 
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator, IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.staging.apply_marker import write_marker  # noqa: E402
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
 from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, Param
 
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator, IcebergConfig
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.sync import PgBackfillOperator
 
 import pglogical_settings as settings

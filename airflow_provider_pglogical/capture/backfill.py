@@ -20,7 +20,7 @@ from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import PublicationError
 from airflow_provider_pglogical.management import validation
-from airflow_provider_pglogical.capture.initial_sync import require_tables, summary
+from airflow_provider_pglogical.capture.initial_sync import require_tables, snapshot_result
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming, write_record
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.capture.snapshot import copy_tables
@@ -116,4 +116,4 @@ def snapshot_tables(
         writer.commit()
     if key_range is None and record.add_tables((t.qualified_name, t.oid) for t in tables):
         write_record(root, pipeline, record)
-    return summary(root, manifest)
+    return snapshot_result(root, manifest)

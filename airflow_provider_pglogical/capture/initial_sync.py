@@ -137,7 +137,7 @@ def run_initial_sync(
                 record.state, record.snapshot_batch = STREAMING, done.name
                 write_record(root, pipeline, record)
             report(f"initial sync of slot {slot} is committed already as batch {done.name}; nothing to do")
-            return summary(root, done)
+            return snapshot_result(root, done)
         if done is not None:
             raise SlotLostError(lost_slot_message(slot, pipeline, "no longer exists"))
         with hook.autocommit_cursor() as cursor:  # what would stop replication, found before a slot exists
@@ -213,7 +213,7 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
         raise
     record.state, record.snapshot_batch = STREAMING, manifest.name
     write_record(root, pipeline, record)
-    return summary(root, manifest)
+    return snapshot_result(root, manifest)
 
 
 def _drop_own_slot(hook, slot: str) -> None:
@@ -226,7 +226,7 @@ def _drop_own_slot(hook, slot: str) -> None:
                   slot, err)
 
 
-def summary(root: StagingPath, manifest: BatchManifest) -> dict:
+def snapshot_result(root: StagingPath, manifest: BatchManifest) -> dict:
     """What an operator returns to XCom: small, never row data."""
     return {
         "batch": str(root / manifest.pipeline / manifest.name),

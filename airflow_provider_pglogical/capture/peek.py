@@ -28,7 +28,7 @@ PROTO_VERSION = 1
 FETCH_ROWS = 20_000
 
 
-def plugin_options(publications: Sequence[str]) -> dict[str, str]:
+def pgoutput_options(publications: Sequence[str]) -> dict[str, str]:
     return {"proto_version": str(PROTO_VERSION), "publication_names": ",".join(publications), "messages": "true"}
 
 
@@ -102,7 +102,7 @@ def peek_window(
         with conn.cursor() as cursor:
             apply_session_settings(cursor)
             query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
-                                      options=plugin_options(publications), columns=("lsn", "data"))
+                                      options=pgoutput_options(publications), columns=("lsn", "data"))
             copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(cursor.mogrify(query, args).decode()))
             chunks: list[bytes] = []
             sink: Any = _BoundedSink(max_bytes) if max_bytes else _ListSink(chunks)

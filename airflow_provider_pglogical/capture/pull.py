@@ -133,7 +133,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
             advance_slot(cursor, slot, end)
             report(f"batch {name} was committed by an earlier run that died before advancing the slot; "
                    f"advanced {slot} to {end}, staged nothing new")
-            return _summary(root, layout.read_manifest(root, pipeline, name), recovered=True, advanced_to=end)
+            return _pull_result(root, layout.read_manifest(root, pipeline, name), recovered=True, advanced_to=end)
         cursor.execute("SELECT pg_current_wal_flush_lsn()::text")
         upto = Lsn.parse(cursor.fetchone()[0])
 
@@ -160,7 +160,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
     seconds = time.monotonic() - started
     report(f"staged {sum(t.rows for t in manifest.tables.values()):,} change rows of {window.transaction_count:,} "
            f"transactions in {seconds:.1f}s as {manifest.name}; slot {slot} advanced to {advanced}")
-    return _summary(root, manifest, recovered=False, advanced_to=advanced)
+    return _pull_result(root, manifest, recovered=False, advanced_to=advanced)
 
 
 NEW_TABLE_POLICIES = ("snapshot", "fail")
@@ -254,7 +254,7 @@ def _clear_uncommitted(writer: BatchWriter) -> None:
             child.unlink()
 
 
-def _summary(root: StagingPath, manifest: BatchManifest, *, recovered: bool, advanced_to: Lsn) -> dict:
+def _pull_result(root: StagingPath, manifest: BatchManifest, *, recovered: bool, advanced_to: Lsn) -> dict:
     return {
         "batch": str(root / manifest.pipeline / manifest.name),
         "start_lsn": manifest.start_lsn, "end_lsn": manifest.end_lsn, "advanced_to": str(advanced_to),

@@ -23,13 +23,13 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import psycopg2
 import pyarrow as pa
-import pyarrow.csv as pcsv
 from psycopg2 import sql
 
+from airflow_provider_pglogical.capture import copy_text
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.staging.layout import TableManifest
@@ -187,17 +187,17 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
     types = {name: pa.binary() if name in strings else t for name, t in types.items()}
     schema = pa.schema([pa.field(name, m.arrow) for name, m in mapping.items()])
     read_fd, write_fd = os.pipe()
-    _widen_pipe(write_fd)
+    copy_text.widen_pipe(write_fd)
     result: dict[str, Any] = {"rows": 0}
     batches: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=PARSED_BATCHES_QUEUED)
 
     def parse() -> None:
         try:
             with os.fdopen(read_fd, "rb", buffering=0) as source:
-                for chunk in _row_chunks(source, CSV_BLOCK_SIZE):
+                for chunk in copy_text.row_chunks(source, CSV_BLOCK_SIZE):
                     if "error" in result:
                         return  # the writer failed: closing the pipe stops the COPY
-                    data, as_text = _parse_chunk(chunk, mapping, types)
+                    data, as_text = copy_text.parse_chunk(chunk, mapping, types)
                     for name in strings + as_text:
                         index = data.schema.get_field_index(name)
                         raw = data.column(index).combine_chunks()
@@ -241,78 +241,6 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
         raise result["error"]
     progress.add(table.qualified_name, 0, 0, blocks_done=unit.blocks, force=True)
     return result["rows"]
-
-
-def _widen_pipe(fd: int) -> None:
-    """Give the pipe 1 MiB instead of Linux's 64 KiB, so copy and parse hand over fewer, larger chunks."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    except (ImportError, OSError):
-        pass  # not Linux, or above /proc/sys/fs/pipe-max-size: the default pipe works too
-
-
-def _row_chunks(source, block_size: int) -> Iterator[pa.Buffer]:
-    """Whole rows of a COPY text stream, about ``block_size`` bytes at a time; a row larger than
-    that comes in a chunk of its own size (COPY text format escapes newlines inside values).
-
-    Each chunk is a fresh buffer that ``source.readinto`` fills and Arrow then owns: the only copies
-    are the pipe's and the few bytes of the row cut at the chunk's end.
-    """
-    carry = b""  # the start of a row cut at the previous chunk's end (holds no newline)
-    eof = False
-    while not eof:
-        buf = bytearray(len(carry) + block_size)
-        buf[: len(carry)] = carry
-        filled, searched = len(carry), len(carry)
-        while True:
-            with memoryview(buf) as view:
-                while filled < len(buf):
-                    n = source.readinto(view[filled:])
-                    if not n:
-                        eof = True
-                        break
-                    filled += n
-            cut = buf.rfind(b"\n", searched, filled)
-            if cut >= 0 or eof:
-                break
-            searched = filled  # a row larger than the buffer: grow it
-            buf.extend(bytes(max(block_size, len(buf))))
-        cut = filled - 1 if eof else cut
-        if cut >= 0:
-            yield pa.py_buffer(memoryview(buf)[: cut + 1])
-        carry = bytes(buf[cut + 1 : filled])
-
-
-_PARSE = pcsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False)
-
-
-def _read_chunk(chunk: pa.Buffer, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
-    """pyarrow's CSV reader over whole rows of COPY text format: tabs, no quotes, ``\\N`` is NULL."""
-    return pcsv.read_csv(
-        pa.BufferReader(chunk),
-        read_options=pcsv.ReadOptions(column_names=names, block_size=chunk.size + 1, use_threads=False),
-        parse_options=_PARSE,
-        convert_options=pcsv.ConvertOptions(
-            column_types=types, null_values=["\\N"], strings_can_be_null=True,
-            true_values=["t"], false_values=["f"],
-        ),
-    )
-
-
-def _parse_chunk(chunk: pa.Buffer, mapping: dict[str, MappedType], types: dict[str, pa.DataType]
-                 ) -> tuple[pa.Table, list[str]]:
-    """Parse a chunk with the reader's own conversions; when a value defeats them (a BC date,
-    ``infinity``, a ``numeric`` NaN), parse the chunk again with those columns as text and return
-    their names too: ``values.text_to_arrow`` converts them exactly, or names the value."""
-    try:
-        return _read_chunk(chunk, list(mapping), types), []
-    except pa.ArrowInvalid as err:
-        if "conversion error" not in str(err):
-            raise
-    as_text = [name for name, m in mapping.items() if m.parser in values.COPY_NATIVE]
-    return _read_chunk(chunk, list(mapping), {**types, **dict.fromkeys(as_text, pa.string())}), as_text
 
 
 def copy_tables(

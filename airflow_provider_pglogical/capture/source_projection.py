@@ -30,7 +30,7 @@ def default_target_name(source: str) -> str:
 
 
 @contextlib.contextmanager
-def exported_snapshot(connect_kwargs: Mapping[str, Any]) -> Iterator[tuple[str, Lsn]]:
+def read_only_snapshot(connect_kwargs: Mapping[str, Any]) -> Iterator[tuple[str, Lsn]]:
     """A plain exported snapshot (no slot needed) and the WAL position it was taken at."""
     conn = psycopg2.connect(**connect_kwargs)
     try:
@@ -57,7 +57,7 @@ def stage_source_projection(
     """
     if not apply_row_filters:
         tables = [_without_filter(t) for t in tables]
-    with exported_snapshot(connect_kwargs) as (snapshot, lsn):
+    with read_only_snapshot(connect_kwargs) as (snapshot, lsn):
         manifest = BatchManifest(pipeline=f"{VERIFY_DIR}/{pipeline}", kind="snapshot", start_lsn=str(lsn),
                                  end_lsn=str(lsn), details={"verify": True})
         writer = BatchWriter(root, manifest)

@@ -6,7 +6,7 @@ COPY of ``(lsn, data)`` rows is joined into one buffer and every step is an arra
 rows: framing, message kinds, Begin/Commit fields, and the TupleData walk, column by column over
 all rows of a table at once. A column's values are then gathered straight out of the buffer into
 an Arrow array (a ``take`` over an array whose offsets interleave gaps and values), so no Python
-object is made per value. Only the rare messages (Relation, Type, Origin, Truncate, Message) are
+object is made per value. Its array primitives are in :mod:`.columnar_arrays`. Only the rare messages (Relation, Type, Origin, Truncate, Message) are
 decoded one by one, with :class:`~.pgoutput.PgOutputDecoder`.
 
 It covers what a ``proto_version`` 1 peek without ``streaming``/``two_phase`` sends: complete
@@ -17,7 +17,6 @@ which handles every message of protocols 1 to 4 and reports malformed input prec
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,15 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-from numpy.lib.stride_tricks import as_strided
 
 from airflow_provider_pglogical.decoding import staged_tables, wire
+from airflow_provider_pglogical.decoding.columnar_arrays import Buffer, NeedsAssembler, Tuples, frame, gather_text, walk
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.decoding.window import DecodedWindow, empty_window, message_record, schema_change_record
 from airflow_provider_pglogical.decoding.pgoutput import LogicalMessage, PgOutputDecoder, Relation, Truncate
 
-_PAD = bytes(16)  # lets fixed-width reads run past a message's end without bounds checks
-_FRAME = wire.ROW_FRAME_SIZE
 
 _B, _C, _I, _U, _D, _T, _M, _R = (kind[0] for kind in (wire.BEGIN, wire.COMMIT, wire.INSERT, wire.UPDATE,
                                                        wire.DELETE, wire.TRUNCATE, wire.MESSAGE, wire.RELATION))
@@ -41,8 +38,6 @@ _KEY, _OLD, _NEW = wire.OLD_KEY[0], wire.OLD_ROW[0], wire.NEW_ROW[0]
 _NULL, _TOAST, _TEXT = wire.NULL[0], wire.UNCHANGED_TOAST[0], wire.TEXT[0]
 _VECTORISED_KINDS = np.frombuffer(wire.BEGIN + wire.COMMIT + wire.ORIGIN + wire.RELATION + wire.TYPE + wire.INSERT
                                   + wire.UPDATE + wire.DELETE + wire.TRUNCATE + wire.MESSAGE, np.uint8)
-_VECTORISED_TUPLE_KINDS = np.zeros(256, bool)
-_VECTORISED_TUPLE_KINDS[[_NULL, _TOAST, _TEXT]] = True
 _OPS = pa.array(["I", "U", "D", "T"])
 
 
@@ -57,127 +52,6 @@ def _parts(rows: np.ndarray) -> list[np.ndarray]:
     return np.array_split(rows, count) if count > 1 else [rows]
 
 
-class NeedsAssembler(Exception):
-    """The window holds something only the message-by-message assembler handles (or reports)."""
-
-
-@dataclass
-class _Buffer:
-    """The joined COPY stream, its numpy view and one entry per ``(lsn, data)`` row."""
-
-    data: bytes
-    u8: np.ndarray
-    arrow: pa.Buffer
-    start: np.ndarray  # offset of each message's first byte
-    end: np.ndarray  # offset one past each message's last byte
-    lsn: np.ndarray
-    head: np.ndarray  # each message's first 8 bytes as a big-endian uint64 (kind, oid, marker, ncols)
-
-    def be(self, positions: np.ndarray, width: int, signed: bool = False) -> np.ndarray:
-        """Big-endian integers of ``width`` bytes at ``positions``, as int64."""
-        return _be(self.rows(positions, width), 0, width, signed)
-
-    def rows(self, positions: np.ndarray, width: int) -> np.ndarray:
-        """``width`` bytes at each of ``positions``, one gather: (len(positions), width) uint8.
-
-        Positions are spread over the whole buffer, so each read is a cache miss: read every
-        field a step needs in one gather rather than one gather per field.
-        """
-        windows = as_strided(self.u8, shape=(len(self.u8) - width + 1, width), strides=(1, 1))
-        return windows[positions]
-
-    def message(self, index: int) -> bytes:
-        return self.data[self.start[index]:self.end[index]]
-
-
-def _be(rows: np.ndarray, offset: int, width: int, signed: bool = False) -> np.ndarray:
-    """The big-endian integer in bytes ``offset:offset+width`` of each row of a gather, as int64."""
-    field = np.ascontiguousarray(rows[:, offset:offset + width])
-    return field.view(f">{'i' if signed else 'u'}{width}")[:, 0].astype(np.int64)
-
-
-def _frame(chunks: Sequence[bytes]) -> _Buffer:
-    """Join the COPY chunks (one row each, as psycopg2 delivers them) and locate every message."""
-    if not chunks:
-        raise NeedsAssembler("empty window")
-    data = b"".join(itertools.chain(chunks, (_PAD,)))
-    lengths = np.fromiter(map(len, chunks), np.int64, len(chunks))
-    starts = np.zeros(len(chunks), np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    header = wire.COPY_HEADER_SIZE
-    if not data.startswith(wire.COPY_SIGNATURE) or data[header - 4:header] != bytes(4) or lengths[0] < header:
-        raise NeedsAssembler("no binary COPY header")
-    starts[0] += header
-    lengths[0] -= header
-    keep = lengths > 0
-    if lengths[-1] == len(wire.COPY_TRAILER) and data[starts[-1]:starts[-1] + 2] == wire.COPY_TRAILER:
-        keep[-1] = False  # the trailer: alone, or all that follows the header in the first chunk
-    starts, lengths = starts[keep], lengths[keep]
-    u8 = np.frombuffer(data, np.uint8)
-    none = np.empty(0, np.int64)
-    buf = _Buffer(data, u8, pa.py_buffer(data), starts + _FRAME, starts + lengths, none, none.astype(np.uint64))
-    if len(starts) == 0:
-        return buf
-    # wire.ROW_FRAME (field count, LSN length, LSN, data length), then the message's first 8 bytes.
-    frames = buf.rows(starts, _FRAME + 8)
-    if (lengths <= _FRAME).any() or (_be(frames, 0, 2) != 2).any() or (_be(frames, 2, 4) != 8).any() \
-            or (_be(frames, 14, 4) != lengths - _FRAME).any():
-        raise NeedsAssembler("COPY rows are not one per chunk")
-    buf.lsn = _be(frames, 6, 8)
-    buf.head = np.ascontiguousarray(frames[:, _FRAME:_FRAME + 8]).view(">u8")[:, 0].astype(np.uint64)
-    return buf
-
-
-@dataclass
-class _Tuples:
-    """A TupleData walk over many messages: per column, kind byte, value start and length."""
-
-    kinds: np.ndarray  # (ncols, rows) uint8
-    starts: np.ndarray  # (ncols, rows) int64
-    lengths: np.ndarray  # (ncols, rows) int64
-    end: np.ndarray  # (rows,) offset after the tuple
-
-
-def _walk(buf: _Buffer, positions: np.ndarray, ncols: int) -> _Tuples:
-    """Walk TupleData starting at ``positions`` (the Int16 column count), all rows at once."""
-    rows = len(positions)
-    if rows and (buf.be(positions, 2) != ncols).any():
-        raise NeedsAssembler("a tuple's column count differs from its Relation message")
-    kinds = np.empty((ncols, rows), np.uint8)
-    starts = np.empty((ncols, rows), np.int64)
-    lengths = np.empty((ncols, rows), np.int64)
-    pos = positions + 2
-    limit = len(buf.u8) - len(_PAD)
-    for j in range(ncols):
-        if rows and pos.max() >= limit:
-            raise NeedsAssembler("tuple data runs past the window")
-        word = buf.rows(pos, 8).view(">u8")[:, 0].astype(np.uint64)  # kind byte, then a text value's length
-        kind = kinds[j] = (word >> np.uint64(56)).astype(np.uint8)
-        if not _VECTORISED_TUPLE_KINDS[kind].all():
-            raise NeedsAssembler("binary-format or malformed tuple data")
-        text = kind == _TEXT
-        size = lengths[j] = ((word >> np.uint64(24)) & np.uint64(0xFFFFFFFF)).astype(np.int64) * text
-        start = starts[j] = pos + 1 + 4 * text
-        pos = start + size
-    return _Tuples(kinds, starts, lengths, pos)
-
-
-def _gather_text(buf: _Buffer, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> pa.Array:
-    """Values ``buf[start:start+length]`` as a large_string array (null where not ``valid``).
-
-    The offsets alternate gap, value, gap, value... over the buffer, so ``take`` of the odd
-    elements copies the values out in C++; starts must not decrease (rows in buffer order).
-    """
-    n = len(starts)
-    offsets = np.empty(2 * n + 1, np.int64)
-    offsets[0] = 0
-    offsets[1::2] = starts
-    offsets[2::2] = starts + lengths
-    spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * n, [None, pa.py_buffer(offsets), buf.arrow])
-    picked = spans.take(pa.array(np.arange(1, 2 * n, 2), mask=~valid))
-    return picked.cast(pa.large_string())
-
-
 @dataclass
 class _Group:
     """Rows of one table under one Relation version."""
@@ -187,9 +61,9 @@ class _Group:
     txn: np.ndarray  # transaction number of each row
     seq: np.ndarray
     op: np.ndarray  # 0 I, 1 U, 2 D
-    values: _Tuples  # the new tuple (I, U) or the old one (D)
+    values: Tuples  # the new tuple (I, U) or the old one (D)
     old_rows: np.ndarray  # rows (positions in this group) of UPDATEs that sent an old tuple
-    old: _Tuples | None  # those old tuples
+    old: Tuples | None  # those old tuples
 
 
 @dataclass
@@ -205,7 +79,7 @@ class ColumnarTable(staged_tables.StagedTableNames):
     """One table's changes in the window, built into the staged Arrow table on demand."""
 
     relation: Relation  # newest version
-    buffer: _Buffer
+    buffer: Buffer
     txns: _Transactions
     groups: list[_Group] = field(default_factory=list)
     truncates: list[tuple[int, int, int]] = field(default_factory=list)  # (message index, txn, seq)
@@ -270,7 +144,7 @@ class ColumnarTable(staged_tables.StagedTableNames):
             if j is None:
                 arrays.append(pa.nulls(n, mapped.arrow))
                 continue
-            texts = _gather_text(self.buffer, vals.starts[j], vals.lengths[j], vals.kinds[j] == _TEXT)
+            texts = gather_text(self.buffer, vals.starts[j], vals.lengths[j], vals.kinds[j] == _TEXT)
             arrays.append(values.text_to_arrow(texts, mapped, name, self.qualified_name))
         key_index = {rel.columns[i].name: i for i in rel.key_indices}
         for name in key:
@@ -286,7 +160,7 @@ class ColumnarTable(staged_tables.StagedTableNames):
             starts[group.old_rows] = group.old.starts[j]
             lengths[group.old_rows] = group.old.lengths[j]
             valid[group.old_rows] = group.old.kinds[j] == _TEXT
-            texts = _gather_text(self.buffer, starts, lengths, valid)
+            texts = gather_text(self.buffer, starts, lengths, valid)
             arrays.append(values.text_to_arrow(texts, mapped, name, self.qualified_name))
         return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -316,7 +190,7 @@ def decode_window(chunks: Sequence[bytes], proto_version: int) -> DecodedWindow:
     """
     if proto_version != 1:
         raise NeedsAssembler(f"proto_version {proto_version}")
-    buf = _frame(chunks)
+    buf = frame(chunks)
     count = len(buf.start)
     nbytes = int((buf.end - buf.start).sum())
     if count == 0:
@@ -393,7 +267,7 @@ def decode_window(chunks: Sequence[bytes], proto_version: int) -> DecodedWindow:
                           schema_changes, count, nbytes)
 
 
-def _transactions(buf: _Buffer, kind: np.ndarray) -> tuple[_Transactions, np.ndarray, np.ndarray]:
+def _transactions(buf: Buffer, kind: np.ndarray) -> tuple[_Transactions, np.ndarray, np.ndarray]:
     """Begin/Commit pairs (they must alternate and close), with their fields read column-wise."""
     bounds = np.nonzero((kind == _B) | (kind == _C))[0]
     if len(bounds) % 2 or not (kind[bounds[0::2]] == _B).all() or not (kind[bounds[1::2]] == _C).all():
@@ -411,7 +285,7 @@ def _transactions(buf: _Buffer, kind: np.ndarray) -> tuple[_Transactions, np.nda
     return txns, begins, commits
 
 
-def _group(buf: _Buffer, rel: Relation, index: np.ndarray, txn: np.ndarray, seq: np.ndarray,
+def _group(buf: Buffer, rel: Relation, index: np.ndarray, txn: np.ndarray, seq: np.ndarray,
            kind: np.ndarray) -> _Group:
     """Walk the tuples of one table version's rows.
 
@@ -430,11 +304,11 @@ def _group(buf: _Buffer, rel: Relation, index: np.ndarray, txn: np.ndarray, seq:
     values_at = start + 6
     old = None
     if len(old_rows):
-        old = _walk(buf, start[old_rows] + 6, ncols)
+        old = walk(buf, start[old_rows] + 6, ncols)
         if (buf.u8[old.end] != _NEW).any():
             raise NeedsAssembler("an UPDATE's old tuple is not followed by its new tuple")
         values_at[old_rows] = old.end + 1
-    tuples = _walk(buf, values_at, ncols)
+    tuples = walk(buf, values_at, ncols)
     if (tuples.end != buf.end[index]).any():
         raise NeedsAssembler("a row change does not end where its message ends")
     op = np.select([kind == _I, kind == _U], [0, 1], 2).astype(np.int8)

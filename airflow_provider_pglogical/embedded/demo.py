@@ -193,8 +193,8 @@ def verify(env: dict) -> dict:
     sys.path.insert(0, str(DAGS))
     import pglogical_settings as settings
 
-    from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
-    from airflow_provider_pglogical.operators.verify import verify_pipeline
+    from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+    from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 
     # Paths from this run's environment: the settings module may have been imported earlier
     # (e.g. by a DagBag parse) with other values.

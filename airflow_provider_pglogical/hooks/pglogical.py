@@ -15,7 +15,7 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg2 import sql
 
 from airflow_provider_pglogical.hooks.subscription_methods import SubscriptionMethods
-from airflow_provider_pglogical.management import connector, health
+from airflow_provider_pglogical.management import connector, health, monitoring
 from airflow_provider_pglogical.management import publication_sync
 from airflow_provider_pglogical.management import slots
 from airflow_provider_pglogical.management import publications as pubs
@@ -313,6 +313,11 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
                 cursor, name, binary=binary, consume=True, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges,
                 options=options,
             )
+
+    def slot_health(self, name: str, max_retained_wal_bytes: int | None = None,
+                    max_lag_bytes: int | None = None) -> dict:
+        """The slot classified (``missing``, ``invalidated``, ``breach``, ``busy``, ``ok``) with its metrics."""
+        return monitoring.slot_health(self.get_slot(name), name, max_retained_wal_bytes, max_lag_bytes)
 
     # -- health ------------------------------------------------------------------------------
     def check_publisher(self, publications: Sequence[str], tables: Sequence[str] = ()) -> None:

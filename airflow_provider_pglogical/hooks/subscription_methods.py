@@ -15,7 +15,7 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import SubscriptionError
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.management import subscriptions
+from airflow_provider_pglogical.management import monitoring, subscriptions
 from airflow_provider_pglogical.management.subscriptions import SubscriptionStatus
 
 
@@ -157,3 +157,6 @@ class SubscriptionMethods:
         with self.autocommit_cursor() as cursor:
             return subscriptions.subscription_status(cursor, name)
 
+    def subscription_health(self, name: str) -> dict:
+        """The subscription classified (``missing``, ``waiting``, ``ready``) with each table's state."""
+        return monitoring.subscription_health(self.subscription_status(name), name)

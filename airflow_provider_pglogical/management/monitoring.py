@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from airflow_provider_pglogical.management.slots import SlotInfo
+from airflow_provider_pglogical.management.subscriptions import SubscriptionStatus
 
 RECOVERY = (
     "docs/troubleshooting.md#invalidated-slot: drop the slot and re-snapshot (run the pipeline's initial "
@@ -38,3 +39,17 @@ def slot_health(slot: SlotInfo | None, name: str, max_retained_wal_bytes: int | 
     if slot.active:
         return {**metrics, "state": "busy", "message": f"replication slot {name!r} is in use (pid {slot.active_pid})"}
     return {**metrics, "state": "ok", "message": f"replication slot {name!r} is healthy"}
+
+
+def subscription_health(status: SubscriptionStatus | None, name: str) -> dict:
+    """Classify a subscription: ``missing``, ``waiting`` (tables still syncing) or ``ready``."""
+    if status is None:
+        return {"state": "missing", "message": f"subscription {name!r} does not exist"}
+    pending = [f"{t.table} ({t.state})" for t in status.tables if t.state != "r"]
+    return {
+        "state": "ready" if status.ready else "waiting", "subscription": name,
+        "tables": {t.table: t.state for t in status.tables}, "pending": pending,
+        "apply_error_count": status.apply_error_count, "sync_error_count": status.sync_error_count,
+        "message": f"subscription {name!r}: " + ("every table is ready" if status.ready
+                                                  else f"waiting for {', '.join(pending) or 'tables'}"),
+    }

@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 
 MAINTENANCE_JOB = Path(__file__).resolve().parent.parent / "spark" / "maintenance.py"
 

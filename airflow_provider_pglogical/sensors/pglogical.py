@@ -13,12 +13,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_pglogical.exceptions import SlotError, SubscriptionError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.triggers.pglogical import (
-    SlotHealthTrigger,
-    SubscriptionReadyTrigger,
-    _slot_status,
-    _subscription_status,
-)
+from airflow_provider_pglogical.triggers.pglogical import SlotHealthTrigger, SubscriptionReadyTrigger
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 
@@ -66,7 +61,7 @@ class PgSlotLagSensor(BaseSensorOperator):
         with fail_permanent_errors():
             if not self.deferrable:
                 return super().execute(context)
-            status = _slot_status(self.postgres_conn_id, self.slot, *self._limits())
+            status = PgLogicalHook(postgres_conn_id=self.postgres_conn_id).slot_health(self.slot, *self._limits())
             if status["state"] != "busy":
                 return self._conclude(status)
             self.defer(
@@ -78,7 +73,7 @@ class PgSlotLagSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
         with fail_permanent_errors():
-            status = _slot_status(self.postgres_conn_id, self.slot, *self._limits())
+            status = PgLogicalHook(postgres_conn_id=self.postgres_conn_id).slot_health(self.slot, *self._limits())
             if status["state"] == "busy":
                 self.log.info(status["message"])
                 return False
@@ -123,7 +118,7 @@ class PgSubscriptionReadySensor(BaseSensorOperator):
         with fail_permanent_errors():
             if not self.deferrable:
                 return super().execute(context)
-            status = _subscription_status(self.postgres_conn_id, self.subscription)
+            status = PgLogicalHook(postgres_conn_id=self.postgres_conn_id).subscription_health(self.subscription)
             if status["state"] != "waiting":
                 return self.execute_complete(context, status)
             self.defer(
@@ -134,7 +129,7 @@ class PgSubscriptionReadySensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
         with fail_permanent_errors():
-            status = _subscription_status(self.postgres_conn_id, self.subscription)
+            status = PgLogicalHook(postgres_conn_id=self.postgres_conn_id).subscription_health(self.subscription)
             if status["state"] == "missing":
                 raise SubscriptionError(status["message"])
             self.log.info(status["message"])

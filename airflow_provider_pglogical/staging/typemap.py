@@ -139,13 +139,3 @@ def apply_overrides(table: str, columns: list[dict], type_overrides: Mapping[str
             f"publish; published columns are {', '.join(sorted(names))}"
         )
     return [{**c, "override": mine[c["name"]]} if c["name"] in mine else c for c in columns]
-
-
-def arrow_schema_for(columns: list[dict]) -> pa.Schema:
-    """Arrow schema of the value columns described in a manifest (``name``/``type``/``element_type``/``formatted``)."""
-    return pa.schema(
-        [
-            pa.field(col["name"], map_column(col).arrow)
-            for col in columns
-        ]
-    )

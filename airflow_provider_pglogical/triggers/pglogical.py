@@ -7,29 +7,17 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_pglogical.management.monitoring import slot_health
-
 
 def _slot_status(conn_id: str, slot: str, max_retained: int | None, max_lag: int | None) -> dict:
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 
-    return slot_health(PgLogicalHook(postgres_conn_id=conn_id).get_slot(slot), slot, max_retained, max_lag)
+    return PgLogicalHook(postgres_conn_id=conn_id).slot_health(slot, max_retained, max_lag)
 
 
 def _subscription_status(conn_id: str, subscription: str) -> dict:
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 
-    status = PgLogicalHook(postgres_conn_id=conn_id).subscription_status(subscription)
-    if status is None:
-        return {"state": "missing", "message": f"subscription {subscription!r} does not exist"}
-    pending = [f"{t.table} ({t.state})" for t in status.tables if t.state != "r"]
-    return {
-        "state": "ready" if status.ready else "waiting", "subscription": subscription,
-        "tables": {t.table: t.state for t in status.tables}, "pending": pending,
-        "apply_error_count": status.apply_error_count, "sync_error_count": status.sync_error_count,
-        "message": f"subscription {subscription!r}: " + ("every table is ready" if status.ready
-                                                          else f"waiting for {', '.join(pending) or 'tables'}"),
-    }
+    return PgLogicalHook(postgres_conn_id=conn_id).subscription_health(subscription)
 
 
 class SlotHealthTrigger(BaseTrigger):

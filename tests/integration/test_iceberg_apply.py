@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
-from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergApplyOperator, IcebergConfig
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergApplyOperator
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.typemap import map_type

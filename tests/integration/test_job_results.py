@@ -18,7 +18,8 @@ from airflow.sdk import AssetAlias, ObjectStoragePath
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator, IcebergConfig
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator

@@ -25,7 +25,8 @@ import pytest
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
-from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX, IcebergConfig
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable

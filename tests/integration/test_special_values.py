@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.exceptions import UnrepresentableValue
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from airflow_provider_pglogical.staging import batches, layout
 from airflow_provider_pglogical.staging import values

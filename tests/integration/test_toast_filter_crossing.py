@@ -16,8 +16,9 @@ import pytest
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
-from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergConfig
-from airflow_provider_pglogical.operators.verify import verify_pipeline
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable

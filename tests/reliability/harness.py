@@ -160,7 +160,7 @@ class Harness:
         return ObjectStoragePath(self.staging)
 
     def iceberg(self):
-        from airflow_provider_pglogical.operators.iceberg_apply import IcebergConfig
+        from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 
         return IcebergConfig(warehouse=self.warehouse, namespace=NAMESPACE)
 
@@ -334,7 +334,7 @@ class Harness:
     def run_verify(self, publications: list[str], source_conn_id: str | None = None) -> dict:
         """``verify_pipeline``; when it finds differences, the comparison job is run again directly
         (its stderr kept apart) to list up to 200 differing rows per table."""
-        from airflow_provider_pglogical.operators.verify import verify_pipeline
+        from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 
         self.figures.spark_submits += 1
         try:
@@ -350,7 +350,7 @@ class Harness:
         return self.diagnose()
 
     def diagnose(self, limit: int = 200) -> dict:
-        from airflow_provider_pglogical.operators.verify import RESULT_PREFIX, VERIFY_JOB
+        from airflow_provider_pglogical.lakehouse.verification import RESULT_PREFIX, VERIFY_JOB
         from airflow_provider_pglogical.staging import layout
         from airflow_provider_pglogical.capture import source_projection
 

@@ -21,12 +21,14 @@ from airflow_provider_pglogical.exceptions import (
     SlotError,
 )
 from airflow_provider_pglogical.operators._errors import PermanentError, fail_permanent_errors
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator, IcebergConfig
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
 from airflow_provider_pglogical.operators.publication import PgCheckPublisherOperator, PgCreatePublicationOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.subscription import PgCreateSubscriptionOperator
-from airflow_provider_pglogical.operators.verify import LakehouseDiffers, PgVerifyOperator
+from airflow_provider_pglogical.operators.verify import PgVerifyOperator
+from airflow_provider_pglogical.lakehouse.verification import LakehouseDiffers
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.sensors.pglogical import PgSlotLagSensor, PgSubscriptionReadySensor
 
@@ -44,7 +46,7 @@ def test_example_dags_import_without_the_iceberg_jar_extra():
 import json, sys
 sys.modules["snowpark_connect_deps_iceberg"] = None
 sys.path.insert(0, {str(DAGS)!r})
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergJarNotFound, iceberg_runtime_jar
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergJarNotFound, iceberg_runtime_jar
 try:
     iceberg_runtime_jar()
     missing = False

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pglogical.operators import iceberg_apply
-from airflow_provider_pglogical.operators.iceberg_apply import (
-    APPLY_JOB,
+from airflow_provider_pglogical.lakehouse import iceberg_config
+from airflow_provider_pglogical.lakehouse.iceberg_config import (
     ICEBERG_EXTENSIONS,
-    IcebergApplyOperator,
     IcebergConfig,
     IcebergJarNotFound,
     iceberg_runtime_jar,
 )
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergApplyOperator
 from airflow_provider_pglogical.operators.iceberg_maintenance import MAINTENANCE_JOB, IcebergMaintenanceOperator
 from airflow_provider_pglogical.spark import apply_changes, maintenance
 
@@ -27,7 +27,7 @@ def test_runtime_jar_is_the_pinned_one_from_the_wheel():
 
 
 def test_missing_jar_names_the_extra(monkeypatch):
-    monkeypatch.setattr(iceberg_apply, "ICEBERG_RUNTIME_JAR", "no-such.jar")
+    monkeypatch.setattr(iceberg_config, "ICEBERG_RUNTIME_JAR", "no-such.jar")
     with pytest.raises(IcebergJarNotFound, match=r"pip install airflow-provider-pglogical\[iceberg-jar\]"):
         iceberg_runtime_jar()
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError, UnrepresentableValue
-from airflow_provider_pglogical.capture import snapshot
+from airflow_provider_pglogical.capture import copy_text
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.staging.typemap import apply_overrides, map_column, map_type
 
@@ -88,20 +88,20 @@ def test_overrides_mark_manifest_columns_and_typos_are_errors():
 def test_row_chunks_keep_rows_whole_whatever_their_size():
     rows = [b"1\tsmall\n", b"2\t" + b"x" * 5000 + b"\n", b"3\tsmall\n", b"4\t" + b"y" * 300 + b"\n"] * 3
     stream = b"".join(rows)
-    chunks = [c.to_pybytes() for c in snapshot._row_chunks(io.BytesIO(stream), 64)]
+    chunks = [c.to_pybytes() for c in copy_text.row_chunks(io.BytesIO(stream), 64)]
     assert b"".join(chunks) == stream
     assert all(c.endswith(b"\n") for c in chunks)
     # memory follows the largest row: a chunk holds at most twice (largest row + block)
     assert max(len(c) for c in chunks) <= 2 * (5003 + 64)
-    assert [len(c) for c in snapshot._row_chunks(io.BytesIO(b"1\n" * 100), 64)] == [64, 64, 64, 8]
+    assert [len(c) for c in copy_text.row_chunks(io.BytesIO(b"1\n" * 100), 64)] == [64, 64, 64, 8]
 
 
 def test_a_chunk_with_special_values_is_read_again_as_text():
     mapping = {"d": map_type("date"), "n": map_type("numeric", formatted="numeric(5,1)"), "s": map_type("text")}
     types, strings = values.copy_read_types(mapping)
     chunk = pa.py_buffer(b"2020-01-01\t1.5\ta\n0044-03-15 BC\t\\N\tb\n")
-    data, as_text = snapshot._parse_chunk(chunk, mapping, types)
+    data, as_text = copy_text.parse_chunk(chunk, mapping, types)
     assert as_text == ["d", "n"] and strings == ["s"]
     assert data["d"].type == pa.string() and data["d"].to_pylist() == ["2020-01-01", "0044-03-15 BC"]
-    plain, none = snapshot._parse_chunk(pa.py_buffer(b"2020-01-01\t1.5\ta\n"), mapping, types)
+    plain, none = copy_text.parse_chunk(pa.py_buffer(b"2020-01-01\t1.5\ta\n"), mapping, types)
     assert none == [] and plain["d"].type == pa.date32()
