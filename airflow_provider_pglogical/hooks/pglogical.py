@@ -6,7 +6,7 @@ import contextlib
 import os
 import time
 from contextlib import AbstractContextManager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psycopg2
 import psycopg2.errors
@@ -163,12 +163,16 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
             name, tables, all_tables=all_tables, schemas=schemas, publish=publish,
             publish_via_partition_root=publish_via_partition_root,
         )
+        return self._create_unless_exists("Publication", name, if_not_exists, lambda: self._execute(statement))
+
+    def _create_unless_exists(self, what: str, name: str, if_not_exists: bool, create: Callable[[], None]) -> bool:
+        """Run ``create``; False (and a log line) when the object exists already and ``if_not_exists``."""
         try:
-            self._execute(statement)
+            create()
         except psycopg2.errors.DuplicateObject:
             if not if_not_exists:
                 raise
-            self.log.info("Publication %s exists already", name)
+            self.log.info("%s %s exists already", what, name)
             return False
         return True
 

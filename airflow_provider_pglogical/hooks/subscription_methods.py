@@ -23,6 +23,7 @@ class SubscriptionMethods:
     """Create, alter, drop and read native subscriptions (mixed into ``PgLogicalHook``)."""
 
     log: Any
+    # provided by PgLogicalHook: autocommit_cursor, _execute, _create_unless_exists
 
     def create_subscription(
         self,
@@ -58,17 +59,14 @@ class SubscriptionMethods:
             "disable_on_error": disable_on_error, "synchronous_commit": synchronous_commit,
         }
         statement = subscriptions.create_subscription_sql(name, info, publications, options)
-        try:
+
+        def create() -> None:
             with self.autocommit_cursor() as cursor:
                 # The statement holds the publisher's password: log only the name.
                 self.log.info("Creating subscription %s to publication(s) %s", name, ", ".join(publications))
                 cursor.execute(statement)
-        except psycopg2.errors.DuplicateObject:
-            if not if_not_exists:
-                raise
-            self.log.info("Subscription %s exists already", name)
-            return False
-        return True
+
+        return self._create_unless_exists("Subscription", name, if_not_exists, create)
 
     def _publisher_conninfo(self, publisher_conn_id: str | None, conninfo: str | None) -> str:
         if bool(publisher_conn_id) == bool(conninfo):
