@@ -32,11 +32,6 @@ def pgoutput_options(publications: Sequence[str]) -> dict[str, str]:
     return {"proto_version": str(PROTO_VERSION), "publication_names": ",".join(publications), "messages": "true"}
 
 
-def apply_session_settings(cursor) -> None:
-    for key, value in values.SESSION_SETTINGS.items():
-        cursor.execute("SELECT set_config(%s, %s, false)", (key, value))
-
-
 class _WindowFull(Exception):
     """Raised from the COPY sink to stop reading once max_bytes is reached at a commit."""
 
@@ -100,7 +95,7 @@ def peek_window(
     conn.autocommit = True
     try:
         with conn.cursor() as cursor:
-            apply_session_settings(cursor)
+            values.apply_session_settings(cursor)
             query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
                                       options=pgoutput_options(publications), columns=("lsn", "data"))
             copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(cursor.mogrify(query, args).decode()))

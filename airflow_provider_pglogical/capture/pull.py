@@ -26,10 +26,11 @@ from airflow_provider_pglogical.capture.backfill import published_by_name, snaps
 from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
 from airflow_provider_pglogical.capture.initial_sync import check_sync_arguments, lost_slot_message, resync
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.capture.peek import apply_session_settings, peek_window
+from airflow_provider_pglogical.capture.peek import peek_window
 from airflow_provider_pglogical.decoding.window import DecodedWindow
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming
 from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable
+from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.management.validation import check_count
@@ -218,7 +219,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
     conn.autocommit = True
     try:
         with conn.cursor() as cursor:
-            apply_session_settings(cursor)
+            values.apply_session_settings(cursor)
             types = staged_tables.lookup_types(cursor, staged_tables.relations_of(tables))
             partitioned = _partitioned(cursor, [b.relation.oid for b in tables.values()])
             for oid, batch in tables.items():

@@ -161,8 +161,7 @@ def _session(connect_kwargs: Mapping[str, Any], snapshot_name: str):
     conn = psycopg2.connect(**connect_kwargs)
     conn.set_client_encoding("UTF8")
     with conn.cursor() as cur:
-        for key, value in values.SESSION_SETTINGS.items():
-            cur.execute("SELECT set_config(%s, %s, false)", (key, value))
+        values.apply_session_settings(cur)
     conn.commit()
     with conn.cursor() as cur:
         cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")

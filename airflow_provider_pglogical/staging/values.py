@@ -27,6 +27,12 @@ SESSION_SETTINGS: dict[str, str] = {
 }
 
 
+def apply_session_settings(cursor) -> None:
+    """Set :data:`SESSION_SETTINGS` for the cursor's session (every session whose text output we parse)."""
+    for key, value in SESSION_SETTINGS.items():
+        cursor.execute("SELECT set_config(%s, %s, false)", (key, value))
+
+
 class _NoExactForm(ValueError):
     """Raised by the parsers below; :func:`text_to_arrow` turns it into :class:`UnrepresentableValue`."""
 
