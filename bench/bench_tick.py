@@ -1,0 +1,217 @@
+"""Benchmark of one sync tick by number of tables, and of freshness over a steady workload.
+
+    python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3]
+    python bench/bench_tick.py freshness [--tables 5] [--ticks 20]
+
+``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
+the changes leave unchanged, so its TOAST is not sent), one initial sync and a first apply; then
+per tick 100 changes per table (updates, key changes, inserts, deletes), one pull and the apply
+task (``IcebergApplyOperator.execute``, spark-submit included), timed. The baseline, measured in
+the same run, is a bare spark-submit of an empty PySpark job. Prints the medians, the ratios the
+issue asks for, and the job's own apply time (sum of its steps, JVM start excluded).
+
+``freshness``: a writer commits a small transaction every 50 ms on N tables while ticks (pull,
+then apply) run back to back; a change's freshness is the end of the apply that made it readable
+minus its commit time. Prints p50 and p95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+
+from airflow.sdk import ObjectStoragePath  # noqa: E402
+
+from bench.common import cluster  # noqa: E402
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync  # noqa: E402
+from airflow_provider_pglogical.capture.pull import run_pull  # noqa: E402
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
+
+ROWS = 1000
+
+
+def bare_spark_submit(tmp: Path) -> float:
+    job = tmp / "empty_job.py"
+    job.write_text("from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().stop()\n")
+    started = time.perf_counter()
+    subprocess.run(["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(job)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def create_tables(pg, db: str, count: int) -> list[str]:
+    names = [f"t{i:03d}" for i in range(count)]
+    statements = []
+    for i, name in enumerate(names):
+        big = i % 2 == 0
+        statements.append(f"CREATE TABLE {name} (id int PRIMARY KEY, qty int, note text"
+                          + (", doc text" if big else "") + ")")
+        statements.append(f"ALTER TABLE {name} ALTER COLUMN note SET STORAGE EXTERNAL")
+        doc = ", (SELECT string_agg(md5(random()::text || g::text || s::text), '') FROM generate_series(1, 256) s)" \
+            if big else ""
+        statements.append(f"INSERT INTO {name} SELECT g, g % 97, 'n' || g{doc} FROM generate_series(1, {ROWS}) g")
+    statements.append(f"CREATE PUBLICATION bench FOR TABLE {', '.join(names)}")
+    pg.execute("; ".join(statements), dbname=db)
+    return names
+
+
+def change_tables(pg, db: str, names: list[str], tick: int) -> int:
+    """100 changes per table: 70 updates (the big value unchanged), 10 key changes, 10 inserts, 10 deletes."""
+    base = 100_000 * tick
+    statements = []
+    for name in names:
+        statements += [
+            f"UPDATE {name} SET qty = qty + 1 WHERE id IN (SELECT id FROM {name} ORDER BY id LIMIT 70 OFFSET 100)",
+            f"UPDATE {name} SET id = id + {base} WHERE id IN (SELECT id FROM {name} WHERE id < {base} "
+            f"ORDER BY id LIMIT 10 OFFSET 300)",
+            f"INSERT INTO {name} (id, qty, note) SELECT {base} + 50000 + g, g, 'new' FROM generate_series(1, 10) g",
+            f"DELETE FROM {name} WHERE id IN (SELECT id FROM {name} WHERE id < {base} ORDER BY id LIMIT 10 OFFSET 500)",
+        ]
+    pg.execute("; ".join(statements), dbname=db)
+    return 100 * len(names)
+
+
+class Pipeline:
+    """One pipeline over a throwaway database: initial sync, pulls and applies by the library calls."""
+
+    def __init__(self, pg, db: str, tmp: Path, tag: str) -> None:
+        os.environ[f"AIRFLOW_CONN_BENCH_{tag.upper()}"] = pg.connection_uri(db)
+        self.hook = PgLogicalHook(postgres_conn_id=f"bench_{tag}")
+        self.staging = (tmp / f"staging-{tag}").as_uri()
+        self.root = ObjectStoragePath(self.staging)
+        self.iceberg = IcebergConfig(warehouse=(tmp / f"warehouse-{tag}").as_uri(), namespace="bench")
+        self.slot = f"bench_{tag}"
+
+    def sync(self) -> None:
+        run_initial_sync(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
+                         report=lambda message: None)
+
+    def pull(self) -> dict:
+        return run_pull(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
+                        report=lambda message: None)
+
+    def apply(self) -> tuple[float, float]:
+        """Wall time of the apply task, and the job's own apply time (sum of its steps)."""
+        operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
+                                        iceberg=self.iceberg, skip_when_idle=False)
+        started = time.perf_counter()
+        operator.execute({})
+        wall = time.perf_counter() - started
+        return wall, sum(step.get("seconds", 0.0) for step in operator._applied_steps)
+
+
+def ticks(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp, cluster("bench_tick") as pg:
+        tmp_path = Path(tmp)
+        baseline_runs = [bare_spark_submit(tmp_path) for _ in range(args.ticks)]
+        baseline = statistics.median(baseline_runs)
+        print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
+              f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
+        medians = {}
+        for count in [int(c) for c in args.tables.split(",")]:
+            db = f"tick{count}"
+            pg.create_database(db)
+            names = create_tables(pg, db, count)
+            pipeline = Pipeline(pg, db, tmp_path, db)
+            pipeline.sync()
+            pipeline.apply()
+            walls, in_job = [], []
+            for tick in range(1, args.ticks + 1):
+                change_tables(pg, db, names, tick)
+                pipeline.pull()
+                wall, job = pipeline.apply()
+                walls.append(wall)
+                in_job.append(job)
+            medians[count] = statistics.median(walls)
+            print(f"{count:>4} tables x 100 changes: apply task median {medians[count]:6.2f} s "
+                  f"({medians[count] / baseline:.2f}x bare spark-submit); in-job apply median "
+                  f"{statistics.median(in_job):6.2f} s; runs {', '.join(f'{w:.1f}' for w in walls)}")
+        if 1 in medians:
+            for count, median in medians.items():
+                if count != 1:
+                    print(f"{count} tables / 1 table: {median / medians[1]:.2f}x")
+
+
+def freshness(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp, cluster("bench_fresh") as pg:
+        db = "fresh"
+        pg.create_database(db)
+        names = create_tables(pg, db, args.tables)
+        pipeline = Pipeline(pg, db, Path(tmp), db)
+        pipeline.sync()
+        pipeline.apply()
+        commits: list[tuple[float, int]] = []  # (commit wall time, WAL position right after it)
+        stop = threading.Event()
+
+        def writer() -> None:
+            rng = random.Random(7)
+            conn = pg.connect(db)
+            conn.autocommit = True
+            with conn.cursor() as cursor:
+                while not stop.is_set():
+                    name = rng.choice(names)
+                    cursor.execute(f"UPDATE {name} SET qty = qty + 1 WHERE id = %s", (rng.randint(1, ROWS),))
+                    committed = time.time()
+                    cursor.execute("SELECT pg_current_wal_lsn()::text")
+                    commits.append((committed, Lsn.parse(cursor.fetchone()[0]).value))
+                    stop.wait(0.05)
+            conn.close()
+
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        visible: list[tuple[int, float]] = []  # (batch end LSN, time its apply ended)
+        try:
+            for _ in range(args.ticks):
+                pulled = pipeline.pull()
+                pipeline.apply()
+                end = pulled.get("end_lsn")
+                if end:
+                    visible.append((Lsn.parse(end).value, time.time()))
+        finally:
+            stop.set()
+            thread.join()
+        lags = []
+        for committed, lsn in commits:
+            readable = next((t for end, t in visible if end >= lsn), None)
+            if readable is not None:
+                lags.append(readable - committed)
+        lags.sort()
+        p50, p95 = lags[len(lags) // 2], lags[int(len(lags) * 0.95)]
+        print(f"freshness over {args.ticks} ticks, {args.tables} tables, {len(lags)} commits made readable: "
+              f"p50 {p50:.1f} s, p95 {p95:.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["ticks", "freshness"])
+    parser.add_argument("--tables", default=None)
+    parser.add_argument("--ticks", type=int, default=None)
+    args = parser.parse_args()
+    if args.mode == "ticks":
+        args.tables, args.ticks = args.tables or "1,10,50,200", args.ticks or 3
+        ticks(args)
+    else:
+        args.tables, args.ticks = int(args.tables or 5), args.ticks or 20
+        freshness(args)
+
+
+if __name__ == "__main__":
+    main()
