@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from airflow_provider_pglogical.lsn import Lsn
+# Every message class by name: the assembler dispatches on ``msg.__class__ is …`` in its hot loop.
 from airflow_provider_pglogical.decoding.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -196,25 +197,19 @@ class ChangeAssembler:
         changes.seqs.append(txn._seq)
         txn._seq += 1
         cls = msg.__class__
-        if cls is Insert:
-            changes.ops.append("I")
-            values = msg.new
-            if msg.unchanged:
-                changes._set_unchanged(index, msg.unchanged)
-                values = _strip(values)
-        elif cls is Update:
-            changes.ops.append("U")
-            values = msg.new
-            if msg.unchanged:
-                changes._set_unchanged(index, msg.unchanged)
-                values = _strip(values)
-            old = msg.old
-            if old is not None:
-                key = tuple(None if old[i] is UNCHANGED_TOAST else old[i] for i in rel.key_indices)
-                changes._set_old_key(index, key)
-        else:
+        if cls is Delete:
             changes.ops.append("D")
-            values = _strip(msg.old)
+            changes.rows.append(_strip(msg.old))
+            return
+        changes.ops.append("I" if cls is Insert else "U")
+        values = msg.new
+        if msg.unchanged:
+            changes._set_unchanged(index, msg.unchanged)
+            values = _strip(values)
+        old = msg.old if cls is Update else None
+        if old is not None:
+            key = tuple(None if old[i] is UNCHANGED_TOAST else old[i] for i in rel.key_indices)
+            changes._set_old_key(index, key)
         changes.rows.append(values)
 
     def _unknown_relation(self, oid: int, lsn: Any) -> ChangeAssemblyError:

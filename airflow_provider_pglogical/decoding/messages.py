@@ -228,7 +228,10 @@ class Prepare(NamedTuple):
 
 
 class StreamPrepare(NamedTuple):
-    """``'p'``: the streamed transaction ``xid`` is prepared as ``gid``."""
+    """``'p'``: the streamed transaction ``xid`` is prepared as ``gid``.
+
+    The fields are Prepare's because the protocol gives both one layout; a class of its own keeps
+    the two apart where the assembler dispatches on the class."""
 
     flags: int
     prepare_lsn: int

@@ -93,19 +93,8 @@ def _describe(type_byte: int) -> str:
     return f"{name} message '{char}'" if name else f"message with type byte '{char}' (0x{type_byte:02x})"
 
 
-_U32 = wire.U32.unpack_from
-_U32_U32 = wire.STREAM_ABORT_FIELDS.unpack_from
-_BEGIN = wire.BEGIN_FIELDS.unpack_from
-_COMMIT = wire.COMMIT_FIELDS.unpack_from
-_STREAM_COMMIT = wire.STREAM_COMMIT_FIELDS.unpack_from
-_STREAM_ABORT_V4 = wire.STREAM_ABORT_V4_FIELDS.unpack_from
-_BEGIN_PREPARE = wire.BEGIN_PREPARE_FIELDS.unpack_from
-_PREPARE = wire.PREPARE_FIELDS.unpack_from
-_ROLLBACK_PREPARED = wire.ROLLBACK_PREPARED_FIELDS.unpack_from
-_MESSAGE = wire.MESSAGE_FIELDS.unpack_from
-_COLUMN = wire.COLUMN_FIELDS.unpack_from
-_TRUNCATE = wire.TRUNCATE_FIELDS.unpack_from
-_Q = wire.ORIGIN_FIELDS.unpack_from
+_U32 = wire.U32.unpack_from  # data messages: bound once, read per message
+_XID_OID = wire.XID_OID.unpack_from
 _INSERT, _UPDATE, _DELETE = wire.INSERT[0], wire.UPDATE[0], wire.DELETE[0]
 _OLD_KEY, _OLD_ROW, _NEW_ROW = wire.OLD_KEY[0], wire.OLD_ROW[0], wire.NEW_ROW[0]
 _new = tuple.__new__
@@ -173,7 +162,7 @@ class PgOutputDecoder:
     # -- data messages (hot path) ------------------------------------------------------------
     def _xid_oid(self, buf: bytes) -> tuple[int | None, int, int]:
         if self.in_stream:
-            xid, oid = _U32_U32(buf, 1)
+            xid, oid = _XID_OID(buf, 1)
             return xid, oid, 9
         return None, _U32(buf, 1)[0], 5
 
@@ -207,14 +196,14 @@ class PgOutputDecoder:
 
     def _begin(self, buf: bytes) -> Begin:
         _expect_end(buf, wire.BEGIN_SIZE)
-        return _new(Begin, _BEGIN(buf, 1))
+        return _new(Begin, wire.BEGIN_FIELDS.unpack_from(buf, 1))
 
     def _commit(self, buf: bytes) -> Commit:
         _expect_end(buf, wire.COMMIT_SIZE)
-        return _new(Commit, _COMMIT(buf, 1))
+        return _new(Commit, wire.COMMIT_FIELDS.unpack_from(buf, 1))
 
     def _origin(self, buf: bytes) -> Origin:
-        (origin_lsn,) = _Q(buf, 1)
+        (origin_lsn,) = wire.ORIGIN_FIELDS.unpack_from(buf, 1)
         name, end = _cstring(buf, 9)
         _expect_end(buf, end)
         return Origin(origin_lsn, name)
@@ -231,7 +220,7 @@ class PgOutputDecoder:
         for _ in range(ncols):
             flags = buf[pos]
             column_name, pos = _cstring(buf, pos + 1)
-            type_oid, typmod = _COLUMN(buf, pos)
+            type_oid, typmod = wire.COLUMN_FIELDS.unpack_from(buf, pos)
             pos += 8
             columns.append(Column(flags, column_name, type_oid, typmod))
         _expect_end(buf, pos)
@@ -248,7 +237,7 @@ class PgOutputDecoder:
 
     def _truncate(self, buf: bytes) -> Truncate:
         xid, pos = self._stream_xid(buf)
-        nrelids, options = _TRUNCATE(buf, pos)
+        nrelids, options = wire.TRUNCATE_FIELDS.unpack_from(buf, pos)
         pos += 5
         _expect_end(buf, pos + 4 * nrelids)
         oids = struct.unpack_from(f">{nrelids}I", buf, pos)
@@ -256,7 +245,7 @@ class PgOutputDecoder:
 
     def _message(self, buf: bytes) -> LogicalMessage:
         xid, pos = self._stream_xid(buf)
-        flags, lsn = _MESSAGE(buf, pos)
+        flags, lsn = wire.MESSAGE_FIELDS.unpack_from(buf, pos)
         prefix, pos = _cstring(buf, pos + 9)
         (length,) = _U32(buf, pos)
         _expect_end(buf, pos + 4 + length)
@@ -281,22 +270,22 @@ class PgOutputDecoder:
 
     def _stream_commit(self, buf: bytes) -> StreamCommit:
         _expect_end(buf, 1 + wire.STREAM_COMMIT_FIELDS.size)
-        return _new(StreamCommit, _STREAM_COMMIT(buf, 1))
+        return _new(StreamCommit, wire.STREAM_COMMIT_FIELDS.unpack_from(buf, 1))
 
     def _stream_abort(self, buf: bytes) -> StreamAbort:
         if len(buf) == 1 + wire.STREAM_ABORT_V4_FIELDS.size and self.proto_version >= 4:  # streaming = parallel sends abort info
-            return StreamAbort(*_STREAM_ABORT_V4(buf, 1))
+            return StreamAbort(*wire.STREAM_ABORT_V4_FIELDS.unpack_from(buf, 1))
         _expect_end(buf, 1 + wire.STREAM_ABORT_FIELDS.size)
-        return StreamAbort(*_U32_U32(buf, 1))
+        return StreamAbort(*wire.STREAM_ABORT_FIELDS.unpack_from(buf, 1))
 
     def _begin_prepare(self, buf: bytes) -> BeginPrepare:
-        fields = _BEGIN_PREPARE(buf, 1)
+        fields = wire.BEGIN_PREPARE_FIELDS.unpack_from(buf, 1)
         gid, end = _cstring(buf, 1 + wire.BEGIN_PREPARE_FIELDS.size)
         _expect_end(buf, end)
         return BeginPrepare(*fields, gid)
 
     def _prepare_like(self, buf: bytes, cls: Callable[..., Message]) -> Message:
-        fields = _PREPARE(buf, 1)
+        fields = wire.PREPARE_FIELDS.unpack_from(buf, 1)
         gid, end = _cstring(buf, 1 + wire.PREPARE_FIELDS.size)
         _expect_end(buf, end)
         return cls(*fields, gid)
@@ -311,7 +300,7 @@ class PgOutputDecoder:
         return self._prepare_like(buf, CommitPrepared)  # same layout: flags, 2 LSNs, ts, xid, gid
 
     def _rollback_prepared(self, buf: bytes) -> RollbackPrepared:
-        fields = _ROLLBACK_PREPARED(buf, 1)
+        fields = wire.ROLLBACK_PREPARED_FIELDS.unpack_from(buf, 1)
         gid, end = _cstring(buf, 1 + wire.ROLLBACK_PREPARED_FIELDS.size)
         _expect_end(buf, end)
         return RollbackPrepared(*fields, gid)

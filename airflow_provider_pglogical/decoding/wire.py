@@ -53,6 +53,7 @@ ROLLBACK_PREPARED_FIELDS: Final = struct.Struct(">BQQqqI")  # flags, 2 end LSNs,
 MESSAGE_FIELDS: Final = struct.Struct(">BQ")  # flags (1 = transactional), lsn, then prefix and content
 COLUMN_FIELDS: Final = struct.Struct(">Ii")  # a Relation column's type oid and typmod, after its name
 TRUNCATE_FIELDS: Final = struct.Struct(">IB")  # number of relations, options, then the oids
+XID_OID: Final = struct.Struct(">II")  # a streamed data message: its (sub)transaction xid, then the relation oid
 U16: Final = struct.Struct(">H")
 U32: Final = struct.Struct(">I")
 

@@ -176,6 +176,7 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
             return False
         return True
 
+    # The declaration is create_publication's on purpose: ensure_publication is its converging, checked twin.
     def ensure_publication(
         self,
         name: str,

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk import BaseOperator, ObjectStoragePath
-
-from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.lineage import CaptureLineageMixin
-from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.capture.pull import run_pull
-from airflow_provider_pglogical.management.validation import check_staging_root
+from airflow_provider_pglogical.operators._capture import CaptureOperator
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class PgSlotPullOperator(CaptureLineageMixin, BaseOperator):
+class PgSlotPullOperator(CaptureOperator):
     """Stage the slot's pending changes as one change batch, then advance the slot past it.
 
     PostgreSQL has already applied the publications' row filters (UPDATEs crossing a filter
@@ -52,27 +48,19 @@ class PgSlotPullOperator(CaptureLineageMixin, BaseOperator):
     ui_color = "#d8f0ff"
 
     def __init__(
-        self, *, slot: str, publications: Sequence[str], staging_path: str, pipeline: str,
-        max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
-        on_slot_lost: str = "fail", type_overrides: dict[str, str] | None = None,
-        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        self, *, slot: str, max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
+        on_slot_lost: str = "fail", **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.slot = slot
-        self.publications = publications
-        self.staging_path = staging_path
-        self.pipeline = pipeline
         self.max_changes = max_changes
         self.max_bytes = max_bytes
         self.new_tables = new_tables
         self.on_slot_lost = on_slot_lost
-        self.type_overrides = type_overrides
-        self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
-            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            hook, root = self.publisher_and_staging()
             return self.remember_lineage(hook, root, run_pull(
                 hook, slot=self.slot, publications=self.publications, root=root,
                 pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,

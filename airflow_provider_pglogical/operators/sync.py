@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk import BaseOperator, ObjectStoragePath
+from airflow.sdk import BaseOperator
 
-from airflow_provider_pglogical.exceptions import InvalidInputError
-from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.lineage import CaptureLineageMixin
-from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
-from airflow_provider_pglogical.management.validation import check_staging_root
+from airflow_provider_pglogical.exceptions import InvalidInputError
+from airflow_provider_pglogical.operators._capture import CaptureOperator
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 
 if TYPE_CHECKING:
@@ -34,7 +32,7 @@ def checked_parallelism(operator: BaseOperator) -> int:
     return count
 
 
-class PgInitialSyncOperator(CaptureLineageMixin, BaseOperator):
+class PgInitialSyncOperator(CaptureOperator):
     """Create the pipeline's slot and stage a filtered, parallel snapshot of its publications.
 
     The snapshot batch sits at the slot's consistent LSN, so the change batches pulled from the
@@ -58,32 +56,22 @@ class PgInitialSyncOperator(CaptureLineageMixin, BaseOperator):
     )
     ui_color = "#cfe8fc"
 
-    def __init__(
-        self, *, slot: str, publications: Sequence[str], staging_path: str, pipeline: str,
-        parallelism: int = 2, type_overrides: dict[str, str] | None = None,
-        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, slot: str, parallelism: int = 2, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.slot = slot
-        self.publications = publications
-        self.staging_path = staging_path
-        self.pipeline = pipeline
         self.parallelism = parallelism
-        self.type_overrides = type_overrides
-        self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
             parallelism = checked_parallelism(self)
-            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            hook, root = self.publisher_and_staging()
             return self.remember_lineage(hook, root, run_initial_sync(
                 hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
             ))
 
 
-class PgBackfillOperator(CaptureLineageMixin, BaseOperator):
+class PgBackfillOperator(CaptureOperator):
     """Re-snapshot one or more tables while the pipeline's slot keeps flowing.
 
     A temporary slot gives a fresh snapshot and its LSN; the apply job replaces the tables (or
@@ -110,27 +98,19 @@ class PgBackfillOperator(CaptureLineageMixin, BaseOperator):
     ui_color = "#fce8cf"
 
     def __init__(
-        self, *, tables: Sequence[str] | str, publications: Sequence[str], staging_path: str, pipeline: str,
-        key_range: dict | None = None, parallelism: int = 2, type_overrides: dict[str, str] | None = None,
-        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        self, *, tables: Sequence[str] | str, key_range: dict | None = None, parallelism: int = 2, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.tables = tables
         self.key_range = key_range
-        self.publications = publications
-        self.staging_path = staging_path
-        self.pipeline = pipeline
         self.parallelism = parallelism
-        self.type_overrides = type_overrides
-        self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
             parallelism = checked_parallelism(self)
             tables = [self.tables] if isinstance(self.tables, str) else list(self.tables)
             key_range = KeyRange(**self.key_range) if self.key_range else None
-            hook = PgLogicalHook(postgres_conn_id=self.postgres_conn_id)
-            root = ObjectStoragePath(check_staging_root(self.staging_path))
+            hook, root = self.publisher_and_staging()
             return self.remember_lineage(hook, root, run_backfill(
                 hook, tables=tables, publications=self.publications, root=root, pipeline=self.pipeline,
                 key_range=key_range, parallelism=parallelism, type_overrides=self.type_overrides,
