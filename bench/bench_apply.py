@@ -37,8 +37,10 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402
-from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.staging.batches import BatchWriter  # noqa: E402
+from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle  # noqa: E402
 from airflow_provider_pglogical.spark import apply_changes as job  # noqa: E402
+from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse  # noqa: E402
 
 COLUMNS = [
     {"name": "id", "type": "int8", "key": True},
@@ -142,7 +144,7 @@ class Table:
         table = f"lake.{namespace}.public__accounts"
         history = spark.sql(f"SELECT snapshot_id FROM {table}.snapshots ORDER BY committed_at").collect()
         self.base = history[0].snapshot_id  # the table as the snapshot batch left it
-        self.lakehouse = job.Lakehouse(spark, "lake", namespace, "merge-on-read", bucket_count)
+        self.lakehouse = Lakehouse(spark, "lake", namespace, "merge-on-read", bucket_count)
         self.times: list[float] = []
 
     def apply_again(self) -> float:
@@ -166,7 +168,8 @@ def submit_seconds(warehouse: Path, root: Path, pipeline: str, namespace: str, r
     command = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g"]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
-    command += [str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", pipeline, "--namespace", namespace]
+    command += ["--py-files", str(job_bundle()), str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", pipeline,
+                "--namespace", namespace]
     times = []
     for _ in range(repeats):
         started = time.monotonic()

@@ -9,7 +9,6 @@ snapshots live under ``<root>/_verify/<pipeline>/`` where the apply job never lo
 from __future__ import annotations
 
 import contextlib
-import re
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psycopg2
@@ -19,14 +18,9 @@ from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.capture.snapshot import copy_tables
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath
 from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.staging.contract import default_target_name
 
 VERIFY_DIR = "_verify"
-
-
-def default_target_name(source: str) -> str:
-    """``public.Order Items`` -> ``public__order_items`` (the apply job's default; kept in step by a test)."""
-    schema, _, table = source.partition(".")
-    return re.sub(r"[^a-z0-9_]", "_", f"{schema}__{table}".lower())
 
 
 @contextlib.contextmanager

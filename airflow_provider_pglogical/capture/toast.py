@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
 
+from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.staging.typemap import map_column
@@ -34,17 +35,17 @@ def rows_needing_values(table: pa.Table, key: list[str] | None = None) -> pa.Arr
     under the old key may itself lack the value (an earlier batch's fetch could not find the row
     because this very key change had already happened on the publisher).
     """
-    op = table[layout.OP]
+    op = table[contract.OP]
     wanted = pc.equal(op, "I")
-    if key and all(layout.OLD_KEY_PREFIX + k in table.column_names for k in key):
-        moved = pc.fill_null(pc.is_valid(table[layout.OLD_KEY_PREFIX + key[0]]), False)
+    if key and all(contract.OLD_KEY_PREFIX + k in table.column_names for k in key):
+        moved = pc.fill_null(pc.is_valid(table[contract.OLD_KEY_PREFIX + key[0]]), False)
         differs = None
         for k in key:
-            unequal = pc.fill_null(pc.not_equal(table[layout.OLD_KEY_PREFIX + k], table[layout.staged_name(k)]),
+            unequal = pc.fill_null(pc.not_equal(table[contract.OLD_KEY_PREFIX + k], table[contract.staged_name(k)]),
                                    False)
             differs = unequal if differs is None else pc.or_(differs, unequal)
         wanted = pc.or_(wanted, pc.and_(pc.and_(pc.equal(op, "U"), moved), differs))
-    mask = pc.and_(wanted, pc.is_valid(table[layout.UNCHANGED]))
+    mask = pc.and_(wanted, pc.is_valid(table[contract.UNCHANGED]))
     return pc.indices_nonzero(pc.fill_null(mask, False))
 
 
@@ -75,14 +76,14 @@ def _current_keys(table: pa.Table, positions: list[int], key: list[str]) -> list
     The row is read from the publisher by key *now*: when an UPDATE later in the batch changed
     the key (``_old_<key>`` set and different), the row lives under the new key.
     """
-    keys = _key_texts(table.take(pa.array(positions, pa.int64())), [layout.staged_name(k) for k in key])
-    is_key_change = pc.and_(pc.equal(table[layout.OP], "U"),
-                            pc.is_valid(table[layout.OLD_KEY_PREFIX + key[0]])) if key else None
+    keys = _key_texts(table.take(pa.array(positions, pa.int64())), [contract.staged_name(k) for k in key])
+    is_key_change = pc.and_(pc.equal(table[contract.OP], "U"),
+                            pc.is_valid(table[contract.OLD_KEY_PREFIX + key[0]])) if key else None
     if is_key_change is not None:
         change_rows = pc.indices_nonzero(pc.fill_null(is_key_change, False))
         changed = table.take(change_rows)
-        moves = list(zip(change_rows.to_pylist(), _key_texts(changed, [layout.OLD_KEY_PREFIX + k for k in key]),
-                         _key_texts(changed, [layout.staged_name(k) for k in key])))
+        moves = list(zip(change_rows.to_pylist(), _key_texts(changed, [contract.OLD_KEY_PREFIX + k for k in key]),
+                         _key_texts(changed, [contract.staged_name(k) for k in key])))
         for i, position in enumerate(positions):
             current = keys[i]
             for row, old, new in moves:
@@ -132,7 +133,7 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: layout.TableManifest
     by_name = {c["name"]: c for c in manifest.columns}
     key = [by_name[k] for k in manifest.key]
     needed_rows = table.take(indices)
-    unchanged_lists = needed_rows[layout.UNCHANGED].to_pylist()
+    unchanged_lists = needed_rows[contract.UNCHANGED].to_pylist()
     wanted_names = sorted({name for names in unchanged_lists for name in names})
     wanted = [by_name[n] for n in wanted_names]
     positions = indices.to_pylist()
@@ -164,7 +165,7 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: layout.TableManifest
         fetched_text = {i: found.get(k) for i, k in enumerate(row_keys)}
 
     n = table.num_rows
-    new_unchanged = table[layout.UNCHANGED].to_pylist()
+    new_unchanged = table[contract.UNCHANGED].to_pylist()
     filled_rows = 0
     for column_index, entry in enumerate(wanted):
         name = entry["name"]
@@ -179,7 +180,7 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: layout.TableManifest
             continue
         mapped = map_column(entry)
         parsed = values.text_to_arrow(pa.array(replacement, pa.string()), mapped, name, manifest.qualified_name)
-        staged = layout.staged_name(name)
+        staged = contract.staged_name(name)
         column = pc.replace_with_mask(table[staged].combine_chunks(), pa.array(mask), parsed)
         table = table.set_column(table.schema.get_field_index(staged), staged, column)
     for i, position in enumerate(positions):
@@ -187,7 +188,7 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: layout.TableManifest
             filled_rows += 1
             new_unchanged[position] = None
     table = table.set_column(
-        table.schema.get_field_index(layout.UNCHANGED), layout.UNCHANGED, pa.array(new_unchanged, pa.list_(pa.string()))
+        table.schema.get_field_index(contract.UNCHANGED), contract.UNCHANGED, pa.array(new_unchanged, pa.list_(pa.string()))
     )
     detail = {
         "rows": len(positions), "filled": filled_rows, "missing": len(positions) - filled_rows,

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.decoding.assembler import TableChanges, Transaction
 from airflow_provider_pglogical.decoding.pgoutput import Relation
@@ -140,15 +140,15 @@ def build_table(batch: TableBatch, types: TypeInfo, type_overrides: Mapping[str,
 def change_schema(columns: list[dict], key: list[str]) -> pa.Schema:
     mapped = {c["name"]: mapped_type(c) for c in columns}
     fields = [
-        pa.field(layout.OP, pa.string()),
-        pa.field(layout.COMMIT_LSN, pa.int64()),
-        pa.field(layout.SEQ, pa.int64()),
-        pa.field(layout.XID, pa.int64()),
-        pa.field(layout.COMMIT_TS, pa.timestamp("us", tz="UTC")),
-        pa.field(layout.UNCHANGED, UNCHANGED_TYPE),
+        pa.field(contract.OP, pa.string()),
+        pa.field(contract.COMMIT_LSN, pa.int64()),
+        pa.field(contract.SEQ, pa.int64()),
+        pa.field(contract.XID, pa.int64()),
+        pa.field(contract.COMMIT_TS, pa.timestamp("us", tz="UTC")),
+        pa.field(contract.UNCHANGED, UNCHANGED_TYPE),
     ]
-    fields += [pa.field(layout.staged_name(c["name"]), mapped[c["name"]].arrow) for c in columns]
-    fields += [pa.field(layout.OLD_KEY_PREFIX + k, mapped[k].arrow) for k in key]
+    fields += [pa.field(contract.staged_name(c["name"]), mapped[c["name"]].arrow) for c in columns]
+    fields += [pa.field(contract.OLD_KEY_PREFIX + k, mapped[k].arrow) for k in key]
     return pa.schema(fields)
 
 

@@ -18,7 +18,9 @@ from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.staging.job_result import RESULT_CONF, read_result
+from airflow_provider_pglogical.staging.contract import RESULT_CONF
+from airflow_provider_pglogical.staging.job_result import read_result
+from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 
 VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
 #: the job also prints its result after this prefix, for people reading the log
@@ -41,7 +43,7 @@ def run_verify_job(specs: list[dict], snapshot_dir: str, iceberg: IcebergConfig,
     result_at = f"{snapshot_dir.rstrip('/')}/_result-{uuid.uuid4().hex}.json"
     hook = SparkSubmitHook(
         conf={**iceberg.spark_conf(), RESULT_CONF: result_at}, conn_id=conn_id, name="pglogical-verify",
-        driver_memory=driver_memory,
+        driver_memory=driver_memory, py_files=with_job_bundle(None),
         application_args=["--snapshot-dir", snapshot_dir, "--tables", json.dumps(specs), "--limit", str(limit)],
     )
     hook.submit(application=str(VERIFY_JOB))

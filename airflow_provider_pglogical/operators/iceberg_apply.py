@@ -19,7 +19,9 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
-from airflow_provider_pglogical.staging.job_result import RESULT_CONF, read_result, result_uri, storage_path
+from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.staging.contract import APPLY_RESULT_PREFIX, RESULT_CONF
+from airflow_provider_pglogical.staging.job_result import read_result, result_uri, storage_path
 from airflow_provider_pglogical.staging.apply_marker import pending_batches, write_marker
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 APPLY_JOB = Path(__file__).resolve().parent.parent / "spark" / "apply_changes.py"
 #: the job also prints its summary after this prefix, for people reading the log (the operator
 #: reads the result file, see :mod:`airflow_provider_pglogical.staging.job_result`)
-RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
+RESULT_PREFIX = APPLY_RESULT_PREFIX
 _DEFAULT_ALIAS = "<pipeline>"
 
 
@@ -127,6 +129,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
             self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
             self.application_args = self.job_args()
+            self.py_files = with_job_bundle(self.py_files)
             super().execute(context)
             result = read_result(result_at, job="apply")
             steps = result.get("steps", [])

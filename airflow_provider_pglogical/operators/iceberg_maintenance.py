@@ -14,6 +14,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 
 MAINTENANCE_JOB = Path(__file__).resolve().parent.parent / "spark" / "maintenance.py"
 
@@ -66,4 +67,5 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         # resolved when the task runs, not when the DAG is parsed (the jar lookup, templated values)
         self.conf = {**self.iceberg.spark_conf(), **(self.conf or {})}
         self.application_args = self.job_args()
+        self.py_files = with_job_bundle(self.py_files)
         super().execute(context)

@@ -17,22 +17,16 @@ import datetime as dt
 import json
 import sys
 
+from airflow_provider_pglogical.spark.identifiers import qualified, quote, sql_string
+
 RESULT_PREFIX = "PGLOGICAL_MAINTENANCE_RESULT "
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def procedure_calls(catalog: str, table: str, *, min_input_files: int, older_than: dt.datetime,
                     retain_last: int) -> list[str]:
     """The ``CALL`` statements for one table (``namespace.table``), in order."""
-    system = f"{_quote(catalog)}.system"
-    target = _string(table)
+    system = f"{quote(catalog)}.system"
+    target = sql_string(table)
     options = f"map('min-input-files', '{int(min_input_files)}')"
     cut_off = older_than.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     return [
@@ -47,18 +41,17 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None, *, min_in
         older_than_hours: float = 24, retain_last: int = 5) -> dict:
     """Run the procedures on each table; returns what each reported (file counts) per table."""
     if not tables:
-        rows = spark.sql(f"SHOW TABLES IN {_quote(catalog)}.{_quote(namespace)}").collect()
+        rows = spark.sql(f"SHOW TABLES IN {qualified(catalog, namespace)}").collect()
         tables = sorted(row.tableName for row in rows)
     older_than = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=older_than_hours)
     summary: dict = {"namespace": namespace, "tables": {}}
     for table in tables:
-        qualified = f"{_quote(namespace)}.{_quote(table)}"
         results = {}
-        for call in procedure_calls(catalog, qualified, min_input_files=min_input_files, older_than=older_than,
+        for call in procedure_calls(catalog, qualified(namespace, table), min_input_files=min_input_files, older_than=older_than,
                                     retain_last=retain_last):
-            name = call.split(".system.", 1)[1].split("(", 1)[0]
+            procedure = call.split(".system.", 1)[1].split("(", 1)[0]
             row = spark.sql(call).first()
-            results[name] = row.asDict() if row is not None else {}
+            results[procedure] = row.asDict() if row is not None else {}
         summary["tables"][table] = results
     return summary
 

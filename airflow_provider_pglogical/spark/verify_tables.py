@@ -1,6 +1,6 @@
 """Compare a staged source snapshot with Iceberg tables: counts, hashes per key range, first diffs.
 
-A PySpark job with no Airflow import (it ships as one file, like ``apply_changes.py``). The
+A PySpark job with no Airflow import (it ships like ``apply_changes.py``, with the zip of ``spark/``). The
 Python side stages the source's published projection as a snapshot batch; this job reads that
 batch and each target table, casts the source columns to the target's types, and compares:
 
@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from airflow_provider_pglogical.spark.hadoop_files import write_result
+from airflow_provider_pglogical.spark.identifiers import col
 
 RESULT_PREFIX = "PGLOGICAL_VERIFY_RESULT "
 
@@ -57,14 +60,14 @@ def compare_table(spark, snapshot_dir: str, spec: dict, buckets: int, limit: int
     types = dict(target.dtypes)
     if spec["files"]:
         source = spark.read.parquet(*[f"{snapshot_dir}/{f}" for f in spec["files"]])
-        source = source.select([F.col(f"`{c}`").cast(types[c]).alias(c) for c in columns])
+        source = source.select([col(c).cast(types[c]).alias(c) for c in columns])
     else:
-        source = spark.createDataFrame([], target.select([f"`{c}`" for c in columns]).schema)
-    target = target.select([F.col(f"`{c}`") for c in columns])
+        source = spark.createDataFrame([], target.select([col(c) for c in columns]).schema)
+    target = target.select([col(c) for c in columns])
 
     def summarise(frame):
-        row_hash = F.xxhash64(*[F.col(f"`{c}`") for c in columns])
-        bucket = F.pmod(F.xxhash64(*[F.col(f"`{c}`") for c in key]), F.lit(buckets))
+        row_hash = F.xxhash64(*[col(c) for c in columns])
+        bucket = F.pmod(F.xxhash64(*[col(c) for c in key]), F.lit(buckets))
         return frame.groupBy(bucket.alias("bucket")).agg(
             F.count(F.lit(1)).alias("rows"), F.sum(row_hash.cast("decimal(38,0)")).alias("hash")
         )
@@ -77,7 +80,7 @@ def compare_table(spark, snapshot_dir: str, spec: dict, buckets: int, limit: int
     result["differing_buckets"] = len(differing)
     result["equal"] = not differing
     if differing:
-        bucket = F.pmod(F.xxhash64(*[F.col(f"`{c}`") for c in key]), F.lit(buckets))
+        bucket = F.pmod(F.xxhash64(*[col(c) for c in key]), F.lit(buckets))
         in_diff = bucket.isin(differing)
         only_source = source.where(in_diff).exceptAll(target.where(in_diff))
         only_target = target.where(in_diff).exceptAll(source.where(in_diff))
@@ -113,26 +116,6 @@ def main(argv: list[str]) -> int:
     write_result(spark, summary)
     spark.stop()
     return 0
-
-
-# Kept in step with apply_changes.py's copy: each job is submitted as one file with nothing beside it
-# (shipping spark/ as a zip through py_files is issue 15).
-def write_result(spark, summary: dict) -> None:
-    """Leave the summary where the caller reads it (``spark.pglogical.resultUri``): stdout is lost
-    in cluster deploy modes. Written to a temporary name, then renamed."""
-    uri = spark.conf.get("spark.pglogical.resultUri", None)
-    if not uri:
-        return
-    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path
-    fs = hadoop_path(uri).getFileSystem(spark._jsc.hadoopConfiguration())
-    fs.setWriteChecksum(False)
-    out = fs.create(hadoop_path(uri + ".tmp"), True)
-    try:
-        out.write(bytearray(json.dumps(summary, sort_keys=True).encode()))
-    finally:
-        out.close()
-    if not fs.rename(hadoop_path(uri + ".tmp"), hadoop_path(uri)):
-        raise OSError(f"could not rename the result file to {uri}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Where a Spark job leaves its result: a small JSON file under staging, read through ObjectStoragePath.
 
 The job (``spark/apply_changes.py``, ``spark/verify_tables.py``) writes its summary with Spark's
-Hadoop FileSystem to the URI given in the Spark property :data:`RESULT_CONF` (first to a
+Hadoop FileSystem to the URI given in the Spark property ``contract.RESULT_CONF`` (first to a
 temporary name, then renamed), so the result reaches the task in every deploy mode: the driver's
 stdout, which YARN and Kubernetes cluster modes never hand back to ``spark-submit``, is not used.
 """
@@ -15,8 +15,7 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
 
-#: the Spark property naming the result file (kept in step with the jobs)
-RESULT_CONF = "spark.pglogical.resultUri"
+
 #: Hadoop FileSystem schemes and the fsspec protocol that reads the same objects
 _HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}
 

@@ -13,45 +13,14 @@ LSN is < P is reflected, none at or after it". A change batch covers positions
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Protocol
 
-
 from airflow_provider_pglogical.lsn import Lsn
-
-
-MANIFEST = "_manifest.json"
-FORMAT_VERSION = 1
-KINDS = ("snapshot", "changes")
-_BATCH_NAME = re.compile(r"^([0-9A-F]{16})-([0-9A-F]{16})-(snapshot|changes)$")
-
-#: metadata columns of a change row (values follow them, then ``_old_<key>`` columns)
-OP = "_op"
-COMMIT_LSN = "_commit_lsn"
-SEQ = "_seq"
-XID = "_xid"
-COMMIT_TS = "_commit_ts"
-UNCHANGED = "_unchanged_toast"
-OLD_KEY_PREFIX = "_old_"
-CHANGE_METADATA = (OP, COMMIT_LSN, SEQ, XID, COMMIT_TS, UNCHANGED)
-#: marks a source column staged under another name (see :func:`staged_name`)
-ESCAPE = "~"
-
-
-def staged_name(column: str) -> str:
-    """The name a source column has in a staged *change* file: its own, unless that is taken.
-
-    A source column may be called anything, ``_op`` or ``_old_id`` included, and may be added at
-    any time after the slot exists. Names a metadata column has or could have (a metadata name,
-    ``_old_…``) and names starting with :data:`ESCAPE` are staged as ``ESCAPE + name``: no staged
-    source name then starts with ``_`` when it is taken, none equals another, and none equals a
-    metadata name. Snapshot files hold source columns only and keep every name as it is.
-    """
-    if column in CHANGE_METADATA or column.startswith(OLD_KEY_PREFIX) or column.startswith(ESCAPE):
-        return ESCAPE + column
-    return column
+# names, patterns and rules shared with the Spark job live in the stdlib-only contract module
+from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.contract import FORMAT_VERSION, MANIFEST
 
 
 class StagingPath(Protocol):
@@ -119,16 +88,12 @@ class BatchManifest:
 
 
 def batch_name(start: Lsn, end: Lsn, kind: str) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"batch kind must be one of {KINDS}, not {kind!r}")
-    return f"{start.hex16}-{end.hex16}-{kind}"
+    return contract.format_batch_name(int(start), int(end), kind)
 
 
 def parse_batch_name(name: str) -> tuple[Lsn, Lsn, str] | None:
-    match = _BATCH_NAME.match(name)
-    if not match:
-        return None
-    return Lsn.parse(match.group(1)), Lsn.parse(match.group(2)), match.group(3)
+    parsed = contract.parse_batch_name(name)
+    return (Lsn(parsed[0]), Lsn(parsed[1]), parsed[2]) if parsed else None
 
 
 def committed_batches(root: StagingPath, pipeline: str) -> list[tuple[str, Lsn, Lsn, str]]:

@@ -13,13 +13,13 @@ so the snapshot, the pull and the Spark job all read the same staged type (docs/
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Mapping
 
 import pyarrow as pa
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError
+from airflow_provider_pglogical.staging import contract
 
 
 @dataclass(frozen=True)
@@ -32,45 +32,27 @@ class MappedType:
     parser: str
 
 
-_STRING = MappedType(pa.string(), "string", "text")
-
-#: base PostgreSQL type name (``pg_type.typname``) -> mapping; numeric and arrays are handled below.
-TYPE_MAP: dict[str, MappedType] = {
-    "bool": MappedType(pa.bool_(), "boolean", "bool"),
+#: base PostgreSQL type name (``pg_type.typname``) -> (Arrow type, parser); numeric and arrays are
+#: handled in :func:`map_type`, anything not listed travels as its text. The Spark type comes from
+#: the staging contract (``contract.spark_type``), the rule the Spark job applies too.
+_ARROW: dict[str, tuple[pa.DataType, str]] = {
+    "bool": (pa.bool_(), "bool"),
     # Iceberg has no 16-bit integer: int2 widens to int.
-    "int2": MappedType(pa.int32(), "int", "int"),
-    "int4": MappedType(pa.int32(), "int", "int"),
-    "int8": MappedType(pa.int64(), "bigint", "int"),
-    "oid": MappedType(pa.int64(), "bigint", "int"),
-    "float4": MappedType(pa.float32(), "float", "float"),
-    "float8": MappedType(pa.float64(), "double", "float"),
-    "text": _STRING,
-    "varchar": _STRING,
-    "bpchar": _STRING,
-    "name": _STRING,
-    "citext": _STRING,
-    "bytea": MappedType(pa.binary(), "binary", "bytea"),
-    "date": MappedType(pa.date32(), "date", "date"),
-    # Spark has no TIME type: time-of-day travels as its ISO text.
-    "time": _STRING,
-    "timetz": _STRING,
-    "timestamp": MappedType(pa.timestamp("us"), "timestamp_ntz", "timestamp"),
-    "timestamptz": MappedType(pa.timestamp("us", tz="UTC"), "timestamp", "timestamptz"),
-    # Iceberg has no interval type; the ISO 8601 text is exact.
-    "interval": _STRING,
-    # Spark cannot write Iceberg's uuid type; the canonical text is exact.
-    "uuid": _STRING,
-    "json": _STRING,
-    "jsonb": _STRING,
-    "xml": _STRING,
-    "inet": _STRING,
-    "cidr": _STRING,
-    "macaddr": _STRING,
-    "money": _STRING,
+    "int2": (pa.int32(), "int"),
+    "int4": (pa.int32(), "int"),
+    "int8": (pa.int64(), "int"),
+    "oid": (pa.int64(), "int"),
+    "float4": (pa.float32(), "float"),
+    "float8": (pa.float64(), "float"),
+    "bytea": (pa.binary(), "bytea"),
+    "date": (pa.date32(), "date"),
+    "timestamp": (pa.timestamp("us"), "timestamp"),
+    "timestamptz": (pa.timestamp("us", tz="UTC"), "timestamptz"),
+    # As text, exactly: text/varchar/json/xml/inet/money; time and timetz (Spark has no TIME),
+    # interval (Iceberg has none), uuid (Spark cannot write Iceberg's uuid type).
 }
-
-_NUMERIC_TYPMOD = re.compile(r"^numeric\((\d+),(\d+)\)$")
-MAX_DECIMAL_PRECISION = 38
+_STRING = MappedType(pa.string(), "string", "text")
+MAX_DECIMAL_PRECISION = contract.MAX_DECIMAL_PRECISION
 
 
 def map_type(type_name: str, *, element_type: str | None = None, formatted: str | None = None) -> MappedType:
@@ -80,23 +62,24 @@ def map_type(type_name: str, *, element_type: str | None = None, formatted: str 
     :param element_type: for arrays, the element's ``typname``.
     :param formatted: ``format_type(oid, typmod)`` (``numeric(12,2)``), needed for numeric.
     """
+    spark = contract.spark_type(type_name, element_type, formatted)
     if type_name == "numeric":
-        match = _NUMERIC_TYPMOD.match((formatted or "").replace(" ", ""))
-        if match and int(match.group(1)) <= MAX_DECIMAL_PRECISION:
-            precision, scale = int(match.group(1)), int(match.group(2))
-            return MappedType(pa.decimal128(precision, scale), f"decimal({precision},{scale})", "decimal")
+        decimal = contract.decimal_of(formatted)
         # Unconstrained numeric (or precision > 38) has no exact Spark decimal: keep its text.
-        return _STRING
+        return MappedType(pa.decimal128(*decimal), spark, "decimal") if decimal else _STRING
     if element_type is not None:
         # One-dimensional arrays become lists; PostgreSQL's type does not say how many dimensions
         # a value has, so a multi-dimensional value is reported as an error by values.py.
         element = map_type(element_type)
-        return MappedType(pa.list_(element.arrow), f"array<{element.spark}>", f"array:{element.parser}")
-    return TYPE_MAP.get(type_name, _STRING)
+        return MappedType(pa.list_(element.arrow), spark, f"array:{element.parser}")
+    if type_name not in _ARROW:
+        return _STRING
+    arrow, parser = _ARROW[type_name]
+    return MappedType(arrow, spark, parser)
 
 
 #: lakehouse types a column can be overridden to, by name; each is lossless for every PostgreSQL type
-OVERRIDE_TYPES: dict[str, MappedType] = {"string": _STRING}
+OVERRIDE_TYPES: dict[str, MappedType] = {name: _STRING for name in contract.OVERRIDE_TYPES}
 
 
 def map_column(entry: Mapping) -> MappedType:

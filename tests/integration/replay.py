@@ -7,7 +7,7 @@ check the exact source state without Spark; the Spark job is tested against the 
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.staging import batches, layout
+from airflow_provider_pglogical.staging import batches, contract, layout
 from airflow_provider_pglogical.lsn import Lsn
 
 
@@ -27,15 +27,15 @@ def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
                 continue
             current = state.setdefault(qualified, {})
             since = position.get(qualified, Lsn(0))
-            for row in sorted(rows, key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ])):
-                if Lsn(row[layout.COMMIT_LSN]) < since:
+            for row in sorted(rows, key=lambda r: (r[contract.COMMIT_LSN], r[contract.SEQ])):
+                if Lsn(row[contract.COMMIT_LSN]) < since:
                     continue
-                op = row[layout.OP]
+                op = row[contract.OP]
                 if op == "T":
                     current.clear()
                     continue
                 new_key = tuple(row[k] for k in key)
-                old_key = tuple(row.get(layout.OLD_KEY_PREFIX + k) for k in key)
+                old_key = tuple(row.get(contract.OLD_KEY_PREFIX + k) for k in key)
                 if op == "D":
                     current.pop(new_key, None)
                     continue
@@ -44,7 +44,7 @@ def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
                     previous = current.pop(old_key, None)
                 previous = previous or current.get(new_key)
                 values = {c: row[c] for c in columns}
-                for unchanged in row[layout.UNCHANGED] or []:
+                for unchanged in row[contract.UNCHANGED] or []:
                     values[unchanged] = previous[unchanged] if previous else None
                 current[new_key] = values
             position[qualified] = end

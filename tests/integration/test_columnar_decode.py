@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_pglogical.decoding import staged_tables
 from airflow_provider_pglogical.decoding import columnar
-from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.capture.peek import peek_window
 
@@ -26,7 +26,7 @@ def _staged(hook, window) -> dict[str, list[dict]]:
     out = {}
     for batch in window.tables.values():
         rows = batch.build(types).to_pylist()
-        out[batch.qualified_name] = sorted(rows, key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ]))
+        out[batch.qualified_name] = sorted(rows, key=lambda r: (r[contract.COMMIT_LSN], r[contract.SEQ]))
     return out
 
 
@@ -92,12 +92,12 @@ def test_vectorised_decode_stages_exactly_what_the_assembler_stages(publisher, p
         assert fast_rows[table] == slow_rows[table], table
     kinds = fast_rows["public.kinds"]
     # What the comparison covered, so it cannot pass on two empty tables.
-    assert {r[layout.OP] for r in kinds} == {"I", "U", "D", "T"}
-    assert any("big" in (r[layout.UNCHANGED] or []) for r in kinds)
-    assert any(r[layout.OLD_KEY_PREFIX + "id"] is not None for r in kinds)
+    assert {r[contract.OP] for r in kinds} == {"I", "U", "D", "T"}
+    assert any("big" in (r[contract.UNCHANGED] or []) for r in kinds)
+    assert any(r[contract.OLD_KEY_PREFIX + "id"] is not None for r in kinds)
     keyed = fast_rows["public.keyed"]
-    assert [r[layout.OP] for r in keyed] == ["I", "U", "I", "D"]
-    assert keyed[0][layout.UNCHANGED] == ["note"]
+    assert [r[contract.OP] for r in keyed] == ["I", "U", "I", "D"]
+    assert keyed[0][contract.UNCHANGED] == ["note"]
 
 
 def test_a_window_with_two_phase_messages_falls_back_to_the_assembler(publisher, publisher_hook):

@@ -9,7 +9,7 @@ Scenario (pipeline ``shop``), LSNs in hex:
   earlier change in the batch, across a key change and a chain of key changes, D then I, I then key
   change, U then D); inserts/update/delete of typed items; one event; ``public.tags`` (REPLICA
   IDENTITY FULL, no snapshot) created by its first change batch.
-- ``C2`` changes [0/2000, 0/3000), ``_commit_lsn`` staged as ``X/Y`` text: orders gains a column;
+- ``C2`` changes [0/2000, 0/3000): orders gains a column;
   events: insert, TRUNCATE, inserts and an update after it; items: one update; tags: a delete
   matched on a NULL.
 """
@@ -121,13 +121,12 @@ def snapshot_rows(columns: list[dict], rows: list[list]) -> pa.Table:
     return pa.table(typed(columns, rows))
 
 
-def change_rows(columns: list[dict], changes: list[dict], text_lsn: bool = False) -> pa.Table:
+def change_rows(columns: list[dict], changes: list[dict]) -> pa.Table:
     """``changes``: ``{"op", "lsn", "values": [text...] , "u": [...], "old": {key: text}}``."""
     key = [c["name"] for c in columns if c.get("key")]
     data: dict[str, pa.Array] = {
         "_op": pa.array([c["op"] for c in changes], pa.string()),
-        "_commit_lsn": pa.array([c["lsn"] for c in changes], pa.string()) if text_lsn
-        else pa.array([lsn(c["lsn"]) for c in changes], pa.int64()),
+        "_commit_lsn": pa.array([lsn(c["lsn"]) for c in changes], pa.int64()),
         "_seq": pa.array(range(len(changes)), pa.int64()),
         "_xid": pa.array([1000] * len(changes), pa.int64()),
         "_commit_ts": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)] * len(changes), pa.timestamp("us", tz="UTC")),
@@ -216,9 +215,9 @@ def stage_shop(root: Path) -> None:
     ]
     c2_items = [{"op": "U", "lsn": "0/2600", "values": ITEM_TEXT[3][:9] + ["late"] + ITEM_TEXT[3][10:]}]
     write_batch(root, "changes", "0/2000", "0/3000", {
-        "public.orders": (ORDERS_V2, change_rows(ORDERS_V2, c2_orders, text_lsn=True), None),
-        "public.events": (EVENTS, change_rows(EVENTS, c2_events, text_lsn=True), None),
-        "public.items": (ITEMS, change_rows(ITEMS, c2_items, text_lsn=True), None),
+        "public.orders": (ORDERS_V2, change_rows(ORDERS_V2, c2_orders), None),
+        "public.events": (EVENTS, change_rows(EVENTS, c2_events), None),
+        "public.items": (ITEMS, change_rows(ITEMS, c2_items), None),
         "public.tags": (TAGS, change_rows(TAGS, [{"op": "D", "lsn": "0/2100", "values": ["b", None]}]), None, "f"),
     })
 

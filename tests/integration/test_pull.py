@@ -10,7 +10,7 @@ import sys
 import pytest
 from airflow.sdk import ObjectStoragePath
 
-from airflow_provider_pglogical.staging import batches, layout
+from airflow_provider_pglogical.staging import batches, contract, layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
@@ -37,7 +37,7 @@ def changes_of(root, result) -> list[dict]:
     for qualified, table in manifest.tables.items():
         for row in batches.read_table(root, "p", name, table).to_pylist():
             rows.append({"table": qualified, **row})
-    return sorted(rows, key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ]))
+    return sorted(rows, key=lambda r: (r[contract.COMMIT_LSN], r[contract.SEQ]))
 
 
 def source_rows(db, table, columns="*", where="true"):
@@ -239,7 +239,7 @@ import os, signal
 from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.capture import pull
-from airflow_provider_pglogical.staging import batches, layout
+from airflow_provider_pglogical.staging import batches, contract, layout
 point = os.environ["KILL_AT"]
 if point == "before_manifest":
     original = batches.BatchWriter.commit

@@ -18,6 +18,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle
 from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
@@ -38,7 +39,8 @@ def apply(root: Path, warehouse: Path) -> None:
     command = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g", "--conf", "spark.ui.enabled=false"]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
-    command += [str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", "p", "--namespace", "toast"]
+    command += ["--py-files", str(job_bundle()), str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", "p",
+                "--namespace", "toast"]
     proc = subprocess.run(command, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]

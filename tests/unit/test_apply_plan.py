@@ -6,20 +6,10 @@ import pytest
 
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.staging.layout import batch_name
-from airflow_provider_pglogical.spark.apply_changes import (
-    ApplyError,
-    Batch,
-    TableState,
-    default_target_name,
-    hex16,
-    parse_args,
-    parse_batch,
-    parse_lsn,
-    plan_table,
-    quote,
-    range_predicate,
-    snapshot_details,
-)
+from airflow_provider_pglogical.spark.apply_changes import parse_args
+from airflow_provider_pglogical.spark.identifiers import quote
+from airflow_provider_pglogical.spark.plan import ApplyError, Batch, TableState, plan_table, range_predicate, snapshot_details
+from airflow_provider_pglogical.staging.contract import default_target_name, hex16, parse_batch_name
 
 T = "public.orders"
 
@@ -38,14 +28,14 @@ def steps_of(batches, state):
 
 def test_batch_names_parse_like_staging_writes_them():
     name = batch_name(Lsn.parse("1/A0"), Lsn.parse("1/FF"), "changes")
-    assert parse_batch(name) == (0x1000000A0, 0x1000000FF, "changes")
-    assert parse_batch("garbage") is None
-    assert parse_batch(name.lower()) is None
+    assert parse_batch_name(name) == (0x1000000A0, 0x1000000FF, "changes")
+    assert Batch.parse(name) == Batch(name, 0x1000000A0, 0x1000000FF, "changes")
+    assert parse_batch_name("garbage") is None and Batch.parse("_results") is None
+    assert parse_batch_name(name.lower()) is None
 
 
-def test_lsn_text_and_hex():
-    assert parse_lsn("1/A0") == 0x1000000A0 == parse_lsn("00000001000000A0")
-    assert hex16(0x1000000A0) == Lsn(0x1000000A0).hex16
+def test_positions_are_written_as_lsn_hex16():
+    assert hex16(0x1000000A0) == Lsn(0x1000000A0).hex16 == "00000001000000A0"
 
 
 def test_initial_snapshot_then_changes():
@@ -91,22 +81,25 @@ def test_batches_without_the_table_do_not_count():
 def test_range_predicates():
     assert range_predicate({"key_range": {"column": "id", "start": 3, "end": 5}}, "b", T) == "`id` >= 3 AND `id` < 5"
     assert range_predicate({"key_range": {"column": "k", "start": "a'b", "end": None}}, "b", T) == "`k` >= 'a\\'b'"
-    assert range_predicate({"replace_where": "region = 'EU'"}, "b", T) == "(region = 'EU')"
+    assert range_predicate({"key_range": {"column": "a.b", "start": None, "end": 2.5}}, "b", T) == "`a.b` < 2.5"
     assert range_predicate({"row_filter": "x > 1"}, "b", T) is None
-    with pytest.raises(ApplyError, match="key_range or details.replace_where"):
+    with pytest.raises(ApplyError, match="batch b, table public.orders: .* needs the range .* as details.key_range"):
         range_predicate({"extra_where": '"id" < 5'}, "b", T)
+    with pytest.raises(ApplyError, match="key_range start: .* is not a number or a string"):
+        range_predicate({"key_range": {"column": "id", "start": [1], "end": None}}, "b", T)
 
 
 def test_snapshot_details_merge_batch_and_table_ignoring_nulls():
     manifest = {"details": {"key_range": None, "backfill": True},
-                "tables": {T: {"details": {"row_filter": None, "replace_where": "id < 3"}}}}
-    assert snapshot_details(manifest, T) == {"backfill": True, "replace_where": "id < 3"}
+                "tables": {T: {"details": {"row_filter": None, "extra_where": "id < 3"}}}}
+    assert snapshot_details(manifest, T) == {"backfill": True, "extra_where": "id < 3"}
 
 
 def test_names_and_quoting():
     assert default_target_name("public.Order Items") == "public__order_items"
     assert default_target_name("Sales.orders-2024") == "sales__orders_2024"
     assert quote("we`ird") == "`we``ird`"
+    assert quote("a.b") == "`a.b`"
 
 
 def test_command_line():

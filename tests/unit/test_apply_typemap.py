@@ -1,17 +1,15 @@
-"""The Spark job carries its own copy of the type mapping (it ships as one file): it must agree
-with ``staging/typemap.py``, the one table the rest of the package uses."""
+"""The type rule the Spark job applies (``staging/contract.py``) is the one staging uses
+(``staging/typemap.py``): a column's staged Arrow type and its Iceberg type come from one entry."""
 
 from __future__ import annotations
 
-import ast
-
 import pytest
 
-from airflow_provider_pglogical.staging.typemap import TYPE_MAP, map_type
-from airflow_provider_pglogical.spark import apply_changes
+from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.typemap import _ARROW, map_column, map_type
 
 COLUMNS = [
-    *({"type": name} for name in TYPE_MAP),
+    *({"type": name} for name in (*_ARROW, "text", "varchar", "jsonb", "uuid", "interval", "time")),
     {"type": "numeric", "formatted": "numeric(12,2)"},
     {"type": "numeric", "formatted": "numeric(38,0)"},
     {"type": "numeric", "formatted": "numeric(39,2)"},
@@ -30,35 +28,32 @@ COLUMNS = [
 
 
 @pytest.mark.parametrize("column", COLUMNS, ids=lambda c: c.get("formatted") or c["type"])
-def test_job_maps_types_like_typemap(column):
+def test_job_maps_types_like_staging(column):
     expected = map_type(column["type"], element_type=column.get("element_type"), formatted=column.get("formatted")).spark
-    assert apply_changes.column_type(column) == expected
+    assert contract.column_type(column) == expected
 
 
 def test_exact_types_for_the_lakehouse():
-    assert apply_changes.spark_type("numeric", formatted="numeric(12,2)") == "decimal(12,2)"
-    assert apply_changes.spark_type("timestamptz") == "timestamp"  # UTC instants
-    assert apply_changes.spark_type("timestamp") == "timestamp_ntz"
-    assert apply_changes.spark_type("bytea") == "binary"
-    assert apply_changes.spark_type("jsonb") == "string"
-    assert apply_changes.spark_type("uuid") == "string"
-    assert apply_changes.spark_type("_int8", element_type="int8") == "array<bigint>"
-
-
-def test_job_imports_nothing_from_airflow_or_the_package():
-    tree = ast.parse(open(apply_changes.__file__).read())
-    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert {m.split(".")[0] for m in modules} <= {
-        "__future__", "argparse", "json", "logging", "os", "re", "signal", "sys", "time", "dataclasses",
-        "functools", "uuid", "pyspark"}
+    assert contract.spark_type("numeric", formatted="numeric(12,2)") == "decimal(12,2)"
+    assert contract.spark_type("numeric", formatted="numeric(39,2)") == "string"  # no exact Spark decimal
+    assert contract.spark_type("timestamptz") == "timestamp"  # UTC instants
+    assert contract.spark_type("timestamp") == "timestamp_ntz"
+    assert contract.spark_type("bytea") == "binary"
+    assert contract.spark_type("jsonb") == "string"
+    assert contract.spark_type("uuid") == "string"
+    assert contract.spark_type("_int8", element_type="int8") == "array<bigint>"
+    assert str(map_type("numeric", formatted="numeric(12,2)").arrow) == "decimal128(12, 2)"
+    assert str(map_type("_int8", element_type="int8").arrow) == "list<item: int64>"
 
 
 @pytest.mark.parametrize("column", COLUMNS, ids=lambda c: c.get("formatted") or c["type"])
 def test_an_override_stages_and_applies_any_type_as_string(column):
     """The same manifest entry gives the same type in staging (Arrow) and in the lakehouse (Spark)."""
-    from airflow_provider_pglogical.staging.typemap import map_column
-
     entry = {**column, "name": "c", "override": "string"}
-    assert map_column(entry).spark == apply_changes.column_type(entry) == "string"
+    assert map_column(entry).spark == contract.column_type(entry) == "string"
     assert str(map_column(entry).arrow) == "string"
+
+
+def test_an_unknown_override_names_the_column_and_the_choices():
+    with pytest.raises(ValueError, match="column c: unknown type override 'date'; supported are 'string'"):
+        contract.column_type({"name": "c", "type": "text", "override": "date"})

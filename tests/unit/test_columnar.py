@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_pglogical.decoding import staged_tables
 from airflow_provider_pglogical.decoding import columnar, wire
-from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.decoding.assembler import ChangeAssembler, Transaction
 from airflow_provider_pglogical.lsn import Lsn
 from tests.fixtures.pgoutput import build
@@ -34,7 +34,7 @@ def both_ways(rows) -> tuple[dict, dict]:
     assert fast.last_end_lsn == (txns[-1].end_lsn if txns else None)
 
     def staged(tables):
-        return {t.qualified_name: sorted(t.build({}).to_pylist(), key=lambda r: (r[layout.COMMIT_LSN], r[layout.SEQ]))
+        return {t.qualified_name: sorted(t.build({}).to_pylist(), key=lambda r: (r[contract.COMMIT_LSN], r[contract.SEQ]))
                 for t in tables.values()}
     return staged(fast.tables), staged(slow)
 
@@ -73,9 +73,9 @@ def test_hand_built_shapes_stage_identically():
     fast, slow = both_ways(rows)
     assert fast == slow
     staged = fast["public.t"]
-    assert [r[layout.OP] for r in staged] == ["I", "I", "U", "U", "D", "T", "I", "U"]
-    assert [r[layout.SEQ] for r in staged] == [0, 1, 2, 3, 4, 6, 7, 0]  # the message took seq 5
-    assert staged[1][layout.UNCHANGED] == ["big"] and staged[1]["big"] is None
+    assert [r[contract.OP] for r in staged] == ["I", "I", "U", "U", "D", "T", "I", "U"]
+    assert [r[contract.SEQ] for r in staged] == [0, 1, 2, 3, 4, 6, 7, 0]  # the message took seq 5
+    assert staged[1][contract.UNCHANGED] == ["big"] and staged[1]["big"] is None
     assert (staged[3]["id"], staged[3]["_old_id"]) == ("10", "1")  # no type info given: text
     window = columnar.decode_window(copy_chunks(rows), 1)
     assert [(m["prefix"], m["commit_lsn"]) for m in window.messages] == [("loose", None), ("wm", str(Lsn(1090)))]

@@ -29,10 +29,11 @@ RULES = [
      ["psycopg2", "airflow"], "decoding is pure: bytes in, Arrow tables out, no database and no Airflow"),
     (modules_of("management"),
      ["pyarrow", "airflow"], "management speaks SQL only: no Arrow, no Airflow"),
-    (["staging.contract"] if (ROOT / "staging" / "contract.py").exists() else ["staging.layout"],
+    (["staging.contract"],
      ["pyarrow", "psycopg2", "airflow", "pyspark"], "the staging contract ships with the Spark job: stdlib only"),
     (modules_of("spark"),
-     ["airflow", "psycopg2"], "the Spark jobs ship to a cluster on their own: no Airflow, no database driver"),
+     ["airflow", "psycopg2", "pyarrow"],
+     "the Spark jobs ship to a cluster with the staging contract only (tests/unit/test_job_bundle.py)"),
 ]
 
 

@@ -32,14 +32,6 @@ def test_hook_declares_itself_like_the_official_providers():
         "postgres_conn_id", "postgres_default", "postgres")
 
 
-def test_verify_and_apply_agree_on_target_names():
-    from airflow_provider_pglogical.capture.source_projection import default_target_name
-    from airflow_provider_pglogical.spark import apply_changes
-
-    for name in ("public.orders", "Sales.Order Items", "x.ünï"):
-        assert default_target_name(name) == apply_changes.default_target_name(name)
-
-
 def test_provider_info_names_its_documentation_and_cli_commands():
     info = get_provider_info()
     assert info["documentation-url"].startswith("https://")

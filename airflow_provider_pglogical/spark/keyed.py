@@ -1,0 +1,137 @@
+"""Applying steps to a keyed table: a snapshot overwrites (or MERGEs a key range), a change batch
+is reduced to one row per key and applied with ONE ``MERGE INTO``."""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from airflow_provider_pglogical.spark.hadoop_files import Staging
+from airflow_provider_pglogical.spark.identifiers import col, quote
+from airflow_provider_pglogical.spark.lakehouse_tables import BATCH_TABLE_PREFIX, Lakehouse
+from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.reduction import read_rows, reduce_changes
+
+
+def join_condition(manifest: dict) -> str:
+    """The MERGE's ON clause between target ``t`` and source ``s`` on the replica-identity key."""
+    # identifier (NOT NULL) keys join with '='; REPLICA IDENTITY FULL rows may hold NULLs
+    equals = "<=>" if manifest.get("replica_identity", "d") == "f" else "="
+    return " AND ".join(f"t.{quote(k)} {equals} s.{quote(k)}" for k in manifest["key"])
+
+
+class KeyedTables:
+    """Applies steps to tables with a replica-identity key (a primary key or USING INDEX)."""
+
+    def __init__(self, spark, staging: Staging, lakehouse: Lakehouse):
+        self.spark = spark
+        self.staging = staging
+        self.lakehouse = lakehouse
+
+    def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        from pyspark.sql import functions as F
+
+        manifest = step.batch.manifest["tables"][source]
+        frame = read_rows(self.spark, self.staging.files(step.batch, source), types, manifest["key"], changes=False)
+        predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
+        if predicate is None:
+            frame.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
+            return manifest.get("rows", 0)
+        view = "__pglogical_snapshot"
+        frame.createOrReplaceTempView(view)
+        self.spark.sql(
+            f"MERGE INTO {self.lakehouse.name(target)} t USING {view} s ON {join_condition(manifest)} "
+            f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{quote(c)} = s.{quote(c)}' for c in types)} "
+            f"WHEN NOT MATCHED THEN INSERT ({', '.join(map(quote, types))}) VALUES ({', '.join('s.' + quote(c) for c in types)}) "
+            f"WHEN NOT MATCHED BY SOURCE AND {predicate} THEN DELETE"
+        )
+        return manifest.get("rows", 0)
+
+    def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        from pyspark.sql import functions as F
+
+        manifest = step.batch.manifest["tables"][source]
+        keys = list(manifest["key"])
+        if not keys:
+            raise ApplyError(
+                f"batch {step.batch.name}, table {source}: no replica-identity key; set REPLICA IDENTITY "
+                "(a primary key, USING INDEX or FULL) on the source table"
+            )
+        batch_columns = [c["name"] for c in manifest["columns"]]
+        values = [c for c in batch_columns if c not in keys]
+        batch_types = {c: types[c] for c in batch_columns}
+        if not manifest.get("files"):
+            return 0
+        rows = read_rows(self.spark, self.staging.files(step.batch, source), batch_types, keys, changes=True)
+        reduced = reduce_changes(self.spark, rows, keys, values, step.position)
+        if reduced.rows == 0:
+            return 0
+        frame = reduced.frame
+        if reduced.truncated:
+            kept = frame.where(F.col("__op") != "D").select(*map(col, batch_columns))
+            for name, kind in types.items():  # dropped columns: NULL
+                if name not in batch_types:
+                    kept = kept.withColumn(name, F.lit(None).cast(kind))
+            kept.select(*map(col, types)).writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
+            return reduced.rows
+        keep = reduced.unchanged_columns
+        if keep and reduced.moved_unchanged:
+            frame = self._fetch_moved(frame, target, keys, values)
+        source, staged = self._merge_source(frame, target, keys)
+        sets = []
+        for index, name in enumerate(values):
+            if name in keep:
+                sets.append(f"{quote(name)} = CASE WHEN s.__keep{index} THEN t.{quote(name)} ELSE s.{quote(name)} END")
+            else:
+                sets.append(f"{quote(name)} = s.{quote(name)}")
+        matched_update = f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)} " if sets else ""
+        self.spark.sql(
+            f"MERGE INTO {self.lakehouse.name(target)} t USING {source} s ON {join_condition(manifest)} "
+            "WHEN MATCHED AND s.__op = 'D' THEN DELETE "
+            f"{matched_update}"
+            f"WHEN NOT MATCHED AND s.__op <> 'D' THEN INSERT ({', '.join(map(quote, batch_columns))}) "
+            f"VALUES ({', '.join('s.' + quote(c) for c in batch_columns)})"
+        )
+        if staged:
+            self.spark.sql(f"DROP TABLE IF EXISTS {source} PURGE")
+        return reduced.rows
+
+    def _merge_source(self, frame, target: str, keys: list[str]) -> tuple[str, bool]:
+        """What the MERGE reads the reduced batch from: a temporary view or, for a bucketed target,
+        an Iceberg table bucketed the same way (True).
+
+        A MERGE shuffles every target row to join it with the batch, so its cost grows with the
+        table. When both sides are Iceberg tables bucketed alike on the join key, Spark joins them
+        bucket by bucket without that shuffle (a storage-partitioned join, ``session_defaults``).
+        Each MERGE gets a table of its own name, dropped after it; ones a killed run left behind
+        are dropped when the next run starts (:meth:`Lakehouse.drop_batch_tables`).
+        """
+        import uuid
+
+        from pyspark.sql import functions as F
+
+        if not (self.lakehouse.bucket_count and keys and self.lakehouse.bucketed(target, keys[0])):
+            frame.createOrReplaceTempView("__pglogical_changes")
+            return "__pglogical_changes", False
+        staged = self.lakehouse.name(f"{BATCH_TABLE_PREFIX}{target}__{uuid.uuid4().hex[:12]}")
+        (frame.writeTo(staged).using("iceberg").tableProperty("format-version", "2")
+         .partitionedBy(F.bucket(int(self.lakehouse.bucket_count), col(keys[0]))).create())
+        return staged, True
+
+    def _fetch_moved(self, frame, target, keys, values):
+        """Moved rows (``__ok`` != key) take kept values from the lakehouse row of their old key."""
+        from pyspark.sql import functions as F
+
+        same = reduce(lambda a, b: a & b, [col(k).eqNullSafe(F.col(f"__ok{i}")) for i, k in enumerate(keys)])
+        moved = frame.where(~same & (F.col("__op") != "D"))
+        lake = self.spark.table(self.lakehouse.name(target)).select(
+            *[col(k).alias(f"__lk{i}") for i, k in enumerate(keys)],
+            *[col(v).alias(f"__lv{i}") for i, v in enumerate(values)], F.lit(True).alias("__found"))
+        cond = reduce(lambda a, b: a & b, [F.col(f"__ok{i}").eqNullSafe(F.col(f"__lk{i}")) for i in range(len(keys))])
+        fetched = moved.join(lake, cond, "left")
+        for index, name in enumerate(values):
+            take = F.col(f"__keep{index}") & F.col("__found").isNotNull()
+            fetched = fetched.withColumn(name, F.when(take, F.col(f"__lv{index}")).otherwise(col(name)))
+            fetched = fetched.withColumn(f"__keep{index}", F.col(f"__keep{index}") & ~take)
+        fetched = fetched.select(*map(col, frame.columns))
+        return frame.where(same | (F.col("__op") == "D")).unionByName(fetched)
+

@@ -1,0 +1,180 @@
+"""The lakehouse side of the apply job: target tables (created, evolved) and the state table."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, sql_string
+from airflow_provider_pglogical.spark.plan import ApplyError, TableState
+from airflow_provider_pglogical.staging.contract import (
+    KEY_PROPERTY,
+    MULTISET_COLUMNS,
+    OCCURRENCE,
+    STATE_TABLE,
+    WRITTEN_BY,
+    column_type,
+    hex16,
+    is_multiset,
+)
+
+log = logging.getLogger("pglogical.apply")
+
+#: name prefix of the temporary tables a bucketed target's batch is staged in
+BATCH_TABLE_PREFIX = "_pglogical_batch__"
+_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
+
+
+class Lakehouse:
+    """One Iceberg namespace: its target tables and this job's state table."""
+
+    def __init__(self, spark, catalog: str, namespace: str, write_mode: str, bucket_count: int | None):
+        self.spark = spark
+        self.catalog = catalog
+        self.namespace = namespace
+        self.write_mode = write_mode
+        self.bucket_count = bucket_count
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
+
+    def name(self, table: str) -> str:
+        return qualified(self.catalog, self.namespace, table)
+
+    def exists(self, table: str) -> bool:
+        return self.spark.catalog.tableExists(f"{self.catalog}.{self.namespace}.{table}")
+
+    def drop_batch_tables(self) -> None:
+        """Drop the bucketed batch tables a killed run left (see ``KeyedTables._merge_source``)."""
+        for row in self.spark.sql(f"SHOW TABLES IN {qualified(self.catalog, self.namespace)}").collect():
+            if row.tableName.startswith(BATCH_TABLE_PREFIX):
+                self.spark.sql(f"DROP TABLE IF EXISTS {self.name(row.tableName)} PURGE")
+
+    def bucketed(self, table: str, column: str) -> bool:
+        """True when ``table`` is partitioned by ``bucket(bucket_count, column)`` and nothing else."""
+        spec = self.spark.sql(f"DESCRIBE TABLE {self.name(table)}").collect()
+        start = next((i for i, r in enumerate(spec) if r.col_name.strip() == "# Partitioning"), None)
+        if start is None:
+            return False
+        parts = [r.data_type.strip() for r in spec[start + 1:] if r.col_name.startswith("Part ")]
+        return parts == [f"bucket({int(self.bucket_count)}, {column})"]
+
+    # state ---------------------------------------------------------------------------------
+    def read_state(self, pipeline: str) -> dict[str, TableState]:
+        state_table = self.name(STATE_TABLE)
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {state_table} (pipeline string NOT NULL, source_table string NOT NULL, "
+            "target_table string, position string, applied_snapshots array<string>, last_batch string, "
+            "updated_at timestamp) USING iceberg PARTITIONED BY (pipeline) "
+            "TBLPROPERTIES ('format-version'='2', 'write.update.mode'='copy-on-write', "
+            "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write')"
+        )
+        rows = self.spark.table(state_table).where(col("pipeline") == pipeline).collect()
+        return {
+            row.source_table: TableState(
+                row.target_table, int(row.position, 16), set(row.applied_snapshots or ()), row.last_batch
+            )
+            for row in rows
+        }
+
+    def write_state(self, pipeline: str, states: dict[str, TableState]) -> None:
+        """Replace this pipeline's rows of the state table in one commit."""
+        from pyspark.sql import functions as F
+
+        schema = ("pipeline string, source_table string, target_table string, position string, "
+                  "applied_snapshots array<string>, last_batch string")
+        rows = [
+            (pipeline, source, s.target, hex16(s.position), sorted(s.snapshots), s.last_batch)
+            for source, s in sorted(states.items())
+        ]
+        frame = self.spark.createDataFrame(rows, schema).withColumn("updated_at", F.current_timestamp())
+        frame.writeTo(self.name(STATE_TABLE)).overwrite(col("pipeline") == F.lit(pipeline))
+
+    # tables --------------------------------------------------------------------------------
+    def ensure_table(self, table: str, manifest: dict) -> dict[str, str]:
+        """Create or evolve the table for a table manifest; returns column name -> Spark type."""
+        try:
+            wanted = {column["name"]: column_type(column) for column in manifest["columns"]}
+        except ValueError as error:
+            raise ApplyError(f"table {self.name(table)}: {error}") from None
+        if not self.exists(table):
+            return self._create(table, manifest, wanted)
+        current = {f.name: f.dataType.simpleString() for f in self.spark.table(self.name(table)).schema.fields}
+        if is_multiset(manifest) and self._unnumbered(table, current):
+            current = self._number_copies(table, current)
+        for name, kind in wanted.items():
+            if name not in current:
+                self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
+                log.info("added column %s %s to %s", name, kind, table)
+            elif current[name] != kind:
+                if not widens(current[name], kind):
+                    raise ApplyError(
+                        f"table {self.name(table)}: column {name} is {current[name]} in Iceberg but {kind} at "
+                        "the source; Iceberg cannot change it in place. Drop the Iceberg table (or the "
+                        "column) and re-run the apply: it is rebuilt from the staged batches, or backfill it."
+                    )
+                self.spark.sql(f"ALTER TABLE {self.name(table)} ALTER COLUMN {quote(name)} TYPE {kind}")
+        return {**current, **wanted}
+
+    def _create(self, table: str, manifest: dict, wanted: dict[str, str]) -> dict[str, str]:
+        key = manifest["key"]
+        not_null = not is_multiset(manifest) and key
+        columns = ", ".join(
+            f"{quote(name)} {kind}{' NOT NULL' if not_null and name in key else ''}" for name, kind in wanted.items()
+        )
+        if is_multiset(manifest):
+            wanted = {**wanted, **MULTISET_COLUMNS}
+            columns += "".join(f", {quote(name)} {kind}" for name, kind in MULTISET_COLUMNS.items())
+        mode = sql_string(self.write_mode)
+        partitioning = ""
+        if self.bucket_count and key:
+            partitioning = f" PARTITIONED BY (bucket({int(self.bucket_count)}, {quote(key[0])}))"
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg{partitioning} "
+            f"TBLPROPERTIES ('format-version'='2', 'write.merge.mode'={mode}, "
+            f"'write.update.mode'={mode}, 'write.delete.mode'={mode}, "
+            f"{sql_string(KEY_PROPERTY)}={sql_string(json.dumps(key))})"
+        )
+        # Iceberg 1.6-1.9 Spark fails every merge-on-read MERGE/UPDATE/DELETE of a table with
+        # identifier fields (apache/iceberg#11709): there the key lives in KEY_PROPERTY only.
+        if not_null and self.write_mode == "copy-on-write":
+            fields = ", ".join(quote(name) for name in key)
+            self.spark.sql(f"ALTER TABLE {self.name(table)} SET IDENTIFIER FIELDS {fields}")
+        log.info("created %s", self.name(table))
+        return wanted
+
+    def _unnumbered(self, table: str, current: dict[str, str]) -> bool:
+        """A keyless table without (complete) copy numbers: written before this job numbered them."""
+        if OCCURRENCE not in current:
+            return True
+        # file statistics answer this for every file a finished numbering wrote
+        return bool(self.spark.table(self.name(table)).where(col(OCCURRENCE).isNull()).limit(1).count())
+
+    def _number_copies(self, table: str, current: dict[str, str]) -> dict[str, str]:
+        """Add the multiset columns to a keyless table and number its identical rows (one overwrite).
+
+        A crash between the two commits leaves NULL occurrences, which the next run numbers.
+        """
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        log.warning("table %s is keyless but its identical rows are not numbered (written by an earlier "
+                    "version, which could lose copies): numbering them now; backfill it to be sure it is exact",
+                    self.name(table))
+        for name, kind in MULTISET_COLUMNS.items():
+            if name not in current:
+                self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
+        values = [col(c) for c in current if c not in MULTISET_COLUMNS]
+        numbered = self.spark.table(self.name(table)).select(
+            *values, F.row_number().over(Window.partitionBy(*values).orderBy(F.lit(1))).cast("int").alias(OCCURRENCE),
+            F.lit(None).cast("string").alias(WRITTEN_BY)).localCheckpoint()
+        numbered.writeTo(self.name(table)).overwrite(F.lit(True))
+        return {**current, **MULTISET_COLUMNS}
+
+
+def widens(old: str, new: str) -> bool:
+    """Iceberg's in-place type promotions: int -> bigint, float -> double, wider decimal precision."""
+    if (old, new) in {("int", "bigint"), ("float", "double")}:
+        return True
+    old_dec, new_dec = _DECIMAL.match(old), _DECIMAL.match(new)
+    return bool(old_dec and new_dec and old_dec.group(2) == new_dec.group(2)
+                and int(new_dec.group(1)) > int(old_dec.group(1)))

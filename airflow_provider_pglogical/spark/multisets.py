@@ -1,0 +1,152 @@
+"""Applying steps to a keyless table, kept as a multiset the way PostgreSQL's subscriber keeps it."""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from airflow_provider_pglogical.spark.hadoop_files import Staging
+from airflow_provider_pglogical.spark.identifiers import col, quote, sql_string
+from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.reduction import after_truncate, from_position_on, last_truncate, read_rows
+from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY
+
+
+class Multisets:
+    """Applies steps to a keyless table, kept as PostgreSQL's own subscriber keeps it: a multiset.
+
+    An INSERT adds one row even when identical ones exist; a DELETE, or an UPDATE's old row,
+    removes exactly one identical row; NULLs compare equal. The n identical copies of a row value
+    are numbered 1..n in ``_pglogical_occurrence``, so (values, occurrence) is a key. A change
+    batch reduces to the net change of the number of copies per row value and one MERGE adds
+    copies count+1..count+d or deletes the copies above count+d.
+
+    Exactly once: the MERGE also writes the batch's name into ``_pglogical_batch`` of the copies
+    it inserts, or of the highest copy it keeps, so a re-run after the data commit and before
+    the state commit finds the row values the batch has changed already and skips them; a row
+    value the batch removed entirely cannot go below zero copies.
+    """
+
+    def __init__(self, spark, staging: Staging, lakehouse: Lakehouse):
+        self.spark = spark
+        self.staging = staging
+        self.lakehouse = lakehouse
+
+    def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        manifest = step.batch.manifest["tables"][source]
+        if range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source) is not None:
+            raise ApplyError(
+                f"batch {step.batch.name}, table {source}: a ranged backfill of a keyless table cannot be "
+                "applied exactly (the change batches after it would count the rows outside the range "
+                "twice); run a backfill of the whole table, which supersedes this batch"
+            )
+        values = _value_types(types)
+        frame = read_rows(self.spark, self.staging.files(step.batch, source), values, manifest["key"], changes=False)
+        copies = Window.partitionBy(*[col(c) for c in values]).orderBy(F.lit(1))
+        numbered = frame.select(
+            *[col(c) for c in values], F.row_number().over(copies).cast("int").alias(OCCURRENCE),
+            F.lit(step.batch.name).alias(WRITTEN_BY))
+        numbered.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
+        return manifest.get("rows", 0)
+
+    def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        from pyspark.sql import functions as F
+
+        manifest = step.batch.manifest["tables"][source]
+        keys = list(manifest["key"])
+        batch_columns = [c["name"] for c in manifest["columns"]]
+        if sorted(keys) != sorted(batch_columns):
+            raise ApplyError(
+                f"batch {step.batch.name}, table {source}: the lakehouse keeps this table as a keyless multiset "
+                f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "
+                "or drop the Iceberg table and backfill it"
+            )
+        if not manifest.get("files"):
+            return 0
+        values = _value_types(types)
+        rows = read_rows(self.spark, self.staging.files(step.batch, source), {c: types[c] for c in batch_columns},
+                         keys, changes=True)
+        deltas, truncated, count = multiset_deltas(rows, values, keys, step.position)
+        if count == 0:
+            return 0
+        if truncated:
+            copies = deltas.where(F.col("__d") > 0).select(
+                *[col(c) for c in values],
+                F.explode(F.sequence(F.lit(1), F.col("__d").cast("int"))).alias(OCCURRENCE))
+            (copies.withColumn(WRITTEN_BY, F.lit(step.batch.name)).select(*[col(c) for c in types])
+             .writeTo(self.lakehouse.name(target)).overwrite(F.lit(True)))
+            return count
+        self._merge(deltas, target, list(values), step.batch.name)
+        return count
+
+    def _merge(self, deltas, target: str, values: list[str], batch: str) -> None:
+        """Set each touched row value's number of copies to (copies now) + (its change)."""
+        from pyspark.sql import functions as F
+
+        touched = deltas.where(F.col("__d") != 0).select(
+            *[col(c).alias(f"__v{i}") for i, c in enumerate(values)], "__d")
+        lake = self.spark.table(self.lakehouse.name(target)).select(
+            *[col(c) for c in values], col(OCCURRENCE).alias("__occ"),
+            col(WRITTEN_BY).alias("__by"))
+        same = reduce(lambda a, b: a & b, [col(c).eqNullSafe(F.col(f"__v{i}")) for i, c in enumerate(values)])
+        counts = (lake.join(touched, same, "right")
+                  .groupBy(*[f"__v{i}" for i in range(len(values))], "__d")
+                  .agg(F.count("__occ").cast("int").alias("__c"),
+                       F.max(F.when(F.col("__by") == F.lit(batch), 1).otherwise(0)).alias("__done"))
+                  .where(F.col("__done") == 0)  # this batch's MERGE committed already (a re-run)
+                  .withColumn("__n", F.greatest(F.lit(0), F.col("__c") + F.col("__d")).cast("int")))
+        row = [F.col(f"__v{i}").alias(c) for i, c in enumerate(values)]
+        inserts = counts.where("__n > __c").select(
+            *row, F.explode(F.sequence(F.col("__c") + 1, F.col("__n"))).alias("__occ"), F.lit("I").alias("__a"))
+        deletes = counts.where("__n < __c").select(
+            *row, F.explode(F.sequence(F.col("__n") + 1, F.col("__c"))).alias("__occ"), F.lit("D").alias("__a"))
+        marks = counts.where("__n < __c AND __n > 0").select(*row, F.col("__n").alias("__occ"), F.lit("M").alias("__a"))
+        view = "__pglogical_multiset"
+        # materialised: the MERGE must not read the target it is rewriting through its own source
+        inserts.unionByName(deletes).unionByName(marks).localCheckpoint().createOrReplaceTempView(view)
+        join = " AND ".join(f"t.{quote(c)} <=> s.{quote(c)}" for c in values)
+        written_by = sql_string(batch)
+        self.spark.sql(
+            f"MERGE INTO {self.lakehouse.name(target)} t USING {view} s "
+            f"ON {join} AND t.{quote(OCCURRENCE)} = s.__occ "
+            "WHEN MATCHED AND s.__a = 'D' THEN DELETE "
+            f"WHEN MATCHED AND s.__a = 'M' THEN UPDATE SET {quote(WRITTEN_BY)} = {written_by} "
+            f"WHEN NOT MATCHED AND s.__a = 'I' THEN INSERT ({', '.join(map(quote, [*values, OCCURRENCE, WRITTEN_BY]))}) "
+            f"VALUES ({', '.join('s.' + quote(c) for c in values)}, s.__occ, {written_by})"
+        )
+
+
+def _value_types(types: dict[str, str]) -> dict[str, str]:
+    return {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
+
+
+def multiset_deltas(rows, values: dict[str, str], keys: list[str], from_position: int):
+    """Per distinct row value (NULLs equal), the net change of its number of copies in a batch.
+
+    +1 per INSERT, -1 per DELETE, an UPDATE -1 for its old row and +1 for its new one; rows before
+    ``from_position`` are skipped, and only rows after the last TRUNCATE count. Returns the frame
+    (value columns + ``__d``), whether the batch truncates, and the number of change rows counted.
+    """
+    from pyspark.sql import functions as F
+
+    rows = from_position_on(rows, from_position)
+    facts = rows.agg(F.count(F.lit(1)).alias("rows"), last_truncate()).first()
+    truncated = facts.last_truncate is not None
+    rows = after_truncate(rows, facts.last_truncate)
+
+    def new(name):
+        return (col(name) if name in keys else F.lit(None)).cast(values[name]).alias(name)
+
+    def old(name):
+        return (F.col(f"__old{keys.index(name)}") if name in keys else F.lit(None)).cast(values[name]).alias(name)
+
+    added = rows.where(F.col("__op").isin("I", "U")).select(*[new(c) for c in values], F.lit(1).alias("__d"))
+    deleted = rows.where(F.col("__op") == "D").select(*[new(c) for c in values], F.lit(-1).alias("__d"))
+    replaced = rows.where(F.col("__op") == "U").select(*[old(c) for c in values], F.lit(-1).alias("__d"))
+    deltas = (added.unionByName(deleted).unionByName(replaced)
+              .groupBy(*[col(c) for c in values]).agg(F.sum("__d").alias("__d")))
+    return deltas, truncated, facts.rows
+

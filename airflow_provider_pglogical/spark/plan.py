@@ -1,0 +1,128 @@
+"""Which steps bring each table from what the lakehouse holds to the end of the staged batches.
+
+Pure functions over batch names and manifests: no Spark, so the unit tests cover every ordering
+(late backfills, superseded snapshots, partly applied batches) in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from airflow_provider_pglogical.spark.identifiers import quote, sql_literal
+from airflow_provider_pglogical.staging.contract import parse_batch_name
+
+
+class ApplyError(RuntimeError):
+    """A batch cannot be applied as staged; the message names the batch, the table and the fix."""
+
+
+@dataclass
+class Batch:
+    name: str
+    start: int
+    end: int
+    kind: str
+    manifest: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, name: str) -> "Batch | None":
+        parsed = parse_batch_name(name)
+        return cls(name, *parsed) if parsed else None
+
+
+@dataclass
+class TableState:
+    """What the lakehouse holds of one source table (a row of the state table)."""
+
+    target: str
+    position: int = 0
+    snapshots: set = field(default_factory=set)
+    last_batch: str | None = None
+
+
+@dataclass
+class Step:
+    kind: str  # "snapshot" | "changes"
+    batch: Batch
+    #: rows with ``_commit_lsn`` >= this are applied (changes); the snapshot's position (snapshot)
+    position: int
+
+
+def snapshot_details(manifest: dict, source: str) -> dict:
+    """The batch's details overlaid with the table's (the table's win; nulls do not count)."""
+    merged = {k: v for k, v in (manifest.get("details") or {}).items() if v is not None}
+    merged.update({k: v for k, v in (manifest["tables"][source].get("details") or {}).items() if v is not None})
+    return merged
+
+
+def range_predicate(details: dict, batch: str, table: str) -> str | None:
+    """The rows a ranged snapshot replaces, as Spark SQL over the target's columns; None = all rows.
+
+    ``key_range = {"column": c, "start": a, "end": b}`` (what a ranged backfill writes) means
+    ``a <= c < b``; a null bound is open. A snapshot copied with a PostgreSQL ``extra_where`` and
+    no key range is refused: Spark does not evaluate PostgreSQL's SQL.
+    """
+    spec = details.get("key_range")
+    if spec:
+        parts = []
+        for bound, operator in (("start", ">="), ("end", "<")):
+            if spec.get(bound) is not None:
+                try:
+                    literal = sql_literal(spec[bound])
+                except TypeError as error:
+                    raise ApplyError(f"batch {batch}, table {table}: key_range {bound}: {error}") from None
+                parts.append(f"{quote(spec['column'])} {operator} {literal}")
+        return " AND ".join(parts) or "true"
+    if details.get("extra_where"):
+        raise ApplyError(
+            f"batch {batch}, table {table}: a ranged snapshot copied with a PostgreSQL filter needs the "
+            "range the lakehouse must replace as details.key_range; Spark does not evaluate PostgreSQL's "
+            "SQL. Re-run the backfill with key_range, or a backfill of the whole table"
+        )
+    return None
+
+
+def is_ranged(batch: Batch, source: str) -> bool:
+    details = snapshot_details(batch.manifest, source)
+    return any(details.get(key) for key in ("key_range", "extra_where"))
+
+
+def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[list[Step], list[str]]:
+    """The steps that bring one table from ``state`` to the end of ``batches`` (name order).
+
+    Returns the steps and the pending snapshot batches made irrelevant by a later full snapshot.
+    """
+    mine = [batch for batch in batches if source in batch.manifest["tables"]]
+    pending_full = [
+        index for index, batch in enumerate(mine)
+        if batch.kind == "snapshot" and batch.name not in state.snapshots and not is_ranged(batch, source)
+    ]
+    first = pending_full[-1] if pending_full else 0
+    superseded = [b.name for b in mine[:first] if b.kind == "snapshot" and b.name not in state.snapshots]
+    steps: list[Step] = []
+    position = state.position
+    for index in range(first, len(mine)):
+        batch = mine[index]
+        if batch.kind == "snapshot":
+            if batch.name in state.snapshots:
+                continue
+            steps.append(Step("snapshot", batch, batch.start))
+            position = batch.start
+            # change batches named before the snapshot that hold commits at or after it
+            for earlier in mine[:index]:
+                if earlier.kind == "changes" and earlier.end > position:
+                    steps.append(Step("changes", earlier, position))
+                    position = earlier.end
+        elif batch.end > position:
+            steps.append(Step("changes", batch, position))
+            position = batch.end
+    return steps, superseded
+
+
+def batches_that_matter(batches: list[Batch], states: dict[str, TableState]) -> list[Batch]:
+    """The batches whose manifests a run must read: snapshots no table has applied yet, and change
+    batches ending after the lowest position or after a pending snapshot (a late backfill)."""
+    applied_anywhere = set().union(*(s.snapshots for s in states.values())) if states else set()
+    pending = [b.start for b in batches if b.kind == "snapshot" and b.name not in applied_anywhere]
+    floor = min([s.position for s in states.values()] + pending) if states else 0
+    return [b for b in batches if (b.kind == "snapshot" and b.name not in applied_anywhere) or b.end > floor]

@@ -1,0 +1,147 @@
+"""The staging contract: what capture writes and the Spark apply job reads, in one place.
+
+Imports nothing but the standard library, because the Spark job ships it to the cluster beside
+itself (``lakehouse/job_bundle.py`` zips ``spark/`` with this module through ``py_files``) and a
+cluster has neither Airflow, psycopg2 nor pyarrow. The Python side (``staging/layout.py``,
+``staging/typemap.py``, ``decoding/staged_tables.py``) and the job read every name, pattern and
+type rule from here, so the two sides cannot drift apart.
+
+A batch is ``<root>/<pipeline>/<start>-<end>-<kind>/`` (LSNs as 16 upper-case hex digits, so
+names sort in LSN order whatever the kind) holding Parquet files per table and
+:data:`MANIFEST`, written last. A *position* P means every transaction committed before P is
+reflected and none at or after it.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --- batches -------------------------------------------------------------------------------------
+
+MANIFEST = "_manifest.json"
+FORMAT_VERSION = 1
+KINDS = ("snapshot", "changes")
+BATCH_NAME = re.compile(r"^([0-9A-F]{16})-([0-9A-F]{16})-(snapshot|changes)$")
+
+
+def hex16(position: int) -> str:
+    """An LSN as the 16 hex digits batch names and the state table use."""
+    return f"{position:016X}"
+
+
+def format_batch_name(start: int, end: int, kind: str) -> str:
+    """The directory name of a batch covering ``[start, end)`` (a snapshot: ``start == end``)."""
+    if kind not in KINDS:
+        raise ValueError(f"batch kind must be one of {KINDS}, not {kind!r}")
+    return f"{hex16(start)}-{hex16(end)}-{kind}"
+
+
+def parse_batch_name(name: str) -> tuple[int, int, str] | None:
+    """``(start, end, kind)`` of a batch directory name; None for anything else under staging."""
+    match = BATCH_NAME.match(name)
+    return (int(match.group(1), 16), int(match.group(2), 16), match.group(3)) if match else None
+
+
+# --- change rows ---------------------------------------------------------------------------------
+
+#: metadata columns of a staged change row; the source columns follow, then ``_old_<key>`` columns
+OP = "_op"
+COMMIT_LSN = "_commit_lsn"
+SEQ = "_seq"
+XID = "_xid"
+COMMIT_TS = "_commit_ts"
+UNCHANGED = "_unchanged_toast"
+OLD_KEY_PREFIX = "_old_"
+CHANGE_METADATA = (OP, COMMIT_LSN, SEQ, XID, COMMIT_TS, UNCHANGED)
+#: marks a source column staged under another name (see :func:`staged_name`)
+ESCAPE = "~"
+
+
+def staged_name(column: str) -> str:
+    """The name a source column has in a staged *change* file: its own, unless that is taken.
+
+    A source column may be called anything, ``_op`` or ``_old_id`` included, and may be added at
+    any time after the slot exists. Names a metadata column has or could have (a metadata name,
+    ``_old_…``) and names starting with :data:`ESCAPE` are staged as ``ESCAPE + name``: no staged
+    source name then equals another or a metadata name. Snapshot files hold source columns only
+    and keep every name as it is.
+    """
+    if column in CHANGE_METADATA or column.startswith(OLD_KEY_PREFIX) or column.startswith(ESCAPE):
+        return ESCAPE + column
+    return column
+
+
+# --- the lakehouse side --------------------------------------------------------------------------
+
+#: the Iceberg table holding each pipeline's applied positions, in the target namespace
+STATE_TABLE = "_pglogical_state"
+#: table property holding the replica-identity key (JSON list) of every table the job creates
+KEY_PROPERTY = "pglogical.replica-identity-key"
+#: metadata columns of a keyless (REPLICA IDENTITY FULL) table, kept as a multiset: which copy of
+#: identical rows this row is (1..n), and the batch that last changed how many copies there are
+OCCURRENCE = "_pglogical_occurrence"
+WRITTEN_BY = "_pglogical_batch"
+MULTISET_COLUMNS = {OCCURRENCE: "int", WRITTEN_BY: "string"}
+WRITE_MODES = ("merge-on-read", "copy-on-write")
+#: the Spark property naming the file a job leaves its JSON result in
+RESULT_CONF = "spark.pglogical.resultUri"
+#: the apply job also prints its result after this prefix, for people reading the log
+APPLY_RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
+
+
+def default_target_name(source: str) -> str:
+    """``public.Order Items`` -> ``public__order_items``."""
+    schema, _, table = source.partition(".")
+    return re.sub(r"[^a-z0-9_]", "_", f"{schema}__{table}".lower())
+
+
+def is_multiset(table_manifest: dict) -> bool:
+    """A REPLICA IDENTITY FULL table: stored as a multiset, as PostgreSQL's subscriber keeps it."""
+    return table_manifest.get("replica_identity", "d") == "f"
+
+
+# --- types ---------------------------------------------------------------------------------------
+
+#: PostgreSQL base type (``pg_type.typname``) -> Spark SQL type; any type not listed is a string
+SPARK_TYPES = {
+    "bool": "boolean", "int2": "int", "int4": "int", "int8": "bigint", "oid": "bigint",
+    "float4": "float", "float8": "double", "bytea": "binary", "date": "date",
+    "timestamp": "timestamp_ntz", "timestamptz": "timestamp",
+}
+MAX_DECIMAL_PRECISION = 38
+_NUMERIC_TYPMOD = re.compile(r"^numeric\((\d+),(\d+)\)$")
+#: lakehouse types a column can be overridden to (``type_overrides``), each lossless for any type
+OVERRIDE_TYPES = {"string": "string"}
+
+
+def decimal_of(formatted: str | None) -> tuple[int, int] | None:
+    """``(precision, scale)`` of ``numeric(p,s)`` that a Spark decimal holds; None otherwise."""
+    match = _NUMERIC_TYPMOD.match((formatted or "").replace(" ", ""))
+    if match and int(match.group(1)) <= MAX_DECIMAL_PRECISION:
+        return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def spark_type(type_name: str, element_type: str | None = None, formatted: str | None = None) -> str:
+    """Spark SQL type of a PostgreSQL type; anything unknown (json, uuid, interval, ...) is string.
+
+    :param formatted: ``format_type(oid, typmod)`` (``numeric(12,2)``), needed for numeric:
+        unconstrained numeric (or precision over 38) has no exact Spark decimal and stays text.
+    """
+    if type_name == "numeric":
+        decimal = decimal_of(formatted)
+        return f"decimal({decimal[0]},{decimal[1]})" if decimal else "string"
+    if element_type is not None:
+        return f"array<{spark_type(element_type)}>"
+    return SPARK_TYPES.get(type_name, "string")
+
+
+def column_type(column: dict) -> str:
+    """Spark SQL type of a manifest column entry, honouring its ``override``."""
+    override = column.get("override")
+    if override is None:
+        return spark_type(column["type"], column.get("element_type"), column.get("formatted"))
+    if override not in OVERRIDE_TYPES:
+        raise ValueError(f"column {column['name']}: unknown type override {override!r}; "
+                         f"supported are {', '.join(map(repr, OVERRIDE_TYPES))}")
+    return OVERRIDE_TYPES[override]
