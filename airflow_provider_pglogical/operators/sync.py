@@ -71,6 +71,8 @@ class PgInitialSyncOperator(CaptureOperator):
             ))
 
 
+# Its :param lines repeat PgInitialSyncOperator's on purpose: Airflow's docs and a user's IDE show
+# one operator's docstring at a time, so each carries every parameter it takes.
 class PgBackfillOperator(CaptureOperator):
     """Re-snapshot one or more tables while the pipeline's slot keeps flowing.
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from functools import reduce
 
-from airflow_provider_pglogical.spark.hadoop_files import Staging
 from airflow_provider_pglogical.spark.identifiers import col, quote
-from airflow_provider_pglogical.spark.lakehouse_tables import BATCH_TABLE_PREFIX, Lakehouse
+from airflow_provider_pglogical.spark.lakehouse_tables import BATCH_TABLE_PREFIX
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
-from airflow_provider_pglogical.spark.reduction import read_rows, reduce_changes
+from airflow_provider_pglogical.spark.reduction import reduce_changes
+from airflow_provider_pglogical.spark.steps import StepApplier
 
 
 def join_condition(manifest: dict) -> str:
@@ -19,19 +19,14 @@ def join_condition(manifest: dict) -> str:
     return " AND ".join(f"t.{quote(k)} {equals} s.{quote(k)}" for k in manifest["key"])
 
 
-class KeyedTables:
+class KeyedTables(StepApplier):
     """Applies steps to tables with a replica-identity key (a primary key or USING INDEX)."""
-
-    def __init__(self, spark, staging: Staging, lakehouse: Lakehouse):
-        self.spark = spark
-        self.staging = staging
-        self.lakehouse = lakehouse
 
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
 
         manifest = step.batch.manifest["tables"][source]
-        frame = read_rows(self.spark, self.staging.files(step.batch, source), types, manifest["key"], changes=False)
+        frame = self.read(step, source, types, changes=False)
         predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
         if predicate is None:
             frame.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
@@ -61,7 +56,7 @@ class KeyedTables:
         batch_types = {c: types[c] for c in batch_columns}
         if not manifest.get("files"):
             return 0
-        rows = read_rows(self.spark, self.staging.files(step.batch, source), batch_types, keys, changes=True)
+        rows = self.read(step, source, batch_types, changes=True)
         reduced = reduce_changes(self.spark, rows, keys, values, step.position)
         if reduced.rows == 0:
             return 0

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from functools import reduce
 
-from airflow_provider_pglogical.spark.hadoop_files import Staging
 from airflow_provider_pglogical.spark.identifiers import col, quote, sql_string
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
-from airflow_provider_pglogical.spark.reduction import after_truncate, from_position_on, last_truncate, read_rows
+from airflow_provider_pglogical.spark.reduction import after_truncate, from_position_on, last_truncate
+from airflow_provider_pglogical.spark.steps import StepApplier
 from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY
 
 
-class Multisets:
+class Multisets(StepApplier):
     """Applies steps to a keyless table, kept as PostgreSQL's own subscriber keeps it: a multiset.
 
     An INSERT adds one row even when identical ones exist; a DELETE, or an UPDATE's old row,
@@ -27,11 +26,6 @@ class Multisets:
     value the batch removed entirely cannot go below zero copies.
     """
 
-    def __init__(self, spark, staging: Staging, lakehouse: Lakehouse):
-        self.spark = spark
-        self.staging = staging
-        self.lakehouse = lakehouse
-
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -44,7 +38,7 @@ class Multisets:
                 "twice); run a backfill of the whole table, which supersedes this batch"
             )
         values = _value_types(types)
-        frame = read_rows(self.spark, self.staging.files(step.batch, source), values, manifest["key"], changes=False)
+        frame = self.read(step, source, values, changes=False)
         copies = Window.partitionBy(*[col(c) for c in values]).orderBy(F.lit(1))
         numbered = frame.select(
             *[col(c) for c in values], F.row_number().over(copies).cast("int").alias(OCCURRENCE),
@@ -67,8 +61,7 @@ class Multisets:
         if not manifest.get("files"):
             return 0
         values = _value_types(types)
-        rows = read_rows(self.spark, self.staging.files(step.batch, source), {c: types[c] for c in batch_columns},
-                         keys, changes=True)
+        rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
         deltas, truncated, count = multiset_deltas(rows, values, keys, step.position)
         if count == 0:
             return 0

@@ -1,0 +1,29 @@
+"""What applying one table's step needs, shared by keyed tables and keyless (multiset) tables."""
+
+from __future__ import annotations
+
+from airflow_provider_pglogical.spark.hadoop_files import Staging
+from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.plan import Step
+from airflow_provider_pglogical.spark.reduction import read_rows
+
+
+class StepApplier:
+    """Applies steps of one table: ``snapshot`` replaces (part of) it, ``changes`` applies a change
+    batch from the step's position; both return the number of staged rows they applied."""
+
+    def __init__(self, spark, staging: Staging, lakehouse: Lakehouse):
+        self.spark = spark
+        self.staging = staging
+        self.lakehouse = lakehouse
+
+    def read(self, step: Step, source: str, types: dict[str, str], *, changes: bool):
+        """The step's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""
+        manifest = step.batch.manifest["tables"][source]
+        return read_rows(self.spark, self.staging.files(step.batch, source), types, list(manifest["key"]), changes)
+
+    def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        raise NotImplementedError
+
+    def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
+        raise NotImplementedError
