@@ -1,6 +1,6 @@
 """Benchmark of one sync tick by number of tables, and of freshness over a steady workload.
 
-    python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3]
+    python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4]
     python bench/bench_tick.py freshness [--tables 5] [--ticks 20]
 
 ``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
@@ -108,14 +108,14 @@ class Pipeline:
         return run_pull(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
                         report=lambda message: None)
 
-    def apply(self) -> tuple[float, float]:
-        """Wall time of the apply task, and the job's own apply time (sum of its steps)."""
+    def apply(self, concurrency: int = 4) -> tuple[float, float]:
+        """Wall time of the apply task, and the job's own apply time (JVM start excluded)."""
         operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
-                                        iceberg=self.iceberg, skip_when_idle=False)
+                                        iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency)
         started = time.perf_counter()
         operator.execute({})
         wall = time.perf_counter() - started
-        return wall, sum(step.get("seconds", 0.0) for step in operator._applied_steps)
+        return wall, operator._job_seconds
 
 
 def ticks(args: argparse.Namespace) -> None:
@@ -125,7 +125,8 @@ def ticks(args: argparse.Namespace) -> None:
         baseline = statistics.median(baseline_runs)
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
               f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
-        medians = {}
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+        medians: dict[tuple[int, int], float] = {}
         for count in [int(c) for c in args.tables.split(",")]:
             db = f"tick{count}"
             pg.create_database(db)
@@ -133,21 +134,26 @@ def ticks(args: argparse.Namespace) -> None:
             pipeline = Pipeline(pg, db, tmp_path, db)
             pipeline.sync()
             pipeline.apply()
-            walls, in_job = [], []
-            for tick in range(1, args.ticks + 1):
-                change_tables(pg, db, names, tick)
-                pipeline.pull()
-                wall, job = pipeline.apply()
-                walls.append(wall)
-                in_job.append(job)
-            medians[count] = statistics.median(walls)
-            print(f"{count:>4} tables x 100 changes: apply task median {medians[count]:6.2f} s "
-                  f"({medians[count] / baseline:.2f}x bare spark-submit); in-job apply median "
-                  f"{statistics.median(in_job):6.2f} s; runs {', '.join(f'{w:.1f}' for w in walls)}")
-        if 1 in medians:
-            for count, median in medians.items():
-                if count != 1:
-                    print(f"{count} tables / 1 table: {median / medians[1]:.2f}x")
+            walls: dict[int, list[float]] = {c: [] for c in concurrencies}
+            in_job: dict[int, list[float]] = {c: [] for c in concurrencies}
+            tick = 0
+            for _ in range(args.ticks):
+                for concurrency in concurrencies:  # interleaved: each setting meets the same machine state
+                    tick += 1
+                    change_tables(pg, db, names, tick)
+                    pipeline.pull()
+                    wall, job = pipeline.apply(concurrency)
+                    walls[concurrency].append(wall)
+                    in_job[concurrency].append(job)
+            for concurrency in concurrencies:
+                median = medians[count, concurrency] = statistics.median(walls[concurrency])
+                print(f"{count:>4} tables x 100 changes, concurrency {concurrency}: apply task median {median:6.2f} s "
+                      f"({median / baseline:.2f}x bare spark-submit); in-job apply median "
+                      f"{statistics.median(in_job[concurrency]):6.2f} s; runs "
+                      f"{', '.join(f'{w:.1f}' for w in walls[concurrency])}")
+        for (count, concurrency), median in medians.items():
+            if count != 1 and (1, concurrency) in medians:
+                print(f"concurrency {concurrency}: {count} tables / 1 table: {median / medians[1, concurrency]:.2f}x")
 
 
 def freshness(args: argparse.Namespace) -> None:
@@ -204,6 +210,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["ticks", "freshness"])
     parser.add_argument("--tables", default=None)
     parser.add_argument("--ticks", type=int, default=None)
+    parser.add_argument("--concurrency", default="4", help="ticks mode: apply concurrencies to compare, e.g. 1,4")
     args = parser.parse_args()
     if args.mode == "ticks":
         args.tables, args.ticks = args.tables or "1,10,50,200", args.ticks or 3

@@ -20,12 +20,12 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
-from airflow_provider_pglogical.staging.contract import APPLY_RESULT_PREFIX, RESULT_CONF
+from airflow_provider_pglogical.staging.contract import APPLY_RESULT_PREFIX, DEFAULT_CONCURRENCY, RESULT_CONF
 from airflow_provider_pglogical.staging.job_result import read_result, result_uri, storage_path
 from airflow_provider_pglogical.staging.apply_marker import pending_batches, write_marker
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
-from airflow_provider_pglogical.management.validation import check_pipeline_name, check_staging_root
+from airflow_provider_pglogical.management.validation import check_count, check_pipeline_name, check_staging_root
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 try:
@@ -72,6 +72,9 @@ class IcebergApplyOperator(SparkSubmitOperator):
     :param skip_when_idle: when every committed batch was seen by an earlier successful apply into
         the same lakehouse (``_apply_marker.json`` under staging), end as *skipped* without starting
         Spark; the Iceberg state table stays the truth, the marker never hides a pending batch.
+    :param concurrency: how many tables the job applies at once (default 4; 1 applies them one
+        after another). Each table's MERGE is a Spark job of its own; running a few side by side
+        overlaps one's planning and commit with another's work.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
@@ -93,6 +96,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         conf: dict[str, Any] | None = None,
         driver_memory: str | None = "2g",
         skip_when_idle: bool = True,
+        concurrency: int = DEFAULT_CONCURRENCY,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -109,12 +113,15 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.table_map = table_map
         self.asset_alias = asset_alias
         self.skip_when_idle = skip_when_idle
+        self.concurrency = check_count(concurrency, "concurrency")
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
         args = ["--staging-root", str(self.staging_root), "--pipeline", str(self.pipeline), *self.iceberg.job_args()]
         if self.table_map:
             args += ["--table-map", json.dumps(self.table_map)]
+        if self.concurrency != DEFAULT_CONCURRENCY:
+            args += ["--concurrency", str(self.concurrency)]
         return args
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -136,6 +143,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []))
             self._applied_steps = steps
+            self._job_seconds = result.get("seconds")
             if self.asset_alias and context.get("outlet_events") is not None:  # absent when called by hand
                 emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
             return {

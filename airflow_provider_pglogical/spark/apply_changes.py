@@ -54,7 +54,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow_provider_pglogical.spark.hadoop_files import Staging, write_result
 from airflow_provider_pglogical.spark.keyed import KeyedTables
@@ -63,6 +65,7 @@ from airflow_provider_pglogical.spark.multisets import Multisets
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
+    DEFAULT_CONCURRENCY,
     OCCURRENCE,
     WRITE_MODES,
     default_target_name,
@@ -72,10 +75,16 @@ log = logging.getLogger("pglogical.apply")
 
 
 def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespace: str = "pglogical",
-        table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None) -> dict:
-    """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds)."""
+        table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY) -> dict:
+    """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
+
+    :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
+        side by side; each thread has its own FAIR scheduler pool).
+    """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
+    started = time.monotonic()
     table_map = table_map or {}
     staging = Staging(spark, staging_root, pipeline)
     batches = staging.committed()
@@ -106,15 +115,27 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         steps, superseded = plan_table(source, wanted, state)
         state.snapshots.update(superseded)
         plans[source] = steps
-    # Tables advance in rounds, one step each, then one state commit: no table's recorded
-    # position ever lags its data by more than one step, so a crash costs one exact re-apply.
-    for round_ in range(max((len(steps) for steps in plans.values()), default=0)):
-        for source, steps in plans.items():
-            if round_ < len(steps):
-                summary["steps"].append(_apply_step(keyed, multisets, lakehouse, source, states[source], steps[round_]))
+    # Tables advance in rounds, one step each (the tables of a round side by side), then one state
+    # commit: no table's recorded position ever lags its data by more than one step, so a crash
+    # costs one exact re-apply per table.
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-apply") as pool:
+        for round_ in range(max((len(steps) for steps in plans.values()), default=0)):
+            due = [(source, steps[round_]) for source, steps in plans.items() if round_ < len(steps)]
+            futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
+                                   states[source], step) for source, step in due]
+            wait(futures)  # every step of the round has ended (committed or failed) before anything else
+            for future in futures:
+                summary["steps"].append(future.result())  # the first failure, in table order, is raised
                 _crash_point(len(summary["steps"]))
-        lakehouse.write_state(pipeline, states)
+            lakehouse.write_state(pipeline, states)
+    summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
     return summary
+
+
+def _in_own_pool(spark, function, *args):
+    """Run ``function`` with this thread's Spark jobs in a FAIR scheduler pool of its own."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
+    return function(*args)
 
 
 def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, source: str, state: TableState,
@@ -154,6 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--write-mode", choices=WRITE_MODES, default="merge-on-read")
     parser.add_argument("--bucket-count", type=int, default=None,
                         help="partition new tables by bucket(N, first key column)")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                        help=f"tables applied at once (default {DEFAULT_CONCURRENCY}; 1 applies one after another)")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -183,20 +206,25 @@ def tune_session(spark) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spark = (
+    builder = (
         SparkSession.builder.appName(f"pglogical-apply-{args.pipeline}")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.caseSensitive", "true")
-        .getOrCreate()
     )
+    SparkContext._ensure_initialized()  # the JVM holds spark-submit's --conf values: read them
+    if not SparkConf().contains("spark.scheduler.mode"):
+        builder = builder.config("spark.scheduler.mode", "FAIR")  # tables applied at once share fairly
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(args.log_level)
     tune_session(spark)
     summary = run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
-                  json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count)
+                  json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
+                  concurrency=args.concurrency)
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
     write_result(spark, summary)
     spark.stop()

@@ -8,6 +8,8 @@ and every string value through :func:`sql_string`; nothing is formatted in by ha
 
 from __future__ import annotations
 
+import uuid
+
 
 def quote(name: str) -> str:
     """A Spark SQL identifier, backtick-quoted (a backtick inside is doubled)."""
@@ -40,3 +42,8 @@ def sql_literal(value) -> str:
     if isinstance(value, str):
         return sql_string(value)
     raise TypeError(f"{value!r} is not a number or a string")
+
+
+def temporary_view_name(purpose: str) -> str:
+    """A session-unique temporary view name: tables are applied concurrently in one session."""
+    return f"__pglogical_{purpose}_{uuid.uuid4().hex[:12]}"

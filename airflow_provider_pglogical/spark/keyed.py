@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from airflow_provider_pglogical.spark.identifiers import col, quote
+from airflow_provider_pglogical.spark.identifiers import col, quote, temporary_view_name
 from airflow_provider_pglogical.spark.lakehouse_tables import BATCH_TABLE_PREFIX
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.reduction import reduce_changes
@@ -31,7 +31,7 @@ class KeyedTables(StepApplier):
         if predicate is None:
             frame.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
             return manifest.get("rows", 0)
-        view = "__pglogical_snapshot"
+        view = temporary_view_name("snapshot")
         frame.createOrReplaceTempView(view)
         self.spark.sql(
             f"MERGE INTO {self.lakehouse.name(target)} t USING {view} s ON {join_condition(manifest)} "
@@ -39,6 +39,7 @@ class KeyedTables(StepApplier):
             f"WHEN NOT MATCHED THEN INSERT ({', '.join(map(quote, types))}) VALUES ({', '.join('s.' + quote(c) for c in types)}) "
             f"WHEN NOT MATCHED BY SOURCE AND {predicate} THEN DELETE"
         )
+        self.spark.catalog.dropTempView(view)
         return manifest.get("rows", 0)
 
     def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
@@ -88,6 +89,8 @@ class KeyedTables(StepApplier):
         )
         if staged:
             self.spark.sql(f"DROP TABLE IF EXISTS {source} PURGE")
+        else:
+            self.spark.catalog.dropTempView(source)
         return reduced.rows
 
     def _merge_source(self, frame, target: str, keys: list[str]) -> tuple[str, bool]:
@@ -105,8 +108,9 @@ class KeyedTables(StepApplier):
         from pyspark.sql import functions as F
 
         if not (self.lakehouse.bucket_count and keys and self.lakehouse.bucketed(target, keys[0])):
-            frame.createOrReplaceTempView("__pglogical_changes")
-            return "__pglogical_changes", False
+            view = temporary_view_name("changes")
+            frame.createOrReplaceTempView(view)
+            return view, False
         staged = self.lakehouse.name(f"{BATCH_TABLE_PREFIX}{target}__{uuid.uuid4().hex[:12]}")
         (frame.writeTo(staged).using("iceberg").tableProperty("format-version", "2")
          .partitionedBy(F.bucket(int(self.lakehouse.bucket_count), col(keys[0]))).create())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from airflow_provider_pglogical.spark.identifiers import col, quote, sql_string
+from airflow_provider_pglogical.spark.identifiers import col, quote, sql_string, temporary_view_name
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.reduction import after_truncate, from_position_on, last_truncate
 from airflow_provider_pglogical.spark.steps import StepApplier
@@ -97,7 +97,7 @@ class Multisets(StepApplier):
         deletes = counts.where("__n < __c").select(
             *row, F.explode(F.sequence(F.col("__n") + 1, F.col("__c"))).alias("__occ"), F.lit("D").alias("__a"))
         marks = counts.where("__n < __c AND __n > 0").select(*row, F.col("__n").alias("__occ"), F.lit("M").alias("__a"))
-        view = "__pglogical_multiset"
+        view = temporary_view_name("multiset")
         # materialised: the MERGE must not read the target it is rewriting through its own source
         inserts.unionByName(deletes).unionByName(marks).localCheckpoint().createOrReplaceTempView(view)
         join = " AND ".join(f"t.{quote(c)} <=> s.{quote(c)}" for c in values)
@@ -110,6 +110,7 @@ class Multisets(StepApplier):
             f"WHEN NOT MATCHED AND s.__a = 'I' THEN INSERT ({', '.join(map(quote, [*values, OCCURRENCE, WRITTEN_BY]))}) "
             f"VALUES ({', '.join('s.' + quote(c) for c in values)}, s.__occ, {written_by})"
         )
+        self.spark.catalog.dropTempView(view)
 
 
 def _value_types(types: dict[str, str]) -> dict[str, str]:

@@ -83,6 +83,9 @@ OCCURRENCE = "_pglogical_occurrence"
 WRITTEN_BY = "_pglogical_batch"
 MULTISET_COLUMNS = {OCCURRENCE: "int", WRITTEN_BY: "string"}
 WRITE_MODES = ("merge-on-read", "copy-on-write")
+#: tables the apply job applies at once: enough to overlap one MERGE's planning and commit with
+#: another's work on the executors
+DEFAULT_CONCURRENCY = 4
 #: the Spark property naming the file a job leaves its JSON result in
 RESULT_CONF = "spark.pglogical.resultUri"
 #: the apply job also prints its result after this prefix, for people reading the log
