@@ -119,3 +119,13 @@ def test_maintenance_operator_and_its_procedure_calls():
         "CALL `lake`.system.expire_snapshots(table => '`sales`.`orders`', older_than => TIMESTAMP '2024-01-02 03:04:05', "
         "retain_last => 3)",
     ]
+
+
+def test_apply_concurrency_reaches_the_job_and_is_checked():
+    op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p", concurrency=2)
+    assert op.job_args()[-2:] == ["--concurrency", "2"]
+    assert apply_changes.parse_args(op.job_args()).concurrency == 2
+    default = IcebergApplyOperator(task_id="a2", staging_root="/s", pipeline="p")
+    assert "--concurrency" not in default.job_args() and apply_changes.parse_args(default.job_args()).concurrency == 4
+    with pytest.raises(ValueError, match=r"concurrency must be a whole number, 1 or more \(got 0\)"):
+        IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="p", concurrency=0)
