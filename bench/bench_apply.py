@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,14 +30,15 @@ import pyarrow as pa
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-# spark-submit lives beside this interpreter (the venv's bin), also when the venv is not activated
-os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+from tests.support.environment import prepare  # noqa: E402
+
+prepare()  # spark-submit beside this interpreter, Spark on loopback
 
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402
 from airflow_provider_pglogical.staging.batches import BatchWriter  # noqa: E402
-from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle  # noqa: E402
+from tests.support.spark_jobs import run_job, submit_command  # noqa: E402
 from airflow_provider_pglogical.spark import apply_changes as job  # noqa: E402
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse  # noqa: E402
 
@@ -164,16 +164,13 @@ class Table:
 
 def submit_seconds(warehouse: Path, root: Path, pipeline: str, namespace: str, repeats: int = 3) -> tuple[float, str]:
     """Median wall time of the last 3 spark-submits of the job (which find nothing to apply)."""
-    conf = IcebergConfig(warehouse=warehouse.as_uri()).spark_conf()
-    command = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g"]
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    command += ["--py-files", str(job_bundle()), str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", pipeline,
-                "--namespace", namespace]
+    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", pipeline, "--namespace", namespace],
+                             IcebergConfig(warehouse=warehouse.as_uri()))
     times = []
     for _ in range(repeats):
         started = time.monotonic()
-        subprocess.run(command, check=True, capture_output=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+        code, output = run_job(command)
+        assert code == 0, output[-5000:]
         times.append(time.monotonic() - started)
     times = times[-3:]
     shown = (f"spark-submit --master local[2] --driver-memory 2g --conf <IcebergConfig().spark_conf()> "

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +24,9 @@ import pyarrow as pa
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+from tests.support.environment import prepare  # noqa: E402
+
+prepare()  # spark-submit beside this interpreter, Spark on loopback
 os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
 
 from airflow.sdk import ObjectStoragePath  # noqa: E402
@@ -38,6 +38,7 @@ from airflow_provider_pglogical.staging.apply_marker import write_marker  # noqa
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
 from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402
 from airflow_provider_pglogical.staging.batches import BatchWriter
+from tests.support.spark_jobs import bare_spark_submit_seconds  # noqa: E402
 
 
 def stage(root, count: int) -> list[str]:
@@ -63,15 +64,6 @@ def idle_tick(staging: str, warehouse: str) -> float:
     raise RuntimeError("the idle tick did not skip")
 
 
-def bare_spark_submit(tmp: Path) -> float:
-    job = tmp / "empty_job.py"
-    job.write_text("from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().stop()\n")
-    started = time.perf_counter()
-    subprocess.run(["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(job)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="100,1000,5000")
@@ -79,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        baseline = statistics.median(bare_spark_submit(tmp_path) for _ in range(args.repeat))
+        baseline = statistics.median(bare_spark_submit_seconds(tmp_path) for _ in range(args.repeat))
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s")
         for count in [int(c) for c in args.batches.split(",")]:
             staging = (tmp_path / f"staging{count}").as_uri()

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,8 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+from tests.support.environment import prepare  # noqa: E402
+
+prepare()  # spark-submit beside this interpreter, Spark on loopback
 os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
 
 from airflow.sdk import ObjectStoragePath  # noqa: E402
@@ -44,17 +44,9 @@ from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E4
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
+from tests.support.spark_jobs import bare_spark_submit_seconds  # noqa: E402
 
 ROWS = 1000
-
-
-def bare_spark_submit(tmp: Path) -> float:
-    job = tmp / "empty_job.py"
-    job.write_text("from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().stop()\n")
-    started = time.perf_counter()
-    subprocess.run(["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(job)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
 
 
 def create_tables(pg, db: str, count: int) -> list[str]:
@@ -121,7 +113,7 @@ class Pipeline:
 def ticks(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp, cluster("bench_tick") as pg:
         tmp_path = Path(tmp)
-        baseline_runs = [bare_spark_submit(tmp_path) for _ in range(args.ticks)]
+        baseline_runs = [bare_spark_submit_seconds(tmp_path) for _ in range(args.ticks)]
         baseline = statistics.median(baseline_runs)
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
               f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")

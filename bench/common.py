@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from airflow_provider_pglogical.embedded.postgres import LocalPostgres  # noqa: E402
+from tests.support.environment import prepare  # noqa: E402
+
+prepare()  # spark-submit beside this interpreter, Spark on loopback
 
 BENCH_SETTINGS = {"shared_buffers": "1GB", "max_wal_size": "8GB", "checkpoint_timeout": "30min",
                   "logical_decoding_work_mem": "256MB"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,20 @@ def _run(env: dict, *args: str, expect_ok: bool = True) -> subprocess.CompletedP
     return proc
 
 
+def _committed_batches(env: dict) -> list[str]:
+    """The pipeline's committed batch names under the demo's staging root."""
+    import importlib.util
+
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_pglogical.staging.layout import committed_batches
+
+    spec = importlib.util.spec_from_file_location("pglogical_settings", DAGS / "pglogical_settings.py")
+    settings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(settings)
+    return [name for name, *_ in committed_batches(ObjectStoragePath(env["PGLOGICAL_STAGING"]), settings.PIPELINE)]
+
+
 def _task_states(env: dict, dag_id: str, logical_date: str) -> dict[str, str]:
     """Each task's state in the DAG run, from Airflow's own metadata database."""
     out = _run(env, "tasks", "states-for-dag-run", dag_id, logical_date, "-o", "json").stdout
@@ -60,9 +75,16 @@ def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_
     # Injected failure: Spark is unreachable for this run, so the apply fails after the pull
     # staged the batch and advanced the slot.
     broken = {**env, "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:9"})}
-    _run(broken, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00", expect_ok=False)
+    staged_before = _committed_batches(env)
+    failed = _run(broken, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00", expect_ok=False)
+    assert failed.returncode != 0
     states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00")
     assert states["pull"] == "success" and states["apply"] == "failed", states
+    # it failed for the injected reason: spark-submit could not reach the master, and said so
+    assert re.search(r"Cannot execute: spark-submit --master spark://127\.0\.0\.1:9 .*Error code is: 1",
+                     failed.stdout), failed.stdout[-4000:]
+    # what the pull staged stays committed for the next apply
+    assert len(_committed_batches(env)) == len(staged_before) + 1
     # The retry (next run) applies what the failed run staged; nothing is lost or doubled.
     demo.workload(publisher.cluster, publisher.name, rng, 2)
     _run(env, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:20:00+00:00")

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import uuid
 from decimal import Decimal
@@ -39,6 +38,8 @@ from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.typemap import map_type
 from airflow_provider_pglogical.staging.values import text_to_arrow
 from airflow_provider_pglogical.spark import maintenance
+from tests.support.processes import kill_tree
+from tests.support.spark_jobs import job_result, run_job, start_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -257,33 +258,20 @@ EXPECTED_TAGS = [{"name": name, "value": value, "_pglogical_occurrence": 1,
 # --- Spark --------------------------------------------------------------------------------------
 
 
-def spark_submit(warehouse: Path, namespace: str, root: Path, *, master: str = "local[2]", env: dict | None = None,
+def spark_submit(warehouse: Path, namespace: str, root: Path, *, env: dict | None = None,
                  extra: list[str] | None = None, wait: bool = True):
-    conf = IcebergConfig(warehouse=warehouse.as_uri(), namespace=namespace).spark_conf()
-    command = ["spark-submit", "--master", master, "--driver-memory", "2g", "--conf", "spark.ui.enabled=false"]
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    command += [str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", PIPELINE, "--namespace", namespace,
-                "--table-map", json.dumps({"public.items": "items"}), *(extra or [])]
-    process = subprocess.Popen(command, env={**SPARK_ENV, **(env or {})}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", PIPELINE, "--namespace", namespace,
+                                         "--table-map", json.dumps({"public.items": "items"}), *(extra or [])],
+                             IcebergConfig(warehouse=warehouse.as_uri(), namespace=namespace))
     if not wait:
-        return process
-    output, _ = process.communicate(timeout=600)
-    return process.returncode, output
-
-
-def result_of(output: str) -> dict:
-    for line in output.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    raise AssertionError("the job printed no result:\n" + output[-5000:])
+        return start_job(command, env=env)
+    return run_job(command, env=env, timeout=600)
 
 
 def applied(warehouse, namespace, root, **kwargs) -> dict:
     code, output = spark_submit(warehouse, namespace, root, **kwargs)
     assert code == 0, output[-5000:]
-    return result_of(output)
+    return job_result(output, RESULT_PREFIX)
 
 
 @pytest.fixture(scope="module")
@@ -364,6 +352,8 @@ def test_apply_every_change_kind_type_and_schema_change_then_reapply_exactly(lak
         s: "0000000000003000" for s in ("public.events", "public.items", "public.orders", "public.tags")}
     tags = {r.key: r.value for r in lake.spark.sql("SHOW TBLPROPERTIES lake.shop.public__tags").collect()}
     assert json.loads(tags["pglogical.replica-identity-key"]) == ["name", "value"]
+    assert tags["pglogical.multiset-numbered"] == "true"  # created numbered: no step scans for unnumbered rows
+    assert "pglogical.multiset-numbered" not in properties
     assert state["public.items"]["target_table"] == "items"
     before = lake.everything("shop")
     snapshots = lake.snapshot_count("shop", "public__orders")
@@ -423,7 +413,7 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
         return len(list(state_metadata.glob("v*.metadata.json"))) > versions
 
     wait_until(state_committed, timeout=300, interval=0.02, message="the re-run's first state commit")
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_tree(process)
     process.wait()
     assert {s: v["position"][-4:] for s, v in lake.state("crash").items()} == {
         "public.events": "2000", "public.items": "2000", "public.orders": "2000", "public.tags": "3000"}
@@ -434,9 +424,9 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
 
 
 def test_late_full_backfill_and_ranged_backfill(lake, tmp_path):
-    """After the first test, namespace ``shop`` is at 0/3000; two backfills arrive late."""
-    if not lake.spark.catalog.tableExists("lake.shop._pglogical_state"):  # run alone
-        applied(lake.warehouse, "shop", lake.root)
+    """Namespace ``late`` (its own: the test needs no other) is applied to 0/3000; then two
+    backfills arrive late."""
+    applied(lake.warehouse, "late", lake.root)
     root = tmp_path / "staging"
     shutil.copytree(lake.root, root)
     # a full backfill of orders at 0/1800, after the lakehouse has passed 0/3000: what PostgreSQL
@@ -452,28 +442,28 @@ def test_late_full_backfill_and_ranged_backfill(lake, tmp_path):
     write_batch(root, "snapshot", "0/2500", "0/2500", {"public.items": (ITEMS, snapshot_rows(ITEMS, [item_3]),
                                                                          {"extra_where": '"id" >= 3 AND "id" < 5'})},
                 details={"backfill": True, "key_range": {"column": "id", "start": 3, "end": 5}})
-    steps = applied(lake.warehouse, "shop", root)["steps"]
+    steps = applied(lake.warehouse, "late", root)["steps"]
     assert [(s["table"], s["kind"], s["batch"][:16]) for s in steps] == [
         ("public.items", "snapshot", "0000000000002500"), ("public.orders", "snapshot", "0000000000001800"),
         ("public.items", "changes", "0000000000002000"), ("public.orders", "changes", "0000000000001000"),
         ("public.orders", "changes", "0000000000002000"),
     ]
     # orders: the snapshot, then C1 from 0/1800 (8 updated and deleted), then C2
-    assert lake.rows("shop", "public__orders") == expected_orders(note_30="N30-repaired")
+    assert lake.rows("late", "public__orders") == expected_orders(note_30="N30-repaired")
     # items: 3 from the backfill then C2's update at 0/2600 again; 4 gone; 1 untouched
-    assert lake.rows("shop", "items") == expected_items({3: ITEM_TEXT[3][:9] + ["late"] + ITEM_TEXT[3][10:], 4: None})
-    assert lake.rows("shop", "public__events") == EXPECTED_EVENTS
-    state = lake.state("shop")
+    assert lake.rows("late", "items") == expected_items({3: ITEM_TEXT[3][:9] + ["late"] + ITEM_TEXT[3][10:], 4: None})
+    assert lake.rows("late", "public__events") == EXPECTED_EVENTS
+    state = lake.state("late")
     assert {s["position"] for s in state.values()} == {"0000000000003000"}
     assert "0000000000001800-0000000000001800-snapshot" in state["public.orders"]["applied_snapshots"]
 
     # maintenance (the job's run(), in this session): compaction and expiry change no row
-    before = lake.everything("shop")
-    summary = maintenance.run(lake.spark, "lake", "shop", None, min_input_files=1, older_than_hours=0, retain_last=1)
+    before = lake.everything("late")
+    summary = maintenance.run(lake.spark, "lake", "late", None, min_input_files=1, older_than_hours=0, retain_last=1)
     assert set(summary["tables"]) == {"_pglogical_state", "items", "public__events", "public__orders", "public__tags"}
     assert summary["tables"]["public__orders"]["rewrite_data_files"]["rewritten_data_files_count"] > 1
-    assert lake.everything("shop") == before
-    assert lake.snapshot_count("shop", "public__orders") == 1
+    assert lake.everything("late") == before
+    assert lake.snapshot_count("late", "public__orders") == 1
 
 
 def _spark_home() -> Path:

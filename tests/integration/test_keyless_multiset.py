@@ -12,11 +12,9 @@ as an application without a key would.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
-import subprocess
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -31,6 +29,7 @@ from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
+from tests.support.spark_jobs import job_result, run_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -76,21 +75,16 @@ class Pipeline:
                         max_changes=max_changes)
 
     def apply(self, env: dict | None = None) -> tuple[int, str]:
-        conf = IcebergConfig(warehouse=self.warehouse.as_uri(), namespace=self.namespace).spark_conf()
-        command = ["spark-submit", "--master", "local[2]", "--driver-memory", "1g", "--conf", "spark.ui.enabled=false"]
-        for key, value in conf.items():
-            command += ["--conf", f"{key}={value}"]
-        command += [str(APPLY_JOB), "--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace", self.namespace,
-                    "--write-mode", self.write_mode]
-        proc = subprocess.run(command, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-        return proc.returncode, proc.stdout
+        command = submit_command(APPLY_JOB, ["--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace",
+                                             self.namespace, "--write-mode", self.write_mode],
+                                 IcebergConfig(warehouse=self.warehouse.as_uri(), namespace=self.namespace),
+                                 driver_memory="1g")
+        return run_job(command, env=env)
 
     def applied(self) -> list[tuple[str, str]]:
         code, output = self.apply()
         assert code == 0, output[-5000:]
-        line = next(line for line in output.splitlines() if line.startswith(RESULT_PREFIX))
-        return [(s["kind"], s["batch"]) for s in json.loads(line[len(RESULT_PREFIX):])["steps"]]
+        return [(s["kind"], s["batch"]) for s in job_result(output, RESULT_PREFIX)["steps"]]
 
     def source(self) -> Counter:
         return Counter(self.publisher.query(f"SELECT {COLUMNS} FROM bag"))

@@ -8,8 +8,6 @@ The pipeline fetches those values from the publisher, so the lakehouse equals th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,12 +16,12 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle
 from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
+from tests.support.spark_jobs import run_job, submit_command
 
 DDL = """
 CREATE TABLE orders(id int NOT NULL, region text NOT NULL, n int, note text, blob bytea);
@@ -35,15 +33,10 @@ ALTER TABLE orders ALTER COLUMN blob SET STORAGE EXTERNAL;
 
 
 def apply(root: Path, warehouse: Path) -> None:
-    conf = IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast").spark_conf()
-    command = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g", "--conf", "spark.ui.enabled=false"]
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    command += ["--py-files", str(job_bundle()), str(APPLY_JOB), "--staging-root", root.as_uri(), "--pipeline", "p",
-                "--namespace", "toast"]
-    proc = subprocess.run(command, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-5000:]
+    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", "p", "--namespace", "toast"],
+                             IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast"))
+    code, output = run_job(command)
+    assert code == 0, output[-5000:]
 
 
 @pytest.mark.spark

@@ -1,0 +1,62 @@
+"""spark-submit of the provider's Spark jobs as the operators submit them, and reading their results.
+
+Tests, the reliability harness and the benchmarks that submit a job themselves (to kill it, time
+it or read its log) build the command here: the same master, memory, Iceberg properties and
+``--py-files`` bundle as ``IcebergApplyOperator``, so they test what a DAG runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle
+from tests.support.environment import subprocess_env
+
+
+def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = None, *, master: str = "local[2]",
+                   driver_memory: str = "2g", conf: dict[str, str] | None = None) -> list[str]:
+    """The spark-submit command line of ``job`` with ``args``."""
+    command = ["spark-submit", "--master", master, "--driver-memory", driver_memory, "--conf", "spark.ui.enabled=false"]
+    for key, value in {**(iceberg.spark_conf() if iceberg else {}), **(conf or {})}.items():
+        command += ["--conf", f"{key}={value}"]
+    return command + ["--py-files", str(job_bundle()), str(job), *args]
+
+
+def run_job(command: list[str], *, env: dict[str, str] | None = None, timeout: float = 900,
+            with_stderr: bool = True) -> tuple[int, str]:
+    """Run a spark-submit command to its end; returns its exit code and its output.
+
+    :param with_stderr: merge the JVM's log into the output. Leave it out when a result line may
+        be longer than a pipe's atomic write (4 kB): the log could land inside it.
+    """
+    proc = subprocess.run(command, env=subprocess_env(**(env or {})), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if with_stderr else subprocess.DEVNULL, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout
+
+
+def start_job(command: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a spark-submit command in a process group of its own (see ``processes.kill_tree``)."""
+    return subprocess.Popen(command, env=subprocess_env(**(env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def job_result(output: str, prefix: str) -> dict:
+    """The JSON a job printed after ``prefix``; an AssertionError with the log's tail when there is none."""
+    for line in output.splitlines():
+        if prefix in line:
+            return json.loads(line.split(prefix, 1)[1])
+    raise AssertionError(f"the job printed no {prefix.strip()} line:\n{output[-5000:]}")
+
+
+def bare_spark_submit_seconds(directory: Path, master: str = "local[2]") -> float:
+    """Wall time of spark-submit of an empty PySpark job: the least any Spark apply can cost."""
+    job = directory / "empty_job.py"
+    job.write_text("from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().stop()\n")
+    started = time.perf_counter()
+    subprocess.run(["spark-submit", "--master", master, "--conf", "spark.ui.enabled=false", str(job)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=subprocess_env())
+    return time.perf_counter() - started
