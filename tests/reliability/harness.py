@@ -25,17 +25,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("AIRFLOW_HOME", str(Path(__file__).resolve().parents[2] / ".airflow-test"))
-os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+from tests.support.environment import prepare
+
+prepare()  # also when run as ``python -m``
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# spark-submit lives beside this interpreter (the venv's bin), also when run as ``python -m``
-os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
 
 from tests.reliability.workload import (  # noqa: E402
-    FILTERED_COLUMNS, FILTERED_KEY, FILTERED_PUBLICATION, FILTERED_TABLE, PUBLICATIONS, TOAST_COLUMNS, Counts, Workload,
+    FILTERED_COLUMNS, FILTERED_KEY, FILTERED_PUBLICATION, FILTERED_TABLE, PUBLICATIONS, TOAST_COLUMNS, TYPE_OVERRIDES,
+    Counts, Workload,
 )
+from tests.support.processes import kill_tree  # noqa: E402
+from tests.support.spark_jobs import job_result, run_job, start_job, submit_command  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = "rel"
@@ -56,21 +57,23 @@ KILL_POINTS = (
 )
 
 KILL_SCRIPT = textwrap.dedent("""
-    import os, signal, sys
+    import json, os, sys
     from airflow.sdk import ObjectStoragePath
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
     from airflow_provider_pglogical.capture import backfill
     from airflow_provider_pglogical.capture import initial_sync
     from airflow_provider_pglogical.capture import pull
     from airflow_provider_pglogical.staging import batches, layout
+    from tests.support.processes import die_now
 
     point, root = os.environ["KILL_AT"], ObjectStoragePath(os.environ["ROOT"])
+    overrides = json.loads(os.environ["OVERRIDES"])
     hook = PgLogicalHook(postgres_conn_id=os.environ["CONN"])
     publications = os.environ["PUBS"].split(",")
 
     def die(*_):
         sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        die_now()
 
     if point in ("initial_sync_mid_copy", "backfill_mid_copy"):
         original = batches.BatchWriter._count
@@ -93,15 +96,15 @@ KILL_SCRIPT = textwrap.dedent("""
 
     if point == "initial_sync_mid_copy":
         initial_sync.run_initial_sync(hook, slot=os.environ["SLOT"], publications=publications, root=root,
-                                      pipeline=os.environ["PIPELINE"])
+                                      pipeline=os.environ["PIPELINE"], type_overrides=overrides)
     elif point == "backfill_mid_copy":
         backfill.run_backfill(hook, tables=os.environ["TABLES"].split(","), publications=publications, root=root,
-                                  pipeline=os.environ["PIPELINE"])
+                              pipeline=os.environ["PIPELINE"], type_overrides=overrides)
     else:
         while True:
             result = pull.run_pull(hook, slot=os.environ["SLOT"], publications=publications, root=root,
                                    pipeline=os.environ["PIPELINE"], max_changes=int(os.environ["MAX_CHANGES"]),
-                                   before_advance=before_advance)
+                                   before_advance=before_advance, type_overrides=overrides)
             if result["batch"] is None:
                 break
     print("NOT KILLED")
@@ -120,7 +123,11 @@ class Figures:
     batches: int = 0
     spark_submits: int = 0
     toast_cells: int = 0
-    verify_parse_errors: int = 0
+    #: table comparisons made (lakehouse against the native subscriber or the publisher) and how
+    #: many of them found the two sides different; any difference fails the round
+    compared_tables: int = 0
+    differing_tables: int = 0
+    verified_rounds: int = 0
     #: (key, columns) cells hit by the known product bug (see docs/reliability.md)
     counts: Counts = field(default_factory=Counts)
 
@@ -177,6 +184,7 @@ class Harness:
         """Run a Python task in a subprocess that SIGKILLs itself at ``point``; True when it died there."""
         full = {**os.environ, "KILL_AT": point, "ROOT": self.staging, "CONN": self.publisher.conn_id,
                 "PUBS": ",".join(self.publications), "SLOT": SLOT, "PIPELINE": PIPELINE,
+                "OVERRIDES": json.dumps(TYPE_OVERRIDES),
                 "PYTHONPATH": str(REPO), **{k: str(v) for k, v in env.items()}}
         proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT], env=full, cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
@@ -206,7 +214,7 @@ class Harness:
         if kill:
             self.killed_subprocess("initial_sync_mid_copy")
         run_initial_sync(hook, slot=SLOT, publications=self.publications, root=self.root, pipeline=PIPELINE,
-                         report=lambda m: None)
+                         type_overrides=TYPE_OVERRIDES, report=lambda m: None)
         self.apply()
 
     def committed_batches(self, kind: str) -> int:
@@ -227,7 +235,8 @@ class Harness:
                 self.killed_subprocess(point, MAX_CHANGES=max_changes)
         for _ in range(10_000):
             result = run_pull(self.hook(), slot=SLOT, publications=self.publications, root=self.root,
-                              pipeline=PIPELINE, max_changes=max_changes, report=lambda m: None)
+                              pipeline=PIPELINE, max_changes=max_changes, type_overrides=TYPE_OVERRIDES,
+                              report=lambda m: None)
             if result["batch"] is None:
                 return
             self.figures.batches += 1 if not result["recovered"] else 0
@@ -236,31 +245,26 @@ class Harness:
     def backfill(self, kills: set[str]) -> None:
         from airflow_provider_pglogical.capture.backfill import run_backfill
 
-        table = self.rng.choice(["public.accounts", "public.events", "public.orders", "public.audit", "public.bag"])
+        table = self.rng.choice(["public.accounts", "public.events", "public.orders", "public.audit", "public.bag",
+                                 "public.specials"])
         if "backfill_mid_copy" in kills:
             self.killed_subprocess("backfill_mid_copy", TABLES=table)
         run_backfill(self.hook(), tables=[table], publications=self.publications, root=self.root, pipeline=PIPELINE,
-                     report=lambda m: None)
+                     type_overrides=TYPE_OVERRIDES, report=lambda m: None)
 
     # --- apply -----------------------------------------------------------------------------
     def spark_command(self, job: Path, args: list[str]) -> list[str]:
-        command = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g", "--conf", "spark.ui.enabled=false"]
-        for key, value in self.iceberg().spark_conf().items():
-            command += ["--conf", f"{key}={value}"]
-        return command + [str(job), *args]
+        return submit_command(job, args, self.iceberg())
 
     def apply(self, kill: str | None = None) -> dict | None:
         """spark-submit the apply job; ``kill``: None, ``apply_before_state`` or ``apply_mid_merge``."""
         from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
 
-        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-        if kill == "apply_before_state":
-            env["PGLOGICAL_APPLY_CRASH_BEFORE_STATE"] = "1"
+        env = {"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"} if kill == "apply_before_state" else {}
         args = ["--staging-root", self.staging, "--pipeline", PIPELINE, *self.iceberg().job_args()]
         self.figures.spark_submits += 1
         log_path = self.workdir / "logs" / f"apply-{self.figures.spark_submits:04d}.log"
-        process = subprocess.Popen(self.spark_command(APPLY_JOB, args), env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        process = start_job(self.spark_command(APPLY_JOB, args), env=env)
         output, killed_at = [], None
         with open(log_path, "w", buffering=1) as log:
             for line in process.stdout:
@@ -270,7 +274,7 @@ class Harness:
                     # the first step committed: the next MERGE is being planned/written; kill it
                     time.sleep(self.rng.uniform(0.0, 1.5))
                     if process.poll() is None:
-                        os.killpg(process.pid, signal.SIGKILL)
+                        kill_tree(process)
                         killed_at = time.monotonic()
         code = process.wait()
         text = "".join(output)
@@ -292,10 +296,7 @@ class Harness:
             return None
         if code != 0:
             self.fail(f"apply failed (exit {code}), see {log_path}:\n{text[-5000:]}")
-        for line in output:
-            if RESULT_PREFIX in line:
-                return json.loads(line.split(RESULT_PREFIX, 1)[1])
-        self.fail(f"apply printed no result, see {log_path}")
+        return job_result(text, RESULT_PREFIX)
 
     # --- oracle ----------------------------------------------------------------------------
     def wait_subscriber(self, timeout: float = 180) -> None:
@@ -330,24 +331,23 @@ class Harness:
         if not result["equal"]:
             self.fail("the lakehouse differs from the publisher's projection:\n" + self.explain(result))
         self.figures.toast_cells = self.compare_filtered_with_subscriber()
+        self.figures.verified_rounds += 1
 
     def run_verify(self, publications: list[str], source_conn_id: str | None = None) -> dict:
-        """``verify_pipeline``; when it finds differences, the comparison job is run again directly
-        (its stderr kept apart) to list up to 200 differing rows per table."""
+        """``verify_pipeline``'s verdict. When it finds differences, the comparison job is run again
+        directly to list up to 200 differing rows per table (``diagnosis``); the verdict stays the
+        first run's, whatever the second says."""
         from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 
         self.figures.spark_submits += 1
-        try:
-            result = verify_pipeline(postgres_conn_id=self.publisher.conn_id, publications=publications,
-                                     staging_path=self.staging, pipeline=PIPELINE, iceberg=self.iceberg(),
-                                     source_conn_id=source_conn_id, report=lambda m: None)
-        except json.JSONDecodeError as exc:
-            # seen here: the result line of a differing table could not be parsed (see the report)
-            self.figures.verify_parse_errors += 1
-            result = {"equal": False, "parse_error": str(exc)}
-        if result["equal"]:
-            return result
-        return self.diagnose()
+        result = verify_pipeline(postgres_conn_id=self.publisher.conn_id, publications=publications,
+                                 staging_path=self.staging, pipeline=PIPELINE, iceberg=self.iceberg(),
+                                 source_conn_id=source_conn_id, type_overrides=TYPE_OVERRIDES, report=lambda m: None)
+        self.figures.compared_tables += len(result["tables"])
+        self.figures.differing_tables += sum(1 for table in result["tables"] if not table["equal"])
+        if not result["equal"]:
+            result["diagnosis"] = self.diagnose()
+        return result
 
     def diagnose(self, limit: int = 200) -> dict:
         from airflow_provider_pglogical.lakehouse.verification import RESULT_PREFIX, VERIFY_JOB
@@ -361,17 +361,15 @@ class Harness:
         command = self.spark_command(VERIFY_JOB, ["--snapshot-dir", directory, "--tables", json.dumps(specs),
                                                   "--limit", str(limit)])
         self.figures.spark_submits += 1
-        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
-        for line in proc.stdout.splitlines():
-            if RESULT_PREFIX in line:
-                return json.loads(line.split(RESULT_PREFIX, 1)[1])
-        self.fail(f"the diagnosis verify job printed no result (exit {proc.returncode})")
+        code, output = run_job(command, with_stderr=False)  # up to 200 rows per table: a long result line
+        if code != 0:
+            self.fail(f"the diagnosis verify job failed (exit {code}):\n{output[-5000:]}")
+        return job_result(output, RESULT_PREFIX)
 
     @staticmethod
     def explain(result: dict) -> str:
         lines = []
-        for table in result.get("tables", []):
+        for table in result.get("diagnosis", result).get("tables", []):
             if table["equal"]:
                 continue
             lines.append(f"{table['table']}: source {table.get('source_rows')} rows, lakehouse "
@@ -453,27 +451,13 @@ def long_schedule(rounds: int, rng: random.Random) -> list[tuple[set[str], bool]
 # --- long mode: its own clusters ------------------------------------------------------------
 
 
-class _Db:
-    def __init__(self, cluster, name: str, conn_id: str) -> None:
-        self.cluster, self.name, self.conn_id = cluster, name, conn_id
-        os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = cluster.connection_uri(name)
-
-    def execute(self, statements: str) -> None:
-        self.cluster.execute(statements, dbname=self.name)
-
-    def query(self, statement: str, params=None) -> list[tuple]:
-        return self.cluster.query(statement, dbname=self.name, params=params)
-
-    def connect(self, autocommit: bool = True):
-        return self.cluster.connect(self.name, autocommit=autocommit)
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import shutil
     import tempfile
 
     from airflow_provider_pglogical.embedded.postgres import LocalPostgres
+    from tests.support.databases import new_database
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -487,12 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True)
     publisher_cluster = LocalPostgres(name="rel-publisher").start()
     subscriber_cluster = LocalPostgres(name="rel-subscriber").start()
-    harness = None
     try:
-        publisher_cluster.create_database("relpub")
-        subscriber_cluster.create_database("relsub")
-        harness = Harness(_Db(publisher_cluster, "relpub", "pglogical_publisher"),
-                          _Db(subscriber_cluster, "relsub", "pglogical_subscriber"), workdir, args.seed)
+        harness = Harness(new_database(publisher_cluster, "publisher", name="relpub"),
+                          new_database(subscriber_cluster, "subscriber", name="relsub"), workdir, args.seed)
         harness.reproduce = (f"python -m tests.reliability.harness --rounds {args.rounds} --changes {args.changes} "
                              f"--seed {args.seed}")
         harness.setup(initial_rows=min(2000, args.changes // 5))
@@ -513,9 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         "key_changes": f.counts.key_changes, "filter_crossings": f.counts.filter_crossings,
         "added_columns": f.counts.added_columns, "kills_survived": f.kills, "kills_missed": f.missed,
         "change_batches": harness.committed_batches("changes"), "snapshot_batches": harness.committed_batches("snapshot"),
-        "spark_submits": f.spark_submits, "unexplained_diffs": 0,
-        "native_subscriber_toast_null_cells_last_round": f.toast_cells,
-        "verify_parse_errors": f.verify_parse_errors, "seconds": round(time.monotonic() - started),
+        "spark_submits": f.spark_submits, "verified_rounds": f.verified_rounds,
+        "compared_tables": f.compared_tables, "differing_tables": f.differing_tables,
+        "native_subscriber_toast_null_cells_last_round": f.toast_cells, "seconds": round(time.monotonic() - started),
     }, indent=1))
     return 0
 

@@ -30,6 +30,8 @@ def test_short_mode_every_kill_point_then_equal(publisher, subscriber, tmp_path)
     print(f"seed {SEED}: {figures.counts.changes} changes, kills {figures.kills}, missed {figures.missed}")
     missing = set(KILL_POINTS) - set(figures.kills)
     assert not missing, f"[seed {SEED}] kill points not hit: {missing}; missed {figures.missed}"
+    assert figures.verified_rounds == figures.rounds == len(short_schedule())
+    assert figures.compared_tables >= 2 * figures.rounds and figures.differing_tables == 0
 
 
 @pytest.mark.slow  # deselected by default (pyproject addopts); run with -m slow
@@ -40,6 +42,17 @@ def test_long_mode(publisher, subscriber, tmp_path):
     harness.reproduce = (f"PGLOGICAL_RELIABILITY_SEED={SEED} PGLOGICAL_RELIABILITY_ROUNDS="
                          f"{rounds} PGLOGICAL_RELIABILITY_CHANGES={changes} pytest tests/reliability -m slow")
     harness.setup(initial_rows=2000)
-    for kills, truncate in long_schedule(rounds, random.Random(SEED)):
+    schedule = long_schedule(rounds, random.Random(SEED))
+    for kills, truncate in schedule:
         harness.round(changes, kills, truncate=truncate)
-    assert harness.figures.counts.changes >= rounds * changes
+    figures = harness.figures
+    assert figures.counts.changes >= rounds * changes
+    # every round compared with the native subscriber and found no difference
+    assert figures.verified_rounds == figures.rounds == rounds
+    assert figures.compared_tables >= 2 * rounds and figures.differing_tables == 0
+    # every kill the schedule asked for was attempted, and each kill point really killed at least once
+    scheduled = [point for kills, _ in schedule for point in kills]
+    for point in set(scheduled):
+        attempts = figures.kills.get(point, 0) + figures.missed.get(point, 0)
+        assert attempts >= scheduled.count(point), (point, figures.kills, figures.missed)
+        assert figures.kills.get(point, 0) >= 1, f"[seed {SEED}] kill point {point} never hit: {figures.missed}"

@@ -10,6 +10,9 @@ Tables (identical DDL on the publisher and on the native subscriber):
   rows abound: inserted (also several copies at once), one copy updated or deleted by ``ctid``,
   every copy of a value deleted, truncated; the native subscriber keeps it as a multiset;
 - ``events``: partitioned by range of ``day`` (published with ``publish_via_partition_root``);
+- ``specials``: values the lakehouse types cannot hold (``±infinity``, BC dates, year 294276, an
+  array with lower bound 0, ``numeric`` NaN and ±Infinity), staged as PostgreSQL's exact text
+  through :data:`TYPE_OVERRIDES`, and values of several MB in a ``SET STORAGE EXTERNAL`` column;
 - ``orders``: a row filter ``region = 'EU'`` (``region`` is in the replica identity: a unique index
   on ``(id, region)`` used as ``REPLICA IDENTITY USING INDEX``), a column list that leaves out
   ``secret``, a compressed TOAST column ``body`` and a ``SET STORAGE EXTERNAL`` column ``note``.
@@ -50,11 +53,14 @@ CREATE TABLE orders(
 CREATE UNIQUE INDEX orders_id_region ON orders(id, region);
 ALTER TABLE orders REPLICA IDENTITY USING INDEX orders_id_region;
 ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
+CREATE TABLE specials(id bigint PRIMARY KEY, ts timestamp, tstz timestamptz, d date, n numeric, arr int[], big text);
+ALTER TABLE specials ALTER COLUMN big SET STORAGE EXTERNAL;
 """
 
 #: publication -> (tables with column lists / filters, publish_via_partition_root)
 PUBLICATIONS = {
-    "rel_main": ([("accounts", None, None), ("audit", None, None), ("bag", None, None)], False),
+    "rel_main": ([("accounts", None, None), ("audit", None, None), ("bag", None, None), ("specials", None, None)],
+                 False),
     "rel_events": ([("events", None, None)], True),
     "rel_orders": ([("orders", ["id", "region", "status", "total", "note", "body"], "region = 'EU'")], False),
 }
@@ -64,6 +70,16 @@ FILTERED_TABLE = "orders"
 FILTERED_KEY = ("id", "region")
 FILTERED_COLUMNS = ("id", "region", "status", "total", "note", "body")
 TOAST_COLUMNS = ("note", "body")
+
+#: the columns whose values Spark cannot hold, staged as PostgreSQL's text (docs/types.md)
+TYPE_OVERRIDES = {f"public.specials.{column}": "string" for column in ("ts", "tstz", "d", "arr")}
+SPECIAL_VALUES = {
+    "ts": ["infinity", "-infinity", "0044-03-15 12:00:00 BC", "294276-12-31 23:59:59", "1999-12-31 23:59:59.999999"],
+    "tstz": ["infinity", "-infinity", "0044-03-15 12:00:00+00 BC", "294276-12-31 23:59:59+00", "2026-03-29 01:30:00+00"],
+    "d": ["infinity", "-infinity", "4713-01-01 BC", "5874897-12-31", "2000-02-29"],
+    "n": ["NaN", "Infinity", "-Infinity", "0.000000000000000000000000000001", "-123456789012345678901234567890.5"],
+    "arr": ["[0:1]={7,8}", "[-2:-1]={1,NULL}", "{}", "{1,NULL,3}"],
+}
 
 REGIONS = ["EU", "US", "APAC"]
 WORDS = ["alpha", "Ünïcødé", "日本語", "emoji 🚀", "quote ' and \" and \\", "tab\tnew\nline", "", "comma, {brace}"]
@@ -226,6 +242,42 @@ class Workload:
         key = "n" if table == "audit" else "id"
         return f"{key} = (SELECT {key} FROM {table} WHERE {key} >= %s ORDER BY {key} LIMIT 1)", [start]
 
+    def special_row(self, id_: int) -> dict:
+        """A ``specials`` row: each column special, ordinary or NULL; now and then a value of MBs."""
+        r = self.rng
+        row = {"id": id_}
+        for column, values in SPECIAL_VALUES.items():
+            row[column] = self.maybe(r.choice(values), 0.2)
+        row["big"] = self.big_value()
+        return row
+
+    def big_value(self):
+        """Mostly short, sometimes 2-4 MB (uncompressible md5 text), sometimes NULL."""
+        r = self.rng
+        roll = r.random()
+        if roll < 0.15:
+            return toast_text(r, r.randint(65_000, 130_000))
+        return None if roll < 0.3 else self.text()
+
+    def special_op(self, cur, counts: Counts, *, fresh_only: bool = False) -> None:
+        """Insert, update (one column, the MB value left unchanged unless it is the one) or delete."""
+        r = self.rng
+        roll = 0.0 if fresh_only else r.random()
+        if roll < 0.45:
+            counts.inserts += self.insert(cur, "specials", self.special_row(self._id()))
+            return
+        where = "id = (SELECT id FROM specials WHERE id >= %s ORDER BY id LIMIT 1)"
+        start = r.randint(0, self.next_id)
+        if roll < 0.9:
+            column = r.choice([*SPECIAL_VALUES, "big"])
+            value = self.big_value() if column == "big" else self.maybe(r.choice(SPECIAL_VALUES[column]), 0.2)
+            cur.execute(sql.SQL("UPDATE specials SET {} = %s WHERE " + where).format(sql.Identifier(column)),
+                        [value, start])
+            counts.updates += cur.rowcount
+        else:
+            cur.execute("DELETE FROM specials WHERE " + where, [start])
+            counts.deletes += cur.rowcount
+
     def bag_value(self) -> list:
         """A value of ``bag``'s small domain (24 distinct rows, NULLs included)."""
         r = self.rng
@@ -259,6 +311,9 @@ class Workload:
         roll = r.random()
         if r.random() < 0.12:
             self.bag_op(cur, counts, fresh_only=fresh_only)
+            return
+        if r.random() < 0.04:
+            self.special_op(cur, counts, fresh_only=fresh_only)
             return
         if fresh_only or roll < 0.35:
             table = r.choice(["accounts", "accounts", "audit", "events", "orders", "orders"])
