@@ -164,26 +164,25 @@ class Transaction:
         return changes
 
     def _add_truncate(self, relation_oids: tuple[int, ...], cascade: bool, restart_identity: bool) -> None:
-        entry = TruncateChange(self._seq, relation_oids, cascade, restart_identity)
-        self._seq += 1
-        if self.truncates:
-            self.truncates.append(entry)  # type: ignore[attr-defined]
-        else:
-            self.truncates = [entry]
+        self._append("truncates", TruncateChange(self._next_seq(), relation_oids, cascade, restart_identity))
 
     def _add_message(self, message: LogicalMessage) -> None:
-        entry = TransactionMessage(self._seq, message)
-        self._seq += 1
-        if self.messages:
-            self.messages.append(entry)  # type: ignore[attr-defined]
-        else:
-            self.messages = [entry]
+        self._append("messages", TransactionMessage(self._next_seq(), message))
 
     def _add_schema_change(self, change: SchemaChange) -> None:
-        if self.schema_changes:
-            self.schema_changes.append(change)  # type: ignore[attr-defined]
+        self._append("schema_changes", change)
+
+    def _next_seq(self) -> int:
+        seq, self._seq = self._seq, self._seq + 1
+        return seq
+
+    def _append(self, name: str, entry) -> None:
+        """Append to one of the lists that stay a shared empty tuple until their first entry."""
+        entries = getattr(self, name)
+        if entries:
+            entries.append(entry)
         else:
-            self.schema_changes = [change]
+            setattr(self, name, [entry])
 
     def _commit(self, commit_lsn: int, end_lsn: int, commit_ts: int) -> Transaction:
         self.commit_lsn, self.end_lsn, self.commit_ts = commit_lsn, end_lsn, commit_ts

@@ -24,6 +24,7 @@ class CaptureOperator(CaptureLineageMixin, BaseOperator):
         postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.publications = publications
         self.staging_path = staging_path
         self.pipeline = pipeline

@@ -62,6 +62,7 @@ class PgCreatePublicationOperator(BaseOperator):
         check: bool = True, postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.publication = publication
         self.tables = tables
         self.all_tables = all_tables
@@ -101,6 +102,7 @@ class PgCheckPublisherOperator(BaseOperator):
         self, *, publications: Sequence[str], postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.publications = publications
         self.postgres_conn_id = postgres_conn_id
 

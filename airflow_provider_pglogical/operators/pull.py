@@ -52,6 +52,7 @@ class PgSlotPullOperator(CaptureOperator):
         on_slot_lost: str = "fail", **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
         self.max_changes = max_changes
         self.max_bytes = max_bytes

@@ -32,6 +32,7 @@ class PgCreateSubscriptionOperator(BaseOperator):
                  postgres_conn_id: str = PgLogicalHook.default_conn_name, options: dict | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.subscription = subscription
         self.publications = publications
         self.publisher_conn_id = publisher_conn_id
@@ -59,6 +60,7 @@ class PgDropSubscriptionOperator(BaseOperator):
     def __init__(self, *, subscription: str, keep_remote_slot: bool = False,
                  postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.subscription = subscription
         self.keep_remote_slot = keep_remote_slot
         self.postgres_conn_id = postgres_conn_id

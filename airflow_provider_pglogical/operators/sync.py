@@ -58,6 +58,7 @@ class PgInitialSyncOperator(CaptureOperator):
 
     def __init__(self, *, slot: str, parallelism: int = 2, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
         self.parallelism = parallelism
 
@@ -103,6 +104,7 @@ class PgBackfillOperator(CaptureOperator):
         self, *, tables: Sequence[str] | str, key_range: dict | None = None, parallelism: int = 2, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.tables = tables
         self.key_range = key_range
         self.parallelism = parallelism

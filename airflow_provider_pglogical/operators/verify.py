@@ -48,6 +48,7 @@ class PgVerifyOperator(BaseOperator):
         type_overrides: dict[str, str] | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.publications = publications
         self.staging_path = staging_path
         self.pipeline = pipeline

@@ -46,6 +46,7 @@ class PgSlotLagSensor(BaseSensorOperator):
         postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
         self.max_retained_wal_bytes = max_retained_wal_bytes
         self.max_lag_bytes = max_lag_bytes
@@ -110,6 +111,7 @@ class PgSubscriptionReadySensor(BaseSensorOperator):
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.subscription = subscription
         self.deferrable = deferrable
         self.postgres_conn_id = postgres_conn_id

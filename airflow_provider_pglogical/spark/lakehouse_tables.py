@@ -23,6 +23,8 @@ log = logging.getLogger("pglogical.apply")
 
 #: name prefix of the temporary tables a bucketed target's batch is staged in
 BATCH_TABLE_PREFIX = "_pglogical_batch__"
+#: table property of a keyless table whose every row has its copy number (set once that is so)
+NUMBERED_PROPERTY = "pglogical.multiset-numbered"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
@@ -125,14 +127,15 @@ class Lakehouse:
             wanted = {**wanted, **MULTISET_COLUMNS}
             columns += "".join(f", {quote(name)} {kind}" for name, kind in MULTISET_COLUMNS.items())
         mode = sql_string(self.write_mode)
+        properties = {KEY_PROPERTY: json.dumps(key), **({NUMBERED_PROPERTY: "true"} if is_multiset(manifest) else {})}
         partitioning = ""
         if self.bucket_count and key:
             partitioning = f" PARTITIONED BY (bucket({int(self.bucket_count)}, {quote(key[0])}))"
         self.spark.sql(
             f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg{partitioning} "
             f"TBLPROPERTIES ('format-version'='2', 'write.merge.mode'={mode}, "
-            f"'write.update.mode'={mode}, 'write.delete.mode'={mode}, "
-            f"{sql_string(KEY_PROPERTY)}={sql_string(json.dumps(key))})"
+            f"'write.update.mode'={mode}, 'write.delete.mode'={mode}"
+            + "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in properties.items()) + ")"
         )
         # Iceberg 1.6-1.9 Spark fails every merge-on-read MERGE/UPDATE/DELETE of a table with
         # identifier fields (apache/iceberg#11709): there the key lives in KEY_PROPERTY only.
@@ -146,6 +149,9 @@ class Lakehouse:
         """A keyless table without (complete) copy numbers: written before this job numbered them."""
         if OCCURRENCE not in current:
             return True
+        properties = {row.key: row.value for row in self.spark.sql(f"SHOW TBLPROPERTIES {self.name(table)}").collect()}
+        if properties.get(NUMBERED_PROPERTY) == "true":  # created numbered, or numbered since: no scan
+            return False
         # file statistics answer this for every file a finished numbering wrote
         return bool(self.spark.table(self.name(table)).where(col(OCCURRENCE).isNull()).limit(1).count())
 
@@ -160,6 +166,8 @@ class Lakehouse:
         log.warning("table %s is keyless but its identical rows are not numbered (written by an earlier "
                     "version, which could lose copies): numbering them now; backfill it to be sure it is exact",
                     self.name(table))
+        # unset first: a crash before the overwrite below must leave the table to be numbered again
+        self.spark.sql(f"ALTER TABLE {self.name(table)} UNSET TBLPROPERTIES IF EXISTS ({sql_string(NUMBERED_PROPERTY)})")
         for name, kind in MULTISET_COLUMNS.items():
             if name not in current:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
@@ -168,6 +176,9 @@ class Lakehouse:
             *values, F.row_number().over(Window.partitionBy(*values).orderBy(F.lit(1))).cast("int").alias(OCCURRENCE),
             F.lit(None).cast("string").alias(WRITTEN_BY)).localCheckpoint()
         numbered.writeTo(self.name(table)).overwrite(F.lit(True))
+        # only after the overwrite committed: a crash before it leaves the table to be numbered again
+        self.spark.sql(f"ALTER TABLE {self.name(table)} SET TBLPROPERTIES "
+                       f"({sql_string(NUMBERED_PROPERTY)}={sql_string('true')})")
         return {**current, **MULTISET_COLUMNS}
 
 

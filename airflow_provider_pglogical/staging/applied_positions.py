@@ -9,21 +9,21 @@ status``) can show the applied position per table without starting Spark.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Iterable
 
-from airflow_provider_pglogical.staging.layout import StagingPath, parse_batch_name
+from airflow_provider_pglogical.staging.layout import (
+    StagingPath,
+    parse_batch_name,
+    read_pipeline_file,
+    write_pipeline_file,
+)
 
 APPLIED = "_applied.json"
 
 
 def read_applied(root: StagingPath, pipeline: str) -> dict[str, dict]:
     """``{source table: {"target", "batch", "kind", "lsn", "rows", "applied_at"}}``; empty before any apply."""
-    path = root / pipeline / APPLIED
-    if not path.exists():
-        return {}
-    with path.open("rb") as fh:
-        return json.loads(fh.read().decode())
+    return read_pipeline_file(root, pipeline, APPLIED) or {}
 
 
 def record_applied(root: StagingPath, pipeline: str, steps: Iterable[dict]) -> dict[str, dict]:
@@ -39,9 +39,5 @@ def record_applied(root: StagingPath, pipeline: str, steps: Iterable[dict]) -> d
         }
         changed = True
     if changed:
-        directory = root / pipeline
-        tmp = directory / (APPLIED + ".tmp")
-        with tmp.open("wb") as fh:
-            fh.write(json.dumps(applied, indent=1, sort_keys=True).encode())
-        tmp.rename(directory / APPLIED)
+        write_pipeline_file(root, pipeline, APPLIED, applied)
     return applied

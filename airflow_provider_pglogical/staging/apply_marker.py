@@ -14,30 +14,25 @@ lakehouse and you must delete the marker too (``airflow pglogical drop`` removes
 
 from __future__ import annotations
 
-import json
 from typing import Iterable
 
-from airflow_provider_pglogical.staging.layout import StagingPath, committed_batches
+from airflow_provider_pglogical.staging.layout import (
+    StagingPath,
+    committed_batches,
+    read_pipeline_file,
+    write_pipeline_file,
+)
 
 MARKER = "_apply_marker.json"
 
 
 def read_marker(root: StagingPath, pipeline: str) -> dict | None:
-    path = root / pipeline / MARKER
-    if not path.exists():
-        return None
-    with path.open("rb") as fh:
-        return json.loads(fh.read().decode())
+    return read_pipeline_file(root, pipeline, MARKER)
 
 
 def write_marker(root: StagingPath, pipeline: str, lakehouse: dict, seen: Iterable[str]) -> None:
     """Record the batches a successful apply saw (through a temporary name and a rename)."""
-    directory = root / pipeline
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (MARKER + ".tmp")
-    with tmp.open("wb") as fh:
-        fh.write(json.dumps({"lakehouse": lakehouse, "seen": sorted(set(seen))}, indent=1).encode())
-    tmp.rename(directory / MARKER)
+    write_pipeline_file(root, pipeline, MARKER, {"lakehouse": lakehouse, "seen": sorted(set(seen))})
 
 
 def pending_batches(root: StagingPath, pipeline: str, lakehouse: dict) -> list[str] | None:

@@ -112,3 +112,23 @@ def committed_batches(root: StagingPath, pipeline: str) -> list[tuple[str, Lsn, 
 def read_manifest(root: StagingPath, pipeline: str, name: str) -> BatchManifest:
     with (root / pipeline / name / MANIFEST).open("rb") as fh:
         return BatchManifest.from_json(fh.read().decode())
+
+
+def read_pipeline_file(root: StagingPath, pipeline: str, name: str) -> dict | None:
+    """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when there is none."""
+    path = root / pipeline / name
+    if not path.exists():
+        return None
+    with path.open("rb") as fh:
+        return json.loads(fh.read().decode())
+
+
+def write_pipeline_file(root: StagingPath, pipeline: str, name: str, data: dict) -> None:
+    """Write it through a temporary name and a rename, so readers never see half of it."""
+    directory = root / pipeline
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (name + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(json.dumps(data, indent=1, sort_keys=True).encode())
+    tmp.rename(directory / name)
+

@@ -16,14 +16,19 @@ consumed it since): only then may the initial sync drop and recreate it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 from airflow_provider_pglogical.exceptions import PipelineStateError
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.slots import SlotInfo
-from airflow_provider_pglogical.staging.layout import StagingPath, committed_batches, read_manifest
+from airflow_provider_pglogical.staging.layout import (
+    StagingPath,
+    committed_batches,
+    read_manifest,
+    read_pipeline_file,
+    write_pipeline_file,
+)
 
 RECORD = "_pipeline.json"
 SNAPSHOTTING = "snapshotting"
@@ -75,21 +80,12 @@ def read_record(root: StagingPath, pipeline: str) -> PipelineRecord | None:
 
 
 def _read_json(root: StagingPath, pipeline: str) -> dict | None:
-    path = root / pipeline / RECORD
-    if not path.exists():
-        return None
-    with path.open("rb") as fh:
-        return json.loads(fh.read().decode())
+    return read_pipeline_file(root, pipeline, RECORD)
 
 
 def write_record(root: StagingPath, pipeline: str, record: PipelineRecord) -> None:
     """Write the record through a temporary name and a rename, so readers never see half of it."""
-    directory = root / pipeline
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (RECORD + ".tmp")
-    with tmp.open("wb") as fh:
-        fh.write(json.dumps(asdict(record), indent=1, sort_keys=True).encode())
-    tmp.rename(directory / RECORD)
+    write_pipeline_file(root, pipeline, RECORD, asdict(record))
 
 
 def upgraded_legacy_record(root: StagingPath, pipeline: str) -> PipelineRecord | None:

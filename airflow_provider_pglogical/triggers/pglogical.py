@@ -26,6 +26,7 @@ class SlotHealthTrigger(BaseTrigger):
     def __init__(self, postgres_conn_id: str, slot: str, max_retained_wal_bytes: int | None = None,
                  max_lag_bytes: int | None = None, poll_interval: float = 10.0) -> None:
         super().__init__()
+        # The trigger's arguments, kept as given: serialize() hands them back to the triggerer as they came.
         self.postgres_conn_id = postgres_conn_id
         self.slot = slot
         self.max_retained_wal_bytes = max_retained_wal_bytes
@@ -56,6 +57,7 @@ class SubscriptionReadyTrigger(BaseTrigger):
 
     def __init__(self, postgres_conn_id: str, subscription: str, poll_interval: float = 10.0) -> None:
         super().__init__()
+        # The trigger's arguments, kept as given: serialize() hands them back to the triggerer as they came.
         self.postgres_conn_id = postgres_conn_id
         self.subscription = subscription
         self.poll_interval = poll_interval
