@@ -101,12 +101,14 @@ class Pipeline:
                         report=lambda message: None)
 
     def apply(self, concurrency: int = 4) -> tuple[float, float]:
-        """Wall time of the apply task, and the job's own apply time (JVM start excluded)."""
+        """Wall time of the apply task, and the job's own apply time (JVM start excluded); the Spark
+        jobs and stages of each step go to ``self.work``."""
         operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
                                         iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency)
         started = time.perf_counter()
         operator.execute({})
         wall = time.perf_counter() - started
+        self.work = [(step.get("spark_jobs", 0), step.get("spark_stages", 0)) for step in operator._applied_steps]
         return wall, operator._job_seconds
 
 
@@ -128,6 +130,7 @@ def ticks(args: argparse.Namespace) -> None:
             pipeline.apply()
             walls: dict[int, list[float]] = {c: [] for c in concurrencies}
             in_job: dict[int, list[float]] = {c: [] for c in concurrencies}
+            work: list[tuple[int, int]] = []
             tick = 0
             for _ in range(args.ticks):
                 for concurrency in concurrencies:  # interleaved: each setting meets the same machine state
@@ -137,12 +140,16 @@ def ticks(args: argparse.Namespace) -> None:
                     wall, job = pipeline.apply(concurrency)
                     walls[concurrency].append(wall)
                     in_job[concurrency].append(job)
+                    work += pipeline.work
             for concurrency in concurrencies:
                 median = medians[count, concurrency] = statistics.median(walls[concurrency])
                 print(f"{count:>4} tables x 100 changes, concurrency {concurrency}: apply task median {median:6.2f} s "
                       f"({median / baseline:.2f}x bare spark-submit); in-job apply median "
                       f"{statistics.median(in_job[concurrency]):6.2f} s; runs "
                       f"{', '.join(f'{w:.1f}' for w in walls[concurrency])}")
+            print(f"{count:>4} tables: Spark jobs per step median {statistics.median(j for j, _ in work)}, "
+                  f"max {max(j for j, _ in work)}; stages per step median {statistics.median(s for _, s in work)}, "
+                  f"max {max(s for _, s in work)}")
         for (count, concurrency), median in medians.items():
             if count != 1 and (1, concurrency) in medians:
                 print(f"concurrency {concurrency}: {count} tables / 1 table: {median / medians[1, concurrency]:.2f}x")

@@ -56,6 +56,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow_provider_pglogical.spark.hadoop_files import Staging, write_result
@@ -85,6 +86,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
     started = time.monotonic()
+    run_group = spark_job_group(spark, f"pglogical apply {pipeline}")
     table_map = table_map or {}
     staging = Staging(spark, staging_root, pipeline)
     batches = staging.committed()
@@ -129,6 +131,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
                 _crash_point(len(summary["steps"]))
             lakehouse.write_state(pipeline, states)
     summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
+    # listing, manifests and the state table (the steps' own jobs are counted per step)
+    summary["spark_jobs"], summary["spark_stages"] = spark_work(spark, run_group)
     return summary
 
 
@@ -141,6 +145,7 @@ def _in_own_pool(spark, function, *args):
 def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, source: str, state: TableState,
                 step: Step) -> dict:
     started = time.monotonic()
+    group = spark_job_group(keyed.spark, f"{source} {step.kind} {step.batch.name}")
     types = lakehouse.ensure_table(state.target, step.batch.manifest["tables"][source])
     applier = multisets if OCCURRENCE in types else keyed
     if step.kind == "snapshot":
@@ -152,9 +157,25 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
         state.position = step.batch.end
     state.last_batch = step.batch.name
     seconds = round(time.monotonic() - started, 3)
-    log.info("%s: applied %s %s (%d rows) in %.2fs", source, step.kind, step.batch.name, rows, seconds)
+    jobs, stages = spark_work(keyed.spark, group)
+    log.info("%s: applied %s %s (%d rows) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
+             rows, seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
-            "rows": rows, "seconds": seconds}
+            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages}
+
+
+def spark_job_group(spark, description: str) -> str:
+    """Tag the Spark jobs this thread starts from now on with a group of their own; returns it."""
+    group = f"pglogical-{uuid.uuid4().hex[:12]}"
+    spark.sparkContext.setJobGroup(group, description)
+    return group
+
+
+def spark_work(spark, group: str) -> tuple[int, int]:
+    """How many Spark jobs, and stages in them, the group ran (what a step costs beyond its rows)."""
+    tracker = spark.sparkContext.statusTracker()
+    infos = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+    return len(infos), sum(len(info.stageIds) for info in infos if info is not None)
 
 
 def _crash_point(step: int) -> None:

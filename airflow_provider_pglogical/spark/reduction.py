@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 from airflow_provider_pglogical.spark.identifiers import col, quote
-from airflow_provider_pglogical.spark.plan import ApplyError
 from airflow_provider_pglogical.staging.contract import COMMIT_LSN, OLD_KEY_PREFIX, OP, SEQ, UNCHANGED, staged_name
 
 
-def read_rows(spark, files: list[str], types: dict[str, str], keys: list[str], changes: bool):
+def read_rows(spark, files: list[str], staged: dict[str, str], types: dict[str, str], keys: list[str],
+              changes: bool):
     """The batch's rows of one table: value columns cast to their lakehouse type (+ metadata).
 
+    :param staged: the files' columns and Spark types (``contract.staged_columns``).
     Change rows also get ``__op``, ``__lsn``, ``__seq``, ``__u`` (unchanged-TOAST column names)
     and ``__old{i}`` (the old key of an UPDATE or DELETE).
     """
@@ -26,13 +27,11 @@ def read_rows(spark, files: list[str], types: dict[str, str], keys: list[str], c
 
     if not files:  # a table with no rows in this batch
         return spark.createDataFrame([], ", ".join(f"{quote(n)} {t}" for n, t in types.items()))
-    # staged Parquet is proleptic Gregorian (pyarrow): read dates before 1582 as they are
-    raw = (spark.read.option("mergeSchema", "true").option("datetimeRebaseMode", "CORRECTED")
-           .option("int96RebaseMode", "CORRECTED").parquet(*files))
+    # the schema is given, not inferred (a Spark job per read); staged Parquet is proleptic
+    # Gregorian (pyarrow): read dates before 1582 as they are
+    raw = (spark.read.schema(", ".join(f"{quote(n)} {t}" for n, t in staged.items()))
+           .option("datetimeRebaseMode", "CORRECTED").option("int96RebaseMode", "CORRECTED").parquet(*files))
     present = set(raw.columns)
-    if changes and COMMIT_LSN in present and raw.schema[COMMIT_LSN].dataType.typeName() not in ("long", "integer"):
-        raise ApplyError(f"{files[0]}: {COMMIT_LSN} is staged as {raw.schema[COMMIT_LSN].dataType.simpleString()}, "
-                         "not as an integer LSN (staging/contract.py); re-stage the batch with this version's pull")
 
     def value(name):
         staged = staged_name(name) if changes else name  # snapshot files keep every name as it is

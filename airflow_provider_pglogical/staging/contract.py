@@ -148,3 +148,22 @@ def column_type(column: dict) -> str:
         raise ValueError(f"column {column['name']}: unknown type override {override!r}; "
                          f"supported are {', '.join(map(repr, OVERRIDE_TYPES))}")
     return OVERRIDE_TYPES[override]
+
+
+#: Spark types of the metadata columns of a staged change row (the Arrow types staged_tables.py writes)
+CHANGE_METADATA_TYPES = {OP: "string", COMMIT_LSN: "bigint", SEQ: "bigint", XID: "bigint", COMMIT_TS: "timestamp",
+                         UNCHANGED: "array<string>"}
+
+
+def staged_columns(table_manifest: dict, *, changes: bool) -> dict[str, str]:
+    """Staged column name -> Spark type of one table's files in a batch, from its manifest entry.
+
+    The job reads the files with this schema instead of inferring it (inference costs a Spark job
+    per read); a column a part file lacks (added later in the batch) reads as NULL.
+    """
+    columns = {column["name"]: column_type(column) for column in table_manifest["columns"]}
+    if not changes:
+        return columns
+    return {**CHANGE_METADATA_TYPES, **{staged_name(name): kind for name, kind in columns.items()},
+            **{OLD_KEY_PREFIX + key: columns[key] for key in table_manifest["key"]}}
+

@@ -57,3 +57,22 @@ def test_an_override_stages_and_applies_any_type_as_string(column):
 def test_an_unknown_override_names_the_column_and_the_choices():
     with pytest.raises(ValueError, match="column c: unknown type override 'date'; supported are 'string'"):
         contract.column_type({"name": "c", "type": "text", "override": "date"})
+
+
+def test_the_job_reads_staged_files_with_the_schema_staging_writes():
+    """``contract.staged_columns`` (the schema the Spark job reads with, instead of inferring it)
+    names every column ``decoding.staged_tables.change_schema`` writes, with the Spark type
+    Spark's own Parquet reader gives that Arrow type."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from airflow_provider_pglogical.decoding.staged_tables import change_schema
+
+    columns = [{**column, "name": f"c{i}"} for i, column in enumerate(COLUMNS)]
+    columns += [{"name": "_op", "type": "text"}, {"name": "~x", "type": "int4"},
+                {"name": "o", "type": "date", "override": "string"}]
+    key = ["c0", "_op"]
+    manifest = {"columns": columns, "key": key}
+    arrow = change_schema(columns, key)
+    written = {field.name: from_arrow_type(field.type, prefer_timestamp_ntz=True).simpleString() for field in arrow}
+    assert contract.staged_columns(manifest, changes=True) == written
+    assert list(contract.staged_columns(manifest, changes=False)) == [c["name"] for c in columns]
