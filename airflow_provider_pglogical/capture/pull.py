@@ -227,7 +227,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
                 rel = batch.relation
                 table = TableManifest(
                     schema=rel.namespace, name=rel.name, columns=batch.columns, key=batch.key,
-                    replica_identity=rel.replica_identity,
+                    replica_identity=rel.replica_identity, keyless=batch.keyless,
                     details={"partitioned": oid in partitioned,
                              "truncated": batch.truncated},
                 )

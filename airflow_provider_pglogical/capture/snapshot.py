@@ -272,7 +272,7 @@ def copy_tables(
             TableManifest(
                 schema=table.schema, name=table.name,
                 columns=columns, key=table.key,
-                replica_identity=table.replica_identity,
+                replica_identity=table.replica_identity, keyless=table.keyless,
                 details={"row_filter": table.row_filter, "extra_where": (extra_where or {}).get(table.qualified_name)},
             )
         )

@@ -48,6 +48,11 @@ class StagedTableNames:
         return key or [c["name"] for c in self.columns]
 
     @property
+    def keyless(self) -> bool:
+        """No replica-identity column (``key`` is then every column)."""
+        return not self.relation.key_columns
+
+    @property
     def qualified_name(self) -> str:
         return self.relation.qualified_name
 

@@ -66,6 +66,11 @@ class ResolvedTable:
         return key or [c.name for c in self.columns]
 
     @property
+    def keyless(self) -> bool:
+        """No replica-identity column is published (no key, or REPLICA IDENTITY NOTHING)."""
+        return not any(c.key for c in self.columns)
+
+    @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 

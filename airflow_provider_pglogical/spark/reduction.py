@@ -115,6 +115,10 @@ def reduce_changes(spark, rows, keys: list[str], values: list[str], from_positio
         F.max(F.when(is_key_change, 1).otherwise(0)).alias("key_changes"),
         F.max(F.when(is_key_change & (F.size("__u") > 0), 1).otherwise(0)).alias("moved_unchanged"),
         F.array_distinct(F.flatten(F.collect_set("__u"))).alias("unchanged_columns"),
+        # the key changes that leave columns unchanged, for the chain depth (in this same pass)
+        F.collect_list(F.when(is_key_change & (F.size("__u") > 0), F.struct(
+            "__lsn", "__seq", F.struct(*[F.col(f"__old{i}") for i in range(len(keys))]).alias("old"),
+            F.struct(*map(col, keys)).alias("new")))).alias("moves"),
     ).first()
     truncated = facts.last_truncate is not None
     rows = after_truncate(rows, facts.last_truncate).where(F.col("__op") != "T")
@@ -142,7 +146,7 @@ def reduce_changes(spark, rows, keys: list[str], values: list[str], from_positio
     )
     need_fill = bool(facts.unchanged)
     if need_fill:
-        events = _fill_unchanged(spark, events, keys, values, rounds=_chain_depth(events, keys) if facts.moved_unchanged else 0)
+        events = _fill_unchanged(spark, events, keys, values, rounds=chain_depth(facts.moves))
 
     last = Window.partitionBy(*map(col, keys)).orderBy(*[c.desc() for c in order])
     final = events.withColumn("__rn", F.row_number().over(last)).where("__rn = 1")
@@ -208,15 +212,11 @@ def _fill_unchanged(spark, events, keys, values, rounds: int):
     return events
 
 
-def _chain_depth(events, keys) -> int:
-    """How many key changes with unchanged columns follow each other in the batch (driver-side)."""
-    from pyspark.sql import functions as F
-
-    moves = events.where(F.col("__moved") & (F.size("__u") > 0)).select(
-        *[f"__old{i}" for i in range(len(keys))], *map(col, keys), "__lsn", "__seq").orderBy("__lsn", "__seq").collect()
+def chain_depth(moves) -> int:
+    """How many key changes with unchanged columns follow each other in the batch: each one that
+    moves a row which itself arrived by such a change adds a link (driver-side, from the moves the
+    batch's one aggregate collected)."""
     depth_of: dict = {}
-    for row in moves:
-        old = tuple(row[f"__old{i}"] for i in range(len(keys)))
-        depth_of[tuple(row[k] for k in keys)] = depth_of.get(old, 0) + 1
+    for move in sorted(moves or (), key=lambda m: (m["__lsn"], m["__seq"])):
+        depth_of[tuple(move["new"])] = depth_of.get(tuple(move["old"]), 0) + 1
     return max(depth_of.values(), default=0)
-

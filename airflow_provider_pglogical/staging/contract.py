@@ -99,8 +99,10 @@ def default_target_name(source: str) -> str:
 
 
 def is_multiset(table_manifest: dict) -> bool:
-    """A REPLICA IDENTITY FULL table: stored as a multiset, as PostgreSQL's subscriber keeps it."""
-    return table_manifest.get("replica_identity", "d") == "f"
+    """A table without a key: REPLICA IDENTITY FULL, or no identity at all (a table without a
+    primary key, or NOTHING, which can publish INSERTs only). Its rows may repeat, so it is stored
+    as a multiset, as PostgreSQL's subscriber keeps it; its manifest ``key`` is every column."""
+    return table_manifest.get("replica_identity", "d") == "f" or bool(table_manifest.get("keyless"))
 
 
 # --- types ---------------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ class TableManifest:
     #: replica-identity key column names (all columns for REPLICA IDENTITY FULL without a key)
     key: list[str]
     replica_identity: str = "d"
+    #: no replica-identity column at all (``key`` then lists every column): a multiset
+    keyless: bool = False
     files: list[dict] = field(default_factory=list)
     rows: int = 0
     #: free-form facts the apply job needs: ``{"truncated": true, "backfill_where": ...}``

@@ -258,3 +258,31 @@ def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publish
     assert pipeline.lake() == expected
     properties = {r.key: r.value for r in pipeline.spark.sql(f"SHOW TBLPROPERTIES {table}").collect()}
     assert properties["write.merge.mode"] == "copy-on-write"
+
+
+def test_a_table_without_any_replica_identity_keeps_identical_inserts(pipeline, publisher, subscriber,
+                                                                       publisher_hook, subscriber_hook):
+    """No primary key and the default replica identity: PostgreSQL publishes its INSERTs and
+    TRUNCATEs only. Identical rows (NULLs included) are kept, as the native subscriber keeps them,
+    not collapsed into one by a MERGE on every column; the columns stay nullable."""
+    ddl = 'CREATE TABLE bag(n int, "a.b" text, amount numeric(10,2));'
+    publisher.execute(ddl)
+    subscriber.execute(ddl)
+    publisher.execute("INSERT INTO bag VALUES (1, 'x', 1.50), (1, 'x', 1.50), (NULL, NULL, NULL), (NULL, NULL, NULL)")
+    publisher_hook.create_publication("pub", [PublishedTable("bag")], publish=["insert", "truncate"])
+    run_initial_sync(publisher_hook, slot="bag_slot", publications=["pub"], root=pipeline.storage, pipeline="p")
+    subscriber_hook.create_subscription("native", ["pub"], publisher_conn_id=publisher.conn_id)
+    publisher.execute("INSERT INTO bag VALUES (1, 'x', 1.50), (2, NULL, NULL), (2, NULL, NULL), (NULL, NULL, NULL)")
+    pipeline.pull()
+    assert [kind for kind, _ in pipeline.applied()] == ["snapshot", "changes"]
+    assert pipeline.lake() == pipeline.source() == Counter(
+        {(1, "x", Decimal("1.50")): 3, (None, None, None): 3, (2, None, None): 2})
+    # TRUNCATE, then identical rows again, across two batches
+    publisher.execute("TRUNCATE bag; INSERT INTO bag VALUES (7, 't', NULL), (7, 't', NULL)")
+    pipeline.pull()
+    publisher.execute("INSERT INTO bag VALUES (7, 't', NULL)")
+    pipeline.pull()
+    assert [kind for kind, _ in pipeline.applied()] == ["changes", "changes"]
+    assert pipeline.lake() == pipeline.source() == Counter({(7, "t", None): 3})
+    wait_until(lambda: Counter(subscriber.query(f"SELECT {COLUMNS} FROM bag")) == pipeline.source(), timeout=60,
+               message="the native subscriber to hold the same rows")

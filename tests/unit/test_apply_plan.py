@@ -109,3 +109,16 @@ def test_command_line():
                                                                                   '{"public.t": "t"}')
     with pytest.raises(SystemExit):
         parse_args(["--staging-root", "x", "--pipeline", "p", "--namespace", "n", "--write-mode", "eventually"])
+
+
+def test_chain_depth_counts_key_changes_that_follow_each_other():
+    from airflow_provider_pglogical.spark.reduction import chain_depth
+
+    def move(lsn, seq, old, new):
+        return {"__lsn": lsn, "__seq": seq, "old": (old,), "new": (new,)}
+
+    assert chain_depth(None) == chain_depth([]) == 0
+    assert chain_depth([move(10, 0, 1, 2), move(10, 1, 5, 6)]) == 1  # two rows moved once each
+    # 1 -> 2 -> 3 -> 4, collected out of order: three links
+    assert chain_depth([move(30, 0, 3, 4), move(10, 0, 1, 2), move(20, 5, 2, 3)]) == 3
+    assert chain_depth([move(10, 0, 2, 3), move(20, 0, 1, 2)]) == 1  # 1 -> 2 after 2 had left: no chain
