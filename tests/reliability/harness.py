@@ -271,8 +271,8 @@ class Harness:
                 output.append(line)
                 log.write(line)
                 if kill == "apply_mid_merge" and killed_at is None and ": applied " in line:
-                    # the first step committed: the next MERGE is being planned/written; kill it
-                    time.sleep(self.rng.uniform(0.0, 1.5))
+                    # the first step committed and the round's other tables are still merging (the
+                    # job applies several at once): kill them mid-MERGE, before the state commit
                     if process.poll() is None:
                         kill_tree(process)
                         killed_at = time.monotonic()
