@@ -12,9 +12,11 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
 ``staging/contract.py``; the modules beside this one do each part):
 
 - A **snapshot** batch at position C that the table has not applied replaces the table's contents
-  (a ranged backfill only the range named in its manifest ``details.key_range``; ``plan.py``) and sets the table's position to C, even when the position was already past
-  C (a late backfill): the change batches holding commits at or after C are then applied again,
-  from C. The latest pending full snapshot makes every earlier batch irrelevant.
+  (a ranged backfill only the range named in its manifest ``details.key_range``; ``plan.py``) and
+  sets the table's position to C, even when the position was already past C (a late backfill):
+  the change batches holding commits at or after C are then applied again, from C. (A keyless
+  table's ranged snapshot folds the range's changes from C to the table's position into the range
+  instead: ``multisets.py``.) The latest pending full snapshot makes every earlier batch irrelevant.
 - A **change** batch whose end is past the table's position is reduced to the last change per key
   by ``(_commit_lsn, _seq)`` (rows before the position are skipped; key-changing updates delete the
   old key; unchanged-TOAST columns keep the value of an earlier change of the same row, following
@@ -151,7 +153,7 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     if step.kind == "snapshot":
         rows = applier.snapshot(step, source, state.target, types)
         state.snapshots.add(step.batch.name)
-        state.position = step.position
+        state.position = step.position if step.through is None else step.through
     else:
         rows = applier.changes(step, source, state.target, types)
         state.position = step.batch.end

@@ -31,12 +31,9 @@ class Multisets(StepApplier):
         from pyspark.sql import functions as F
 
         manifest = step.batch.manifest["tables"][source]
-        if range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source) is not None:
-            raise ApplyError(
-                f"batch {step.batch.name}, table {source}: a ranged backfill of a keyless table cannot be "
-                "applied exactly (the change batches after it would count the rows outside the range "
-                "twice); run a backfill of the whole table, which supersedes this batch"
-            )
+        predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
+        if predicate is not None:
+            return self._ranged_snapshot(step, source, target, types, predicate)
         values = _value_types(types)
         frame = self.read(step, source, values, changes=False)
         copies = Window.partitionBy(*[col(c) for c in values]).orderBy(F.lit(1))
@@ -46,18 +43,76 @@ class Multisets(StepApplier):
         numbered.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
         return manifest.get("rows", 0)
 
+    def _ranged_snapshot(self, step: Step, source: str, target: str, types: dict[str, str], predicate: str) -> int:
+        """Replace the copies in the range with the snapshot's, plus the range's changes from the
+        snapshot to where the rest of the table is (``step.window``, ``plan.py``), in one MERGE.
+
+        Re-applying those changes afterwards, as a keyed table does, would count the rows outside
+        the range twice. The result is computed from staged files only, so a re-run after a crash
+        writes the same rows. Identical rows are all in the range or all out of it.
+        """
+        from pyspark.sql import functions as F
+
+        if step.window is None or step.through is None:
+            raise ApplyError(
+                f"batch {step.batch.name}, table {source}: the lakehouse keeps this table as a keyless multiset "
+                "but the backfill copied it with a key; restore REPLICA IDENTITY FULL, or drop the Iceberg "
+                "table and backfill it whole"
+            )
+        values = _value_types(types)
+        in_range = F.coalesce(F.expr(predicate), F.lit(False))
+        signed = []
+        for batch in step.window:
+            manifest = batch.manifest["tables"][source]
+            if not manifest.get("files"):
+                continue
+            self._check_identity(batch, source, manifest)
+            rows = self.read_batch(batch, source, {c["name"]: types[c["name"]] for c in manifest["columns"]}, changes=True)
+            rows = from_position_on(rows, step.position).where(
+                F.col("__lsn") < F.lit(step.through).cast("decimal(20,0)"))
+            signed.append(signed_copies(rows, values, list(manifest["key"]), keep=("__op", "__lsn", "__seq")))
+        snapshot = self.read(step, source, values, changes=False).select(*[col(c) for c in values], F.lit(1).alias("__d"))
+        if signed:
+            window = reduce(lambda a, b: a.unionByName(b), signed)
+            truncate = window.agg(last_truncate()).first().last_truncate
+            window = after_truncate(window, truncate).where(F.col("__op") != "T").select(*[col(c) for c in values], "__d")
+            # a TRUNCATE in the window empties the range too: only the rows after it count
+            snapshot = window.where(in_range) if truncate is not None else snapshot.unionByName(window.where(in_range))
+        counts = snapshot.groupBy(*[col(c) for c in values]).agg(F.sum("__d").cast("int").alias("__n"))
+        copies = counts.where("__n > 0").select(
+            *[col(c) for c in values], F.explode(F.sequence(F.lit(1), F.col("__n"))).alias("__occ"))
+        view = temporary_view_name("ranged")
+        copies.createOrReplaceTempView(view)
+        join = " AND ".join(f"t.{quote(c)} <=> s.{quote(c)}" for c in values)
+        written_by = sql_string(step.batch.name)
+        self.spark.sql(
+            f"MERGE INTO {self.lakehouse.name(target)} t USING {view} s "
+            f"ON {join} AND t.{quote(OCCURRENCE)} = s.__occ "
+            f"WHEN MATCHED THEN UPDATE SET {quote(WRITTEN_BY)} = {written_by} "
+            f"WHEN NOT MATCHED THEN INSERT ({', '.join(map(quote, [*values, OCCURRENCE, WRITTEN_BY]))}) "
+            f"VALUES ({', '.join('s.' + quote(c) for c in values)}, s.__occ, {written_by}) "
+            f"WHEN NOT MATCHED BY SOURCE AND {predicate} THEN DELETE"
+        )
+        self.spark.catalog.dropTempView(view)
+        return step.batch.manifest["tables"][source].get("rows", 0)
+
+    @staticmethod
+    def _check_identity(batch, source: str, manifest: dict) -> None:
+        keys = list(manifest["key"])
+        if sorted(keys) != sorted(c["name"] for c in manifest["columns"]):
+            raise ApplyError(
+                f"batch {batch.name}, table {source}: the lakehouse keeps this table as a keyless multiset "
+                f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "
+                "or drop the Iceberg table and backfill it"
+            )
+
     def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
 
         manifest = step.batch.manifest["tables"][source]
-        keys = list(manifest["key"])
+        self._check_identity(step.batch, source, manifest)
         batch_columns = [c["name"] for c in manifest["columns"]]
-        if sorted(keys) != sorted(batch_columns):
-            raise ApplyError(
-                f"batch {step.batch.name}, table {source}: the lakehouse keeps this table as a keyless multiset "
-                f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "
-                "or drop the Iceberg table and backfill it"
-            )
+        keys = list(manifest["key"])
         if not manifest.get("files"):
             return 0
         values = _value_types(types)
@@ -131,16 +186,32 @@ def multiset_deltas(rows, values: dict[str, str], keys: list[str], from_position
     truncated = facts.last_truncate is not None
     rows = after_truncate(rows, facts.last_truncate)
 
+    deltas = signed_copies(rows, values, keys).groupBy(*[col(c) for c in values]).agg(F.sum("__d").alias("__d"))
+    return deltas, truncated, facts.rows
+
+
+def signed_copies(rows, values: dict[str, str], keys: list[str], keep: tuple[str, ...] = ()):
+    """Each change row as the copies it adds (+1) and removes (-1): an INSERT adds its row, a
+    DELETE removes it, an UPDATE removes its old row and adds its new one. ``keep`` names change
+    columns (``__op``, ``__lsn``, ``__seq``) to carry along; with ``__op`` kept, a TRUNCATE stays
+    as a row of its own (``__d`` 0) so that the rows before it can be dropped."""
+    from pyspark.sql import functions as F
+
     def new(name):
         return (col(name) if name in keys else F.lit(None)).cast(values[name]).alias(name)
 
     def old(name):
         return (F.col(f"__old{keys.index(name)}") if name in keys else F.lit(None)).cast(values[name]).alias(name)
 
-    added = rows.where(F.col("__op").isin("I", "U")).select(*[new(c) for c in values], F.lit(1).alias("__d"))
-    deleted = rows.where(F.col("__op") == "D").select(*[new(c) for c in values], F.lit(-1).alias("__d"))
-    replaced = rows.where(F.col("__op") == "U").select(*[old(c) for c in values], F.lit(-1).alias("__d"))
-    deltas = (added.unionByName(deleted).unionByName(replaced)
-              .groupBy(*[col(c) for c in values]).agg(F.sum("__d").alias("__d")))
-    return deltas, truncated, facts.rows
+    def none(name):
+        return F.lit(None).cast(values[name]).alias(name)
 
+    kept = [F.col(name) for name in keep]
+    parts = [
+        rows.where(F.col("__op").isin("I", "U")).select(*[new(c) for c in values], F.lit(1).alias("__d"), *kept),
+        rows.where(F.col("__op") == "D").select(*[new(c) for c in values], F.lit(-1).alias("__d"), *kept),
+        rows.where(F.col("__op") == "U").select(*[old(c) for c in values], F.lit(-1).alias("__d"), *kept),
+    ]
+    if "__op" in keep:
+        parts.append(rows.where(F.col("__op") == "T").select(*[none(c) for c in values], F.lit(0).alias("__d"), *kept))
+    return reduce(lambda a, b: a.unionByName(b), parts)

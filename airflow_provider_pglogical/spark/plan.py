@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.identifiers import quote, sql_literal
-from airflow_provider_pglogical.staging.contract import parse_batch_name
+from airflow_provider_pglogical.staging.contract import is_multiset, parse_batch_name
 
 
 class ApplyError(RuntimeError):
@@ -46,6 +46,11 @@ class Step:
     batch: Batch
     #: rows with ``_commit_lsn`` >= this are applied (changes); the snapshot's position (snapshot)
     position: int
+    #: a ranged snapshot of a keyless table: the change batches whose rows in [position, through)
+    #: are folded into the range (the rest of the table is at ``through`` already), and the
+    #: position the step brings the table to
+    window: list[Batch] | None = None
+    through: int | None = None
 
 
 def snapshot_details(manifest: dict, source: str) -> dict:
@@ -105,6 +110,15 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
         batch = mine[index]
         if batch.kind == "snapshot":
             if batch.name in state.snapshots:
+                continue
+            if is_ranged(batch, source) and is_multiset(batch.manifest["tables"][source]):
+                # Re-applying changes from the snapshot would count the rows outside the range
+                # twice (a multiset has no key to make it idempotent): the step folds the range's
+                # changes up to where the rest of the table is into the range, in one commit.
+                through = max(position, batch.start)
+                window = [b for b in mine if b.kind == "changes" and b.end > batch.start and b.start < through]
+                steps.append(Step("snapshot", batch, batch.start, window=window, through=through))
+                position = through
                 continue
             steps.append(Step("snapshot", batch, batch.start))
             position = batch.start

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from airflow_provider_pglogical.spark.hadoop_files import Staging
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
-from airflow_provider_pglogical.spark.plan import Step
+from airflow_provider_pglogical.spark.plan import Batch, Step
 from airflow_provider_pglogical.spark.reduction import read_rows
 from airflow_provider_pglogical.staging.contract import staged_columns
 
@@ -20,8 +20,12 @@ class StepApplier:
 
     def read(self, step: Step, source: str, types: dict[str, str], *, changes: bool):
         """The step's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""
-        manifest = step.batch.manifest["tables"][source]
-        return read_rows(self.spark, self.staging.files(step.batch, source), staged_columns(manifest, changes=changes),
+        return self.read_batch(step.batch, source, types, changes=changes)
+
+    def read_batch(self, batch: Batch, source: str, types: dict[str, str], *, changes: bool):
+        """A batch's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""
+        manifest = batch.manifest["tables"][source]
+        return read_rows(self.spark, self.staging.files(batch, source), staged_columns(manifest, changes=changes),
                          types, list(manifest["key"]), changes)
 
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:

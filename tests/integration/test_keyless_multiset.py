@@ -233,15 +233,20 @@ def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publish
     assert [kind for kind, _ in pipeline.applied()] == ["changes"]
     assert pipeline.lake() == pipeline.source() == Counter({(1, "v", None): 3, (None, None, Decimal("1.00")): 2})
 
-    # a ranged backfill of a keyless table is refused (the changes re-applied after it would count
-    # the rows outside the range twice) and changes nothing …
+    # a ranged backfill of a keyless table replaces the copies in its range, changes after it follow
+    pipeline.spark.sql(f"DELETE FROM {table} WHERE n = 1 AND _pglogical_occurrence = 3")  # wrong in the range
     run_backfill(publisher_hook, tables=["public.bag"], publications=["pub"], root=pipeline.storage, pipeline="p",
                  key_range=KeyRange("n", 0, 5))
-    code, output = pipeline.apply()
-    assert code != 0 and "a ranged backfill of a keyless table cannot be applied exactly" in output, output[-3000:]
-    assert pipeline.lake() == pipeline.source()
+    publisher.execute(f"INSERT INTO bag VALUES (1, 'v', NULL), (9, 'out', NULL); DELETE FROM bag WHERE {one('n = 1')}")
+    pipeline.pull()
+    # the batch starts before the backfill's position: it applies first, the range then takes its
+    # changes from the backfill's position on
+    assert [kind for kind, _ in pipeline.applied()] == ["changes", "snapshot"]
+    assert pipeline.lake() == pipeline.source() == Counter({(1, "v", None): 3, (9, "out", None): 1,
+                                                            (None, None, Decimal("1.00")): 2})
+    publisher.execute("DELETE FROM bag WHERE n = 9")
 
-    # … a full backfill supersedes it: a change before the backfill's snapshot (in it already), the
+    # a full backfill supersedes earlier batches: a change before the backfill's snapshot (in it already), the
     # backfill, changes after it
     publisher.execute(f"INSERT INTO bag VALUES (8, 'early', NULL); DELETE FROM bag WHERE {one('n IS NULL')}")
     backfill = run_backfill(publisher_hook, tables=["public.bag"], publications=["pub"], root=pipeline.storage,
@@ -258,6 +263,66 @@ def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publish
     assert pipeline.lake() == expected
     properties = {r.key: r.value for r in pipeline.spark.sql(f"SHOW TBLPROPERTIES {table}").collect()}
     assert properties["write.merge.mode"] == "copy-on-write"
+
+
+def test_a_ranged_backfill_of_a_keyless_table_while_changes_flow(pipeline, publisher, subscriber, publisher_hook,
+                                                                subscriber_hook):
+    """An ops backfill of one key range while the incremental flow goes on: changes committed
+    after the backfill's snapshot are pulled and applied before its batch commits, so the
+    lakehouse is past the snapshot when the backfill arrives. The range gets the snapshot plus
+    those changes; the rest of the table must not get them twice (a multiset has no key to make a
+    replay harmless). Killed after the backfill's data commit, the re-run writes the same rows."""
+    publisher.execute(DDL)
+    subscriber.execute(DDL)
+    publisher.execute("INSERT INTO bag SELECT g % 10, CASE WHEN g % 4 = 0 THEN NULL ELSE 'v' END, NULL "
+                      "FROM generate_series(1, 60) g; INSERT INTO bag VALUES (NULL, 'n', NULL), (NULL, 'n', NULL)")
+    publisher_hook.create_publication("pub", [PublishedTable("bag")])
+    run_initial_sync(publisher_hook, slot="bag_slot", publications=["pub"], root=pipeline.storage, pipeline="p")
+    subscriber_hook.create_subscription("native", ["pub"], publisher_conn_id=publisher.conn_id)
+    assert [kind for kind, _ in pipeline.applied()] == ["snapshot"]
+    table = f"lake.{pipeline.namespace}.public__bag"
+    # the lakehouse goes wrong inside the range: a copy lost, a copy too many
+    pipeline.spark.sql(f"DELETE FROM {table} WHERE n = 2 AND \"a.b\" = 'v' AND _pglogical_occurrence = 1")
+    pipeline.spark.sql(f"INSERT INTO {table} VALUES (3, 'v', NULL, 99, 'manual')")
+
+    flowed = []
+
+    def meanwhile(message: str) -> None:
+        """Called by the backfill once its snapshot is taken, before its batch commits."""
+        if flowed:
+            return
+        publisher.execute(
+            "BEGIN;"
+            "INSERT INTO bag VALUES (1, 'v', NULL), (1, 'v', NULL), (7, 'v', NULL);"  # in and out of the range
+            f"DELETE FROM bag WHERE {one('n = 4')};"
+            f"DELETE FROM bag WHERE {one('n = 8')};"
+            f"UPDATE bag SET n = 6 WHERE {one('n = 2')};"  # leaves the range
+            f"UPDATE bag SET n = 0 WHERE {one('n = 9')};"  # enters it
+            f"UPDATE bag SET n = 4 WHERE {one('n IS NULL')};"  # from no range to the range
+            "COMMIT")
+        pipeline.pull()
+        flowed.append(pipeline.applied())
+
+    backfill = run_backfill(publisher_hook, tables=["public.bag"], publications=["pub"], root=pipeline.storage,
+                            pipeline="p", key_range=KeyRange("n", 0, 5), report=meanwhile)
+    assert [kind for kind, _ in flowed[0]] == ["changes"]
+    before = pipeline.position()
+    publisher.execute(f"INSERT INTO bag VALUES (2, 'v', NULL), (5, 'v', NULL); DELETE FROM bag WHERE {one('n = 0')}")
+    pipeline.pull()
+
+    # killed after the backfill's data commit, before its state commit …
+    code, output = pipeline.apply(env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"})
+    assert code != 0 and "crash point reached after the data commit of step 1" in output, output[-3000:]
+    assert pipeline.position() == before
+    # … the re-run folds the range again from staging, then applies the last batch to the whole table
+    steps = pipeline.applied()
+    assert steps[0] == ("snapshot", backfill["batch"].rsplit("/", 1)[1])
+    assert [kind for kind, _ in steps] == ["snapshot", "changes"]
+    expected = pipeline.source()
+    assert expected[(3, "v", None)] == 6 and expected[(1, "v", None)] == 8
+    assert pipeline.lake() == expected
+    wait_until(lambda: Counter(subscriber.query(f"SELECT {COLUMNS} FROM bag")) == expected, timeout=60,
+               message="the native subscriber to hold the publisher's rows")
 
 
 def test_a_table_without_any_replica_identity_keeps_identical_inserts(pipeline, publisher, subscriber,

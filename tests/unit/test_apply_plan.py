@@ -73,6 +73,28 @@ def test_ranged_backfill_does_not_supersede_and_replays_from_its_position():
     assert steps_of(batches, state) == ([("snapshot", 150, 150), ("changes", 100, 150)], [])
 
 
+def test_ranged_backfill_of_a_keyless_table_folds_its_window_instead_of_replaying():
+    ranged = batch("snapshot", 150, details={"key_range": {"column": "id", "start": 1, "end": 9}})
+    changes = [batch("changes", 100, 200), batch("changes", 200, 300), batch("changes", 300, 400)]
+    batches = [batch("snapshot", 100), *changes, ranged]
+    for b in batches:
+        b.manifest["tables"][T]["replica_identity"] = "f"
+    # the rest of the table is at 300: the range takes [150, 300) from the two batches it overlaps,
+    # then everything goes on from 300 for the whole table; nothing is applied twice
+    state = TableState("t", position=300, snapshots={batches[0].name})
+    steps, _ = plan_table(T, sorted(batches, key=lambda b: b.name), state)
+    assert [(s.kind, s.batch.start, s.position, s.through) for s in steps] == [
+        ("snapshot", 150, 150, 300), ("changes", 300, 300, None)]
+    assert [b.start for b in steps[0].window] == [100, 200]
+    # a table behind the backfill: the batches before it first, then the range from 150 to 200
+    state = TableState("t", position=100, snapshots={batches[0].name})
+    steps, _ = plan_table(T, sorted(batches, key=lambda b: b.name), state)
+    assert [(s.kind, s.batch.start, s.position, s.through) for s in steps] == [
+        ("changes", 100, 100, None), ("snapshot", 150, 150, 200), ("changes", 200, 200, None),
+        ("changes", 300, 300, None)]
+    assert [b.start for b in steps[1].window] == [100]
+
+
 def test_batches_without_the_table_do_not_count():
     batches = [batch("changes", 100, 200, tables=("public.other",)), batch("changes", 200, 300)]
     assert steps_of(batches, TableState("t")) == ([("changes", 200, 0)], [])
