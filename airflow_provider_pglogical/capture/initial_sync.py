@@ -7,6 +7,7 @@ change batch continues it with no gap and no overlap. (Backfills: :mod:`.backfil
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Callable, Mapping, Sequence
 
@@ -32,7 +33,14 @@ from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.capture.snapshot import copy_tables
 from airflow_provider_pglogical.staging.batches import BatchWriter
-from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, committed_batches, read_manifest
+from airflow_provider_pglogical.staging.contract import RETENTION_RECORD
+from airflow_provider_pglogical.staging.layout import (
+    BatchManifest,
+    StagingPath,
+    committed_batches,
+    read_manifest,
+    read_pipeline_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,13 @@ def _initial_snapshot_batch(root: StagingPath, pipeline: str, slot: str,
         if kind == "snapshot" and (record is None or start == Lsn.parse(record.created_lsn)):
             manifest = read_manifest(root, pipeline, name)
             if manifest.details.get("initial") and manifest.details.get("slot") == slot:
+                return manifest
+    if record is not None and record.snapshot_batch:
+        # applied and removed by staging retention since: its manifest (without files) is kept
+        removed = (read_pipeline_file(root, pipeline, RETENTION_RECORD) or {}).get("initial_snapshots", {})
+        if record.snapshot_batch in removed:
+            manifest = BatchManifest.from_json(json.dumps(removed[record.snapshot_batch]))
+            if manifest.details.get("slot") == slot and Lsn.parse(manifest.start_lsn) == Lsn.parse(record.created_lsn):
                 return manifest
     return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,12 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
-from airflow_provider_pglogical.staging.contract import APPLY_RESULT_PREFIX, DEFAULT_CONCURRENCY, RESULT_CONF
+from airflow_provider_pglogical.staging.contract import (
+    APPLY_RESULT_PREFIX,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_RETENTION_HOURS,
+    RESULT_CONF,
+)
 from airflow_provider_pglogical.staging.job_result import read_result, result_uri, storage_path
 from airflow_provider_pglogical.staging.apply_marker import pending_batches, write_marker
 from airflow_provider_pglogical.staging.applied_positions import record_applied
@@ -75,6 +81,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
     :param concurrency: how many tables the job applies at once (default 4; 1 applies them one
         after another). Each table's MERGE is a Spark job of its own; running a few side by side
         overlaps one's planning and commit with another's work.
+    :param staging_retention: after applying, remove the batches the lakehouse has applied that were
+        committed longer ago than this (default a week), so staging and every listing stay bounded;
+        ``None`` keeps every batch. A dropped Iceberg table is rebuilt from what is kept, else the
+        apply fails naming the backfill that rebuilds it (docs/concepts.md, "Staging retention").
+    :param archive_staging: move those batches under ``<staging_root>/<pipeline>/_archive/``
+        instead of deleting them (expire that prefix with your storage's lifecycle rules).
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
@@ -97,6 +109,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         driver_memory: str | None = "2g",
         skip_when_idle: bool = True,
         concurrency: int = DEFAULT_CONCURRENCY,
+        staging_retention: timedelta | None = timedelta(hours=DEFAULT_RETENTION_HOURS),
+        archive_staging: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -114,6 +128,10 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.asset_alias = asset_alias
         self.skip_when_idle = skip_when_idle
         self.concurrency = check_count(concurrency, "concurrency")
+        if staging_retention is not None and staging_retention < timedelta(0):
+            raise ValueError(f"staging_retention must not be negative, not {staging_retention}; None keeps every batch")
+        self.staging_retention = staging_retention
+        self.archive_staging = archive_staging
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -122,6 +140,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
             args += ["--table-map", json.dumps(self.table_map)]
         if self.concurrency != DEFAULT_CONCURRENCY:
             args += ["--concurrency", str(self.concurrency)]
+        if self.staging_retention is None:
+            args.append("--keep-staging")
+        elif self.staging_retention != timedelta(hours=DEFAULT_RETENTION_HOURS):
+            args += ["--retention-hours", f"{self.staging_retention.total_seconds() / 3600:g}"]
+        if self.archive_staging:
+            args.append("--archive")
         return args
 
     def execute(self, context: Context) -> dict[str, Any]:

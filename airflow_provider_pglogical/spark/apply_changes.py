@@ -43,7 +43,9 @@ tables (key = every column) get neither, and two metadata columns (``_pglogical_
 added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
 refused with an error; columns dropped at the source stay as nullable columns, NULL in rows
 inserted afterwards and unchanged in rows updated afterwards. A target table that was dropped is
-rebuilt from the staged batches (its state is reset), so staged batches are never deleted by this job.
+rebuilt from the staged batches (its state is reset), as far as staging retention kept them: after
+the run's last state commit, applied batches older than the retention are removed
+(``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
 Run one apply per pipeline at a time (``max_active_tis_per_dag=1``).
 """
 
@@ -66,10 +68,13 @@ from airflow_provider_pglogical.spark.keyed import KeyedTables
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multisets import Multisets
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, TableState, batches_that_matter, plan_table
+from airflow_provider_pglogical.spark.retention import apply_retention, missing_history
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
     DEFAULT_CONCURRENCY,
+    DEFAULT_RETENTION_HOURS,
     OCCURRENCE,
+    RETENTION_RECORD,
     WRITE_MODES,
     default_target_name,
 )
@@ -79,11 +84,15 @@ log = logging.getLogger("pglogical.apply")
 
 def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespace: str = "pglogical",
         table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY) -> dict:
+        concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
+        archive: bool = False) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
         side by side; each thread has its own FAIR scheduler pool).
+    :param retention_hours: then remove applied batches committed longer ago than this
+        (``retention.py``); None keeps every batch.
+    :param archive: move them under ``_archive/`` instead of deleting them.
     """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
@@ -119,6 +128,9 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         steps, superseded = plan_table(source, wanted, state)
         state.snapshots.update(superseded)
         plans[source] = steps
+    problems = missing_history(plans, staging.read_file(RETENTION_RECORD))
+    if problems:
+        raise ApplyError("; ".join(problems) + ". Nothing was applied")
     # Tables advance in rounds, one step each (the tables of a round side by side), then one state
     # commit: no table's recorded position ever lags its data by more than one step, so a crash
     # costs one exact re-apply per table.
@@ -132,6 +144,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
                 summary["steps"].append(future.result())  # the first failure, in table order, is raised
                 _crash_point(len(summary["steps"]))
             lakehouse.write_state(pipeline, states)
+    if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
+        summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
     summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
     # listing, manifests and the state table (the steps' own jobs are counted per step)
     summary["spark_jobs"], summary["spark_stages"] = spark_work(spark, run_group)
@@ -200,6 +214,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="partition new tables by bucket(N, first key column)")
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
                         help=f"tables applied at once (default {DEFAULT_CONCURRENCY}; 1 applies one after another)")
+    parser.add_argument("--retention-hours", type=float, default=DEFAULT_RETENTION_HOURS,
+                        help=f"remove applied batches committed longer ago (default {DEFAULT_RETENTION_HOURS})")
+    parser.add_argument("--keep-staging", action="store_true", help="remove no batch (no retention)")
+    parser.add_argument("--archive", action="store_true",
+                        help="move removed batches under <pipeline>/_archive/ instead of deleting them")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -247,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     tune_session(spark)
     summary = run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
                   json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
-                  concurrency=args.concurrency)
+                  concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
+                  archive=args.archive)
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
     write_result(spark, summary)
     spark.stop()

@@ -27,16 +27,57 @@ class Staging:
     def committed(self) -> list[Batch]:
         """Every batch with a manifest, in name order (manifests not read yet)."""
         statuses = self._fs.globStatus(self._path(f"{self.directory}/*/{MANIFEST}")) or []
-        found = [Batch.parse(status.getPath().getParent().getName()) for status in statuses]
-        return sorted((batch for batch in found if batch), key=lambda batch: batch.name)
+        found = []
+        for status in statuses:
+            batch = Batch.parse(status.getPath().getParent().getName())
+            if batch:
+                batch.committed_ms = status.getModificationTime()
+                found.append(batch)
+        return sorted(found, key=lambda batch: batch.name)
 
-    def read_manifest(self, batch: Batch) -> dict:
-        stream = self._fs.open(self._path(f"{self.directory}/{batch.name}/{MANIFEST}"))
+    def read_file(self, name: str) -> dict | None:
+        """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when absent."""
+        path = self._path(f"{self.directory}/{name}")
+        if not self._fs.exists(path):
+            return None
+        return json.loads(self._read(path))
+
+    def write_file(self, name: str, data: dict) -> None:
+        """Write a small JSON file of the pipeline's through a temporary name and a rename."""
+        path, tmp = self._path(f"{self.directory}/{name}"), self._path(f"{self.directory}/{name}.tmp")
+        out = self._fs.create(tmp, True)
         try:
-            text = self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            out.write(bytearray(json.dumps(data, indent=1, sort_keys=True).encode()))
+        finally:
+            out.close()
+        self._fs.delete(path, False)  # Hadoop's rename does not replace an existing file
+        if not self._fs.rename(tmp, path):
+            raise OSError(f"could not rename {tmp} to {path}")
+
+    def remove_batch(self, name: str, archive: str | None = None) -> None:
+        """Remove a batch: its manifest first (the batch is no longer committed), then the rest;
+        or, with ``archive``, move the whole directory there."""
+        directory = self._path(f"{self.directory}/{name}")
+        if archive is not None:
+            self._fs.mkdirs(self._path(f"{self.directory}/{archive}"))
+            target = self._path(f"{self.directory}/{archive}/{name}")
+            if self._fs.exists(directory):
+                self._fs.delete(target, True)  # what a killed earlier move left
+                if not self._fs.rename(directory, target):
+                    raise OSError(f"could not move batch {name} under {archive}")
+            return
+        self._fs.delete(self._path(f"{self.directory}/{name}/{MANIFEST}"), False)
+        self._fs.delete(directory, True)
+
+    def _read(self, path) -> str:
+        stream = self._fs.open(path)
+        try:
+            return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
         finally:
             stream.close()
-        return json.loads(text)
+
+    def read_manifest(self, batch: Batch) -> dict:
+        return json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
 
     def files(self, batch: Batch, source: str) -> list[str]:
         return [f"{self.directory}/{batch.name}/{f['path']}" for f in batch.manifest["tables"][source]["files"]]

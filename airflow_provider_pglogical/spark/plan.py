@@ -23,6 +23,8 @@ class Batch:
     end: int
     kind: str
     manifest: dict = field(default_factory=dict)
+    #: when its manifest was written (ms since the epoch; from the listing, None when unknown)
+    committed_ms: int | None = None
 
     @classmethod
     def parse(cls, name: str) -> "Batch | None":

@@ -88,6 +88,12 @@ WRITE_MODES = ("merge-on-read", "copy-on-write")
 DEFAULT_CONCURRENCY = 4
 #: the Spark property naming the file a job leaves its JSON result in
 RESULT_CONF = "spark.pglogical.resultUri"
+#: what staging retention removed, under ``<root>/<pipeline>/`` (``spark/retention.py``)
+RETENTION_RECORD = "_retention.json"
+#: where retention moves batches when it archives instead of deleting: ``<root>/<pipeline>/_archive/``
+ARCHIVE_DIRECTORY = "_archive"
+#: the default retention of applied batches, in hours (a week: re-applies, verifies and slow backfills)
+DEFAULT_RETENTION_HOURS = 168
 #: the apply job also prints its result after this prefix, for people reading the log
 APPLY_RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
 
