@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,16 @@ def test_apply_concurrency_reaches_the_job_and_is_checked():
     assert "--concurrency" not in default.job_args() and apply_changes.parse_args(default.job_args()).concurrency == 4
     with pytest.raises(ValueError, match=r"concurrency must be a whole number, 1 or more \(got 0\)"):
         IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="p", concurrency=0)
+
+
+def test_staging_retention_reaches_the_job_and_is_checked():
+    default = apply_changes.parse_args(IcebergApplyOperator(task_id="a", staging_root="/s", pipeline="p").job_args())
+    assert default.retention_hours == 168 and not default.keep_staging and not default.archive
+    op = IcebergApplyOperator(task_id="b", staging_root="/s", pipeline="p", staging_retention=timedelta(hours=36),
+                              archive_staging=True)
+    parsed = apply_changes.parse_args(op.job_args())
+    assert parsed.retention_hours == 36 and parsed.archive
+    kept = IcebergApplyOperator(task_id="c", staging_root="/s", pipeline="p", staging_retention=None)
+    assert apply_changes.parse_args(kept.job_args()).keep_staging
+    with pytest.raises(ValueError, match="staging_retention must not be negative"):
+        IcebergApplyOperator(task_id="d", staging_root="/s", pipeline="p", staging_retention=timedelta(hours=-1))
