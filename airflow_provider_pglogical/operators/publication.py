@@ -82,7 +82,9 @@ class PgCreatePublicationOperator(BaseOperator):
             if change.created:
                 self.log.info("Created publication %s", self.publication)
             elif change.changes:
-                self.log.info("Changed publication %s: %s", self.publication, "; ".join(change.changes))
+                # drift: someone changed the publication by hand, or the DAG's declaration changed
+                self.log.warning("Publication %s differed from what the DAG declares; converged it: %s",
+                                 self.publication, "; ".join(change.changes))
             else:
                 self.log.info("Publication %s is as declared already", self.publication)
             tables = [t.qualified_name for t in hook.published_tables([self.publication])]

@@ -223,6 +223,13 @@ class Harness:
 
         return sum(1 for *_, k in layout.committed_batches(self.root, PIPELINE) if k == kind)
 
+    def removed_batches(self) -> int:
+        """Batches staging retention removed (its record under the pipeline's staging)."""
+        from airflow_provider_pglogical.staging import layout
+        from airflow_provider_pglogical.staging.contract import RETENTION_RECORD
+
+        return (layout.read_pipeline_file(self.root, PIPELINE, RETENTION_RECORD) or {}).get("removed_batches", 0)
+
     # --- pull ------------------------------------------------------------------------------
     def pull_all(self, kills: set[str], changes: int) -> None:
         from airflow_provider_pglogical.capture.pull import run_pull
@@ -261,7 +268,10 @@ class Harness:
         from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
 
         env = {"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"} if kill == "apply_before_state" else {}
-        args = ["--staging-root", self.staging, "--pipeline", PIPELINE, *self.iceberg().job_args()]
+        # retention at its most eager: every batch applied by every table goes at once (but the
+        # newest change batch), so every kill point also meets a staging with its history removed
+        args = ["--staging-root", self.staging, "--pipeline", PIPELINE, *self.iceberg().job_args(),
+                "--retention-hours", "0"]
         self.figures.spark_submits += 1
         log_path = self.workdir / "logs" / f"apply-{self.figures.spark_submits:04d}.log"
         process = start_job(self.spark_command(APPLY_JOB, args), env=env)
@@ -494,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         "key_changes": f.counts.key_changes, "filter_crossings": f.counts.filter_crossings,
         "added_columns": f.counts.added_columns, "kills_survived": f.kills, "kills_missed": f.missed,
         "change_batches": harness.committed_batches("changes"), "snapshot_batches": harness.committed_batches("snapshot"),
+        "removed_by_retention": harness.removed_batches(),
         "spark_submits": f.spark_submits, "verified_rounds": f.verified_rounds,
         "compared_tables": f.compared_tables, "differing_tables": f.differing_tables,
         "native_subscriber_toast_null_cells_last_round": f.toast_cells, "seconds": round(time.monotonic() - started),
