@@ -39,7 +39,11 @@ class Staging:
         """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when absent."""
         path = self._path(f"{self.directory}/{name}")
         if not self._fs.exists(path):
-            return None
+            # killed between removing the old file and renaming the new one into place (below):
+            # the temporary file was complete before the old one went
+            path = self._path(f"{self.directory}/{name}.tmp")
+            if not self._fs.exists(path):
+                return None
         return json.loads(self._read(path))
 
     def write_file(self, name: str, data: dict) -> None:

@@ -120,7 +120,9 @@ def read_pipeline_file(root: StagingPath, pipeline: str, name: str) -> dict | No
     """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when there is none."""
     path = root / pipeline / name
     if not path.exists():
-        return None
+        path = root / pipeline / (name + ".tmp")  # the Spark side was killed mid-replace: see hadoop_files
+        if not path.exists():
+            return None
     with path.open("rb") as fh:
         return json.loads(fh.read().decode())
 
