@@ -21,6 +21,7 @@ from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import PublicationError
 from airflow_provider_pglogical.management import validation
 from airflow_provider_pglogical.capture.initial_sync import require_tables, snapshot_result
+from airflow_provider_pglogical.staging.contract import decimal_of
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming, write_record
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.capture.snapshot import copy_tables
@@ -38,12 +39,17 @@ class KeyRange:
     start: Any = None
     end: Any = None
 
-    def where(self) -> sql.Composed:
+    def where(self, text: bool = False) -> sql.Composed:
+        """The copy's filter; ``text``: compare in byte order (``COLLATE "C"``), as Spark compares
+        strings when the apply replaces the range in the lakehouse."""
+        column = sql.Identifier(self.column)
+        if text:
+            column = sql.SQL('{} COLLATE "C"').format(column)
         parts = []
         if self.start is not None:
-            parts.append(sql.SQL("{} >= {}").format(sql.Identifier(self.column), sql.Literal(self.start)))
+            parts.append(sql.SQL("{} >= {}").format(column, sql.Literal(self.start)))
         if self.end is not None:
-            parts.append(sql.SQL("{} < {}").format(sql.Identifier(self.column), sql.Literal(self.end)))
+            parts.append(sql.SQL("{} < {}").format(column, sql.Literal(self.end)))
         if not parts:
             raise ValueError(f"key range on {self.column!r} needs a start or an end")
         return sql.SQL(" AND ").join(parts)
@@ -68,19 +74,44 @@ def run_backfill(
     validation.check_count(parallelism, "parallelism")
     record = require_streaming(root, pipeline, publications, "backfill")
     chosen = published_by_name(hook, publications, [name if "." in name else f"public.{name}" for name in tables])
-    if key_range is not None:
-        for table in chosen:
-            if key_range.column not in table.column_names:
-                raise PublicationError(
-                    f"key range column {key_range.column!r} is not a published column of {table.qualified_name}"
-                )
     extra = None
     if key_range is not None:
+        extra = {}
         with hook.autocommit_cursor() as cursor:
-            text = key_range.where().as_string(cursor)
-        extra = {table.qualified_name: text for table in chosen}
+            for table in chosen:
+                text = range_column_is_text(table, key_range.column, type_overrides)
+                extra[table.qualified_name] = key_range.where(text).as_string(cursor)
     return snapshot_tables(hook, record, chosen, root, pipeline, key_range=key_range, extra_where=extra,
                            parallelism=parallelism, type_overrides=type_overrides, report=report)
+
+
+#: column types whose order PostgreSQL and Spark agree on (text-like ones compared in byte order);
+#: the apply replaces the range with Spark's comparison, the copy selects it with PostgreSQL's
+_ORDERED_TYPES = {"int2", "int4", "int8", "float4", "float8", "date", "timestamp", "timestamptz"}
+_TEXT_TYPES = {"text", "varchar"}
+
+
+def range_column_is_text(table: ResolvedTable, column: str, type_overrides: Mapping[str, str] | None) -> bool:
+    """Check that ``column`` can bound a ranged backfill of ``table``; whether it is text.
+
+    A range is selected by PostgreSQL and replaced in the lakehouse by Spark: both must order the
+    column alike, or rows would be lost or duplicated at the edges.
+    """
+    info = next((c for c in table.columns if c.name == column), None)
+    if info is None:
+        raise PublicationError(f"key range column {column!r} is not a published column of {table.qualified_name}")
+    overridden = f"{table.qualified_name}.{column}" in (type_overrides or {})
+    if not overridden and info.element_type is None:
+        if info.type in _TEXT_TYPES:
+            return True
+        if info.type in _ORDERED_TYPES or (info.type == "numeric" and decimal_of(info.formatted)):
+            return False
+    raise PublicationError(
+        f"key range column {column!r} of {table.qualified_name} has type {info.formatted}"
+        f"{' (staged as text by type_overrides)' if overridden else ''}, which PostgreSQL and the lakehouse "
+        "order differently, so the range could not be replaced exactly: choose an integer, numeric(p,s), "
+        "float, date, timestamp or text/varchar column for key_range, or backfill the whole table. Nothing was changed"
+    )
 
 
 def published_by_name(hook, publications: Sequence[str], wanted: Sequence[str]) -> list[ResolvedTable]:

@@ -193,6 +193,37 @@ def test_backfill_of_one_table_and_a_key_range(publisher, publisher_hook, root):
     assert [s.name for s in publisher_hook.list_slots() if s.database == publisher.name] == ["s1"]
 
 
+def test_a_key_range_is_selected_in_the_lakehouse_order_or_refused(publisher, publisher_hook, root, tmp_path):
+    """The copy selects a range with PostgreSQL's comparison and the apply replaces it with Spark's:
+    text is compared in byte order on both sides (a column with a linguistic collation would put
+    'a' between 'B' and 'c' in PostgreSQL and after both in Spark, and the rows at the edges would
+    be lost); a column whose order differs (jsonb, uuid, unconstrained numeric, an overridden
+    one) is refused before anything is created."""
+    from tests.support.source_state import SourceState
+
+    (icu,) = publisher.query("SELECT collname FROM pg_collation WHERE collprovider = 'i' AND collname = 'und-x-icu'")[0]
+    publisher.execute(f'CREATE TABLE w(k text COLLATE "{icu}" PRIMARY KEY, j jsonb, n numeric, t timestamp);'
+                      "INSERT INTO w VALUES ('a', '{}', 1, now()), ('B', '{}', 2, now()), ('c', '{}', 3, now()),"
+                      " ('D', '{}', 4, now())")
+    publisher_hook.create_publication("p", [PublishedTable("w")])
+    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    assert [r[0] for r in publisher.query("SELECT k FROM w WHERE k >= 'B' AND k < 'c' ORDER BY k")] == ["B"]
+    run_backfill(publisher_hook, tables=["w"], publications=["p"], root=root, pipeline="p",
+                 key_range=KeyRange("k", "B", "c"))
+    assert sorted(r[0] for r in staged_rows(root, "p")["w"]) == ["B", "D", "a"]  # 'B' <= k < 'c' in byte order
+
+    before = SourceState.capture(publisher, tmp_path / "staging")
+    for column, shown in (("j", "jsonb"), ("n", "numeric")):
+        with pytest.raises(PublicationError, match=f"key range column '{column}' of public.w has type {shown}, which "
+                                                   "PostgreSQL and the lakehouse order differently"):
+            run_backfill(publisher_hook, tables=["w"], publications=["p"], root=root, pipeline="p",
+                         key_range=KeyRange(column, 1, 2))
+    with pytest.raises(PublicationError, match=r"staged as text by type_overrides.*Nothing was changed"):
+        run_backfill(publisher_hook, tables=["w"], publications=["p"], root=root, pipeline="p",
+                     key_range=KeyRange("t", "2020-01-01", None), type_overrides={"public.w.t": "string"})
+    assert SourceState.capture(publisher, tmp_path / "staging") == before
+
+
 def test_text_values_with_escapes_arrive_exactly(publisher, publisher_hook, root):
     """COPY text format escapes tabs, newlines and backslashes inside values; the staged values
     must equal the source's, for text, bytea, arrays and json alike (and the literal text \\N is
