@@ -23,6 +23,16 @@ log = logging.getLogger("pglogical.apply")
 
 #: name prefix of the temporary tables a bucketed target's batch is staged in
 BATCH_TABLE_PREFIX = "_pglogical_batch__"
+#: every commit writes a ``v<N>.metadata.json``: keep the last 100 and delete older ones at commit,
+#: so a table's metadata stays flat however often it is applied (the state table commits every round)
+METADATA_PROPERTIES = {"write.metadata.delete-after-commit.enabled": "true",
+                       "write.metadata.previous-versions-max": "100"}
+
+
+def _metadata_properties() -> str:
+    return "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in METADATA_PROPERTIES.items())
+
+
 #: table property of a keyless table whose every row has its copy number (set once that is so)
 NUMBERED_PROPERTY = "pglogical.multiset-numbered"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
@@ -68,7 +78,8 @@ class Lakehouse:
             "target_table string, position string, applied_snapshots array<string>, last_batch string, "
             "updated_at timestamp) USING iceberg PARTITIONED BY (pipeline) "
             "TBLPROPERTIES ('format-version'='2', 'write.update.mode'='copy-on-write', "
-            "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write')"
+            "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write'"
+            + _metadata_properties() + ")"
         )
         rows = self.spark.table(state_table).where(col("pipeline") == pipeline).collect()
         return {
@@ -135,7 +146,8 @@ class Lakehouse:
             f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg{partitioning} "
             f"TBLPROPERTIES ('format-version'='2', 'write.merge.mode'={mode}, "
             f"'write.update.mode'={mode}, 'write.delete.mode'={mode}"
-            + "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in properties.items()) + ")"
+            + "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in properties.items())
+            + _metadata_properties() + ")"
         )
         # Iceberg 1.6-1.9 Spark fails every merge-on-read MERGE/UPDATE/DELETE of a table with
         # identifier fields (apache/iceberg#11709): there the key lives in KEY_PROPERTY only.

@@ -263,6 +263,11 @@ def test_truncate_and_a_backfill_of_a_keyless_table(pipeline, publisher, publish
     assert pipeline.lake() == expected
     properties = {r.key: r.value for r in pipeline.spark.sql(f"SHOW TBLPROPERTIES {table}").collect()}
     assert properties["write.merge.mode"] == "copy-on-write"
+    # old metadata files are deleted at commit: a table applied every few minutes keeps 100
+    assert properties["write.metadata.delete-after-commit.enabled"] == "true"
+    state = {r.key: r.value for r in pipeline.spark.sql(
+        f"SHOW TBLPROPERTIES lake.{pipeline.namespace}._pglogical_state").collect()}
+    assert state["write.metadata.delete-after-commit.enabled"] == "true"
 
 
 def test_a_ranged_backfill_of_a_keyless_table_while_changes_flow(pipeline, publisher, subscriber, publisher_hook,
