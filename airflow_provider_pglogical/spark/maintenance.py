@@ -1,15 +1,15 @@
 """Keep the Iceberg tables the apply job writes small and fast (a PySpark job; no Airflow import).
 
     spark-submit maintenance.py --catalog lake --namespace sales [--table orders ...] \\
-        [--min-input-files 5] [--delete-file-threshold 5] [--older-than-hours 24] [--retain-last 5] \\
+        [--min-input-files 5] [--delete-file-threshold 1] [--older-than-hours 24] [--retain-last 5] \\
         [--orphan-older-than-hours 72] [--no-compact-data-files] [--no-compact-delete-files] \\
         [--no-rewrite-manifests] [--no-expire-snapshots] [--no-remove-orphan-files]
 
 For each table (default: every table of the namespace, the ``_pglogical_state`` table included)
 it calls Iceberg's procedures in the order that frees most (:mod:`.housekeeping`):
-``rewrite_data_files`` (compacts the small files a MERGE leaves, and rewrites data files that carry
-many merge-on-read deletes), ``rewrite_position_delete_files`` (compacts the deletes that remain,
-drops dangling ones), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
+``rewrite_data_files`` (compacts the small files a MERGE leaves, and rewrites the data files that
+merge-on-read deletes apply to), ``rewrite_position_delete_files`` (rewrites every delete file,
+dropping the deletes of data files that are gone), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
 ``expire_snapshots`` (removes the snapshots, and the files only they referenced, older than the
 cut-off, keeping ``retain_last``), then ``remove_orphan_files`` (files no snapshot references,
 older than a cut-off of at least a day, so a write still in flight keeps its files).
