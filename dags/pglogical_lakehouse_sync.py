@@ -87,7 +87,7 @@ with DAG(
         iceberg=ICEBERG,
     )
 
-    # after an apply that succeeded or had nothing to do; a failed apply skips the housekeeping too
+    # after an apply that succeeded or had nothing to do (skipped); not after a failed one
     @task.short_circuit(task_id="maintenance_due", trigger_rule=TriggerRule.NONE_FAILED)
     def is_maintenance_due(data_interval_start=None, data_interval_end=None) -> bool:
         """Let the housekeeping run once per MAINTENANCE_EVERY; skip it (not fail it) in the other runs."""
