@@ -4,15 +4,24 @@ Every task is idempotent, so the same DAG does both: on the first run the public
 slot are created and the initial snapshot is staged and applied; on later runs those tasks find
 their work done and return at once, the slot-lag sensor checks the slot, and the pull stages the
 new changes that the apply task merges into Iceberg.
+
+Housekeeping (compaction, snapshot expiry, orphan-file removal) runs after the apply of one run in
+every ``settings.MAINTENANCE_EVERY`` (6 hours by default); in the other runs ``maintenance_due``
+skips it, and a skipped task leaves the run successful. It never races the apply: both are in the
+same DAG run, one after the other, and ``max_active_runs=1`` keeps runs from overlapping.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pendulum
-from airflow.sdk import DAG
+from airflow.sdk import DAG, CronTriggerTimetable, TriggerRule, task
 
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.maintenance_window import maintenance_due
+from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
 from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
@@ -21,11 +30,14 @@ from airflow_provider_pglogical.sensors.pglogical import PgSlotLagSensor
 import pglogical_settings as settings
 
 ICEBERG = IcebergConfig(warehouse=settings.WAREHOUSE, namespace=settings.NAMESPACE)
+#: the schedule's period: a run's data interval is the tick before it, so the housekeeping gate
+#: sees every moment once (change both together)
+TICK = dt.timedelta(minutes=10)
 
 with DAG(
     dag_id="pglogical_lakehouse_sync",
     description="Incremental sync of published PostgreSQL tables into Apache Iceberg",
-    schedule="*/10 * * * *",
+    schedule=CronTriggerTimetable("*/10 * * * *", timezone="UTC", interval=TICK),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -74,4 +86,16 @@ with DAG(
         pipeline=settings.PIPELINE,
         iceberg=ICEBERG,
     )
-    publication >> snapshot >> slot_lag >> pull >> apply
+
+    # after an apply that succeeded or had nothing to do (skipped); not after a failed one
+    @task.short_circuit(task_id="maintenance_due", trigger_rule=TriggerRule.NONE_FAILED)
+    def is_maintenance_due(data_interval_start=None, data_interval_end=None) -> bool:
+        """Let the housekeeping run once per MAINTENANCE_EVERY; skip it (not fail it) in the other runs."""
+        return maintenance_due(data_interval_start, data_interval_end, settings.MAINTENANCE_EVERY)
+
+    maintenance = IcebergMaintenanceOperator(
+        task_id="maintenance",
+        conn_id=settings.SPARK_CONN_ID,
+        iceberg=ICEBERG,
+    )
+    publication >> snapshot >> slot_lag >> pull >> apply >> is_maintenance_due() >> maintenance

@@ -6,10 +6,12 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_STAGING``: staging root URI (default ``file://$AIRFLOW_HOME/pglogical/staging``)
 - ``PGLOGICAL_WAREHOUSE``: Iceberg warehouse URI (default ``file://$AIRFLOW_HOME/pglogical/warehouse``)
 - ``PGLOGICAL_SPARK_CONN_ID``: the Spark connection (default ``spark_default``; host ``local[*]`` for local mode)
+- ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 
@@ -33,3 +35,7 @@ TABLES = [
     {"name": "public.events"},
 ]
 PUBLISH_VIA_PARTITION_ROOT = True
+
+#: the sync DAG compacts, expires and cleans the Iceberg tables after the apply of one run in every
+#: period (the run whose data interval holds 00:00, 06:00, 12:00 or 18:00 UTC with 6 hours)
+MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENANCE_EVERY_HOURS", "6")))

@@ -5,7 +5,8 @@
 1. starts a throwaway PostgreSQL 15 on loopback and loads a demo schema (a row filter, a column
    list, a partitioned table, arrays, jsonb, TOAST-sized values);
 2. runs ``pglogical_lakehouse_sync`` with ``airflow dags test``: publication, slot, initial
-   snapshot, first apply;
+   snapshot, first apply, then the Iceberg housekeeping (00:00 is one of its 6-hourly runs; the
+   later ticks skip it);
 3. for each tick: a seeded workload (inserts, updates that cross the row filter, TOAST left
    untouched, deletes, a key change), then the DAG again (slot-lag sensor, pull, apply);
 4. runs ``pglogical_backfill`` for one table while the slot keeps its position;

@@ -1,13 +1,21 @@
-"""Compact and expire the Iceberg tables the apply job writes (a PySpark job; no Airflow import).
+"""Keep the Iceberg tables the apply job writes small and fast (a PySpark job; no Airflow import).
 
     spark-submit maintenance.py --catalog lake --namespace sales [--table orders ...] \\
-        [--min-input-files 5] [--older-than-hours 24] [--retain-last 5]
+        [--min-input-files 5] [--delete-file-threshold 1] [--older-than-hours 24] [--retain-last 5] \\
+        [--orphan-older-than-hours 72] [--no-compact-data-files] [--no-compact-delete-files] \\
+        [--no-rewrite-manifests] [--no-expire-snapshots] [--no-remove-orphan-files]
 
 For each table (default: every table of the namespace, the ``_pglogical_state`` table included)
-it calls Iceberg's procedures in the order that frees most: ``rewrite_data_files`` (compacts the
-small files a MERGE leaves and applies merge-on-read deletes), ``rewrite_position_delete_files``
-(compacts what deletes remain, drops dangling ones), then ``expire_snapshots`` (removes the
-snapshots, and the files only they referenced, older than the cut-off, keeping ``retain_last``).
+it calls Iceberg's procedures in the order that frees most (:mod:`.housekeeping`):
+``rewrite_data_files`` (compacts the small files a MERGE leaves, and rewrites the data files that
+merge-on-read deletes apply to), ``rewrite_position_delete_files`` (rewrites every delete file,
+dropping the deletes of data files that are gone), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
+``expire_snapshots`` (removes the snapshots, and the files only they referenced, older than the
+cut-off, keeping ``retain_last``), then ``remove_orphan_files`` (files no snapshot references,
+older than a cut-off of at least a day, so a write still in flight keeps its files).
+
+Run it when nothing else commits to these tables (the example DAG runs it after the apply, in the
+same DAG run): a compaction that meets a MERGE on the same files fails one of the two commits.
 """
 
 from __future__ import annotations
@@ -17,60 +25,61 @@ import datetime as dt
 import json
 import sys
 
-from airflow_provider_pglogical.spark.identifiers import qualified, quote, sql_string
+from airflow_provider_pglogical.spark.housekeeping import Housekeeping, HousekeepingError, procedure_call
+from airflow_provider_pglogical.spark.identifiers import qualified
 
 RESULT_PREFIX = "PGLOGICAL_MAINTENANCE_RESULT "
+#: how many orphan file paths the summary lists (it counts them all)
+ORPHAN_SAMPLE = 5
 
 
-def procedure_calls(catalog: str, table: str, *, min_input_files: int, older_than: dt.datetime,
-                    retain_last: int) -> list[str]:
-    """The ``CALL`` statements for one table (``namespace.table``), in order."""
-    system = f"{quote(catalog)}.system"
-    target = sql_string(table)
-    options = f"map('min-input-files', '{int(min_input_files)}')"
-    cut_off = older_than.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    return [
-        f"CALL {system}.rewrite_data_files(table => {target}, options => {options})",
-        f"CALL {system}.rewrite_position_delete_files(table => {target}, options => {options})",
-        f"CALL {system}.expire_snapshots(table => {target}, older_than => TIMESTAMP '{cut_off}', "
-        f"retain_last => {int(retain_last)})",
-    ]
-
-
-def run(spark, catalog: str, namespace: str, tables: list[str] | None, *, min_input_files: int = 5,
-        older_than_hours: float = 24, retain_last: int = 5) -> dict:
-    """Run the procedures on each table; returns what each reported (file counts) per table."""
+def run(spark, catalog: str, namespace: str, tables: list[str] | None,
+        housekeeping: Housekeeping | None = None) -> dict:
+    """Run the switched-on procedures on each table; returns what each reported, per table."""
+    housekeeping = housekeeping or Housekeeping()
     if not tables:
         rows = spark.sql(f"SHOW TABLES IN {qualified(catalog, namespace)}").collect()
-        tables = sorted(row.tableName for row in rows)
-    older_than = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=older_than_hours)
-    summary: dict = {"namespace": namespace, "tables": {}}
+        tables = sorted(row.tableName for row in rows if not row.isTemporary)
+    summary: dict = {"namespace": namespace, "steps": housekeeping.steps(), "tables": {}}
     for table in tables:
         results = {}
-        for call in procedure_calls(catalog, qualified(namespace, table), min_input_files=min_input_files, older_than=older_than,
-                                    retain_last=retain_last):
-            procedure = call.split(".system.", 1)[1].split("(", 1)[0]
-            row = spark.sql(call).first()
-            results[procedure] = row.asDict() if row is not None else {}
+        for step in housekeeping.steps():
+            now = dt.datetime.now(dt.timezone.utc)  # cut-offs count back from the call, not the job's start
+            call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
+            results[step] = report(step, spark.sql(call).collect())
         summary["tables"][table] = results
     return summary
+
+
+def report(step: str, rows: list) -> dict:
+    """A procedure's output as counts: ``remove_orphan_files`` returns one row per file removed."""
+    if step == "remove_orphan_files":
+        paths = [row.orphan_file_location for row in rows]
+        return {"orphan_files_count": len(paths), "orphan_files": paths[:ORPHAN_SAMPLE]}
+    return rows[0].asDict() if rows else {}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--catalog", default="lake")
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--table", action="append", dest="tables", help="a table of the namespace (repeatable)")
+    Housekeeping.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        args.housekeeping = Housekeeping.from_args(args)
+    except HousekeepingError as error:  # name the option as it is spelt here
+        parser.error(str(error).replace(error.option, "--" + error.option.replace("_", "-"), 1))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--catalog", default="lake")
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--table", action="append", dest="tables", help="a table of the namespace (repeatable)")
-    parser.add_argument("--min-input-files", type=int, default=5)
-    parser.add_argument("--older-than-hours", type=float, default=24.0)
-    parser.add_argument("--retain-last", type=int, default=5)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     spark = SparkSession.builder.appName(f"pglogical-maintenance-{args.namespace}").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    summary = run(spark, args.catalog, args.namespace, args.tables, min_input_files=args.min_input_files,
-                  older_than_hours=args.older_than_hours, retain_last=args.retain_last)
+    summary = run(spark, args.catalog, args.namespace, args.tables, args.housekeeping)
     print(RESULT_PREFIX + json.dumps(summary, default=str), flush=True)
     spark.stop()
     return 0

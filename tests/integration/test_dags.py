@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pendulum
 import pytest
 
 from airflow_provider_pglogical.embedded import demo
@@ -26,7 +27,40 @@ def test_dagbag_loads_every_example_dag_without_errors(monkeypatch):
     assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_sync", "pglogical_orders_downstream",
                                    "pglogical_pg_to_pg"]
     sync = bag.dags["pglogical_lakehouse_sync"]
-    assert [t.task_id for t in sync.topological_sort()] == ["publication", "initial_sync", "slot_lag", "pull", "apply"]
+    assert [t.task_id for t in sync.topological_sort()] == ["publication", "initial_sync", "slot_lag", "pull", "apply",
+                                                            "maintenance_due", "maintenance"]
+
+
+def test_sync_dag_runs_the_housekeeping_after_the_apply_every_six_hours(monkeypatch):
+    monkeypatch.syspath_prepend(str(DAGS))
+    from airflow.dag_processing.dagbag import DagBag
+
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
+
+    sync = DagBag(dag_folder=str(DAGS / "pglogical_lakehouse_sync.py")).dags["pglogical_lakehouse_sync"]
+    gate, maintenance = sync.get_task("maintenance_due"), sync.get_task("maintenance")
+    assert isinstance(maintenance, IcebergMaintenanceOperator)
+    assert maintenance.upstream_task_ids == {"maintenance_due"} and gate.upstream_task_ids == {"apply"}
+    assert maintenance.iceberg == sync.get_task("apply").iceberg  # the same lakehouse
+    # the gate runs after an apply that succeeded or was skipped (idle), not after a failed one
+    assert gate.trigger_rule == "none_failed"
+    assert sync.max_active_runs == 1  # the housekeeping of one run never overlaps the next run's apply
+    # a day of scheduled runs, as the scheduler plans them: each run's data interval is the tick
+    # before it, and the gate lets one run in every 6 hours through
+    timetable, last, decided = coerce_to_core_timetable(sync.timetable), None, {}
+    restriction = TimeRestriction(earliest=pendulum.datetime(2026, 1, 1, tz="UTC"), latest=None, catchup=True)
+    for _ in range(24 * 6):
+        info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+        last = info.data_interval
+        assert last.end - last.start == pendulum.duration(minutes=10)
+        decided[info.run_after.strftime("%H:%M")] = gate.python_callable(data_interval_start=last.start,
+                                                                         data_interval_end=last.end)
+    assert len(decided) == 144
+    assert [at for at, due in decided.items() if due] == ["00:00", "06:00", "12:00", "18:00"]
+    assert gate.python_callable() is False  # a manual run without a data interval skips it
 
 
 def _run(env: dict, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
@@ -71,6 +105,9 @@ def airflow_home(tmp_path, publisher):
 def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_home, publisher, monkeypatch):
     env, rng = airflow_home
     _run(env, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:00:00+00:00")
+    # the 00:00 run's interval (23:50, 00:00] holds a 6-hour boundary: it ran the housekeeping
+    states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T00:00:00+00:00")
+    assert states["apply"] == states["maintenance_due"] == states["maintenance"] == "success", states
     demo.workload(publisher.cluster, publisher.name, rng, 1)
     # Injected failure: Spark is unreachable for this run, so the apply fails after the pull
     # staged the batch and advanced the slot.
@@ -80,6 +117,7 @@ def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_
     assert failed.returncode != 0
     states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00")
     assert states["pull"] == "success" and states["apply"] == "failed", states
+    assert states["maintenance_due"] == states["maintenance"] == "upstream_failed", states
     # it failed for the injected reason: spark-submit could not reach the master, and said so
     assert re.search(r"Cannot execute: spark-submit --master spark://127\.0\.0\.1:9 .*Error code is: 1",
                      failed.stdout), failed.stdout[-4000:]
@@ -88,6 +126,9 @@ def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_
     # The retry (next run) applies what the failed run staged; nothing is lost or doubled.
     demo.workload(publisher.cluster, publisher.name, rng, 2)
     _run(env, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:20:00+00:00")
+    # not a housekeeping run: skipped, and the run succeeded (expect_ok above)
+    states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T00:20:00+00:00")
+    assert (states["apply"], states["maintenance_due"], states["maintenance"]) == ("success", "success", "skipped")
     _run(env, "dags", "test", "pglogical_backfill", "2026-01-02T00:00:00+00:00",
          "--conf", json.dumps({"table": "public.orders", "key_column": "id", "key_start": 1, "key_end": 500}))
     for key, value in env.items():

@@ -38,6 +38,7 @@ from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.typemap import map_type
 from airflow_provider_pglogical.staging.values import text_to_arrow
 from airflow_provider_pglogical.spark import maintenance
+from airflow_provider_pglogical.spark.housekeeping import Housekeeping
 from tests.support.processes import kill_tree
 from tests.support.spark_jobs import job_result, run_job, start_job, submit_command
 
@@ -314,6 +315,16 @@ class Lake:
     def snapshot_count(self, namespace: str, table: str) -> int:
         return self.spark.table(f"lake.{namespace}.{table}.snapshots").count()
 
+    def live_files(self, namespace: str, table: str) -> dict[str, int]:
+        """How many data and delete files the table's current snapshot reads."""
+        rows = self.spark.sql(f"SELECT content, count(*) AS n FROM lake.{namespace}.`{table}`.files GROUP BY content")
+        counts = {row.content: row.n for row in rows.collect()}
+        return {"data": counts.get(0, 0), "deletes": counts.get(1, 0) + counts.get(2, 0)}
+
+    def live_paths(self, namespace: str, table: str) -> set[Path]:
+        rows = self.spark.sql(f"SELECT file_path FROM lake.{namespace}.`{table}`.files").collect()
+        return {Path(row.file_path.removeprefix("file:")) for row in rows}
+
     def everything(self, namespace: str) -> dict:
         return {t: self.rows(namespace, t) for t in ("public__orders", "public__events", "items", "public__tags")}
 
@@ -457,13 +468,39 @@ def test_late_full_backfill_and_ranged_backfill(lake, tmp_path):
     assert {s["position"] for s in state.values()} == {"0000000000003000"}
     assert "0000000000001800-0000000000001800-snapshot" in state["public.orders"]["applied_snapshots"]
 
-    # maintenance (the job's run(), in this session): compaction and expiry change no row
+    # housekeeping (the job's run(), in this session) after these applies: orders is merge-on-read,
+    # so its updates and deletes left delete files
     before = lake.everything("late")
-    summary = maintenance.run(lake.spark, "lake", "late", None, min_input_files=1, older_than_hours=0, retain_last=1)
+    orders = lake.warehouse / "late" / "public__orders"
+    files_before = lake.live_files("late", "public__orders")
+    assert 1 < files_before["data"] < Housekeeping().min_input_files and files_before["deletes"] > 0, files_before
+    assert lake.snapshot_count("late", "public__orders") > 3
+    # a stray file a failed write left days ago, and one a write still in flight has just written
+    old_orphan, young_orphan = orders / "data" / "00000-0-failed-write.parquet", orders / "data" / "in-flight.parquet"
+    for orphan in (old_orphan, young_orphan):
+        orphan.write_bytes(b"PAR1 not referenced by any snapshot")
+    four_days_ago = (dt.datetime.now() - dt.timedelta(days=4)).timestamp()
+    os.utime(old_orphan, (four_days_ago, four_days_ago))
+
+    # the defaults, but expire every snapshot it may: orders has too few files to compact by
+    # count (2 < min_input_files), its data files are rewritten because deletes apply to them
+    summary = maintenance.run(lake.spark, "lake", "late", None, Housekeeping(older_than_hours=0, retain_last=1))
     assert set(summary["tables"]) == {"_pglogical_state", "items", "public__events", "public__orders", "public__tags"}
-    assert summary["tables"]["public__orders"]["rewrite_data_files"]["rewritten_data_files_count"] > 1
+    report = summary["tables"]["public__orders"]
+    assert list(report) == ["rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests",
+                            "expire_snapshots", "remove_orphan_files"]
+    assert report["rewrite_data_files"]["rewritten_data_files_count"] == files_before["data"]
+    # the rows are the same, in fewer files, without delete files, with one snapshot left
     assert lake.everything("late") == before
+    files_after = lake.live_files("late", "public__orders")
+    assert files_after["data"] < files_before["data"] and files_after["deletes"] == 0, (files_before, files_after)
     assert lake.snapshot_count("late", "public__orders") == 1
+    # the files only expired snapshots used are gone from storage, the old orphan too; the young
+    # stray file is kept (it could belong to a commit still in flight)
+    assert report["remove_orphan_files"] == {"orphan_files_count": 1, "orphan_files": [f"file:{old_orphan}"]}
+    assert not old_orphan.exists() and young_orphan.exists()
+    on_disk = {path for path in (orders / "data").rglob("*.parquet") if path != young_orphan}
+    assert on_disk == lake.live_paths("late", "public__orders")
 
 
 def _spark_home() -> Path:

@@ -1,8 +1,7 @@
-"""IcebergConfig, IcebergApplyOperator and IcebergMaintenanceOperator without running Spark."""
+"""IcebergConfig and IcebergApplyOperator without running Spark (maintenance: test_housekeeping.py)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import (
     iceberg_runtime_jar,
 )
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergApplyOperator
-from airflow_provider_pglogical.operators.iceberg_maintenance import MAINTENANCE_JOB, IcebergMaintenanceOperator
-from airflow_provider_pglogical.spark import apply_changes, maintenance
+from airflow_provider_pglogical.spark import apply_changes
 
 
 def test_runtime_jar_is_the_pinned_one_from_the_wheel():
@@ -103,23 +101,6 @@ def test_apply_operator_declares_its_asset_alias():
     both = IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="shop", outlets=mine).outlets
     assert both[0] == mine and both[1].name == "pglogical_apply_shop"
     assert iceberg_apply.iceberg_table_asset("lake", "shop", "public__orders").uri == "iceberg://lake/shop/public__orders"
-
-
-def test_maintenance_operator_and_its_procedure_calls():
-    op = IcebergMaintenanceOperator(task_id="maintain", iceberg=IcebergConfig(warehouse="/wh", namespace="sales"),
-                                    tables=["orders"], older_than_hours=12, retain_last=3)
-    assert Path(op.application) == MAINTENANCE_JOB and MAINTENANCE_JOB.is_file()
-    assert op.application_args == ["--catalog", "lake", "--namespace", "sales", "--min-input-files", "5",
-                                   "--older-than-hours", "12", "--retain-last", "3", "--table", "orders"]
-    calls = maintenance.procedure_calls("lake", "`sales`.`orders`", min_input_files=5, retain_last=3,
-                                        older_than=dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc))
-    assert calls == [
-        "CALL `lake`.system.rewrite_data_files(table => '`sales`.`orders`', options => map('min-input-files', '5'))",
-        "CALL `lake`.system.rewrite_position_delete_files(table => '`sales`.`orders`', "
-        "options => map('min-input-files', '5'))",
-        "CALL `lake`.system.expire_snapshots(table => '`sales`.`orders`', older_than => TIMESTAMP '2024-01-02 03:04:05', "
-        "retain_last => 3)",
-    ]
 
 
 def test_apply_concurrency_reaches_the_job_and_is_checked():
