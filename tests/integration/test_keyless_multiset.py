@@ -12,8 +12,6 @@ as an application without a key would.
 
 from __future__ import annotations
 
-import logging
-import os
 import random
 from collections import Counter
 from decimal import Decimal
@@ -29,7 +27,7 @@ from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
-from tests.support.spark_jobs import job_result, run_job, submit_command
+from tests.support.spark_jobs import job_result, reading_session, run_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -117,16 +115,7 @@ def warehouse(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def spark(warehouse):
     """An in-process Spark session that reads the Iceberg warehouse of this module's tests."""
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master("local[1]").appName("test-keyless-multiset")
-    conf = IcebergConfig(warehouse=warehouse.as_uri(), extra_conf={"spark.sql.catalog.lake.cache-enabled": "false"})
-    for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
-                       "spark.sql.shuffle.partitions": "2"}.items():
-        builder = builder.config(key, value)
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = builder.getOrCreate()
+    session = reading_session(warehouse, "test-keyless-multiset")
     yield session
     session.stop()
 

@@ -9,9 +9,7 @@ values of 9 MiB and 40 MiB go through the snapshot.
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
-import os
 import uuid
 
 import pyarrow as pa
@@ -23,7 +21,6 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.exceptions import UnrepresentableValue
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from airflow_provider_pglogical.staging import batches, layout
 from airflow_provider_pglogical.staging import values
@@ -34,6 +31,7 @@ from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.capture.peek import peek_window
 from airflow_provider_pglogical.capture.pull import run_pull, stage_batch
 from airflow_provider_pglogical.spark import apply_changes
+from tests.support.spark_jobs import reading_session
 
 
 @pytest.fixture
@@ -135,19 +133,9 @@ def same(left: list[dict], right: list[dict]) -> bool:
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    from pyspark.sql import SparkSession
-
-    warehouse = tmp_path_factory.mktemp("warehouse")
-    conf = IcebergConfig(warehouse=warehouse.as_uri(), extra_conf={"spark.sql.catalog.lake.cache-enabled": "false"})
-    builder = SparkSession.builder.master("local[1]").appName("test-special-values")
-    for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
-                       "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS", "spark.ui.enabled": "false",
-                       "spark.sql.shuffle.partitions": "2",
-                       "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED"}.items():
-        builder = builder.config(key, value)
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = builder.getOrCreate()
+    session = reading_session(tmp_path_factory.mktemp("warehouse"), "test-special-values", {
+        "spark.sql.caseSensitive": "true", "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED"})
     yield session
     session.stop()
 

@@ -8,8 +8,6 @@ read back in this process.
 from __future__ import annotations
 
 import json
-import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
 from airflow_provider_pglogical.staging import layout
-from tests.support.spark_jobs import job_result, run_job, submit_command
+from tests.support.spark_jobs import job_result, reading_session, run_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -68,17 +66,7 @@ class Pipeline:
 
 @pytest.fixture
 def spark(tmp_path):
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master("local[1]").appName("test-staging-retention")
-    conf = IcebergConfig(warehouse=(tmp_path / "warehouse").as_uri(),
-                         extra_conf={"spark.sql.catalog.lake.cache-enabled": "false"})
-    for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
-                       "spark.sql.shuffle.partitions": "2"}.items():
-        builder = builder.config(key, value)
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = builder.getOrCreate()
+    session = reading_session(tmp_path / "warehouse", "test-staging-retention")
     yield session
     session.stop()
 

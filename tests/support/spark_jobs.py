@@ -60,3 +60,21 @@ def bare_spark_submit_seconds(directory: Path, master: str = "local[2]") -> floa
     subprocess.run(["spark-submit", "--master", master, "--conf", "spark.ui.enabled=false", str(job)],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=subprocess_env())
     return time.perf_counter() - started
+
+
+def reading_session(warehouse: Path, app_name: str, extra: dict[str, str] | None = None):
+    """An in-process Spark session (``local[1]``) that reads the Iceberg warehouse a test's jobs
+    write, with the catalog's cache off so it sees every commit. Stop it when done."""
+    import logging
+    import os
+
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[1]").appName(app_name)
+    conf = IcebergConfig(warehouse=warehouse.as_uri(), extra_conf={"spark.sql.catalog.lake.cache-enabled": "false"})
+    for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
+                       "spark.sql.shuffle.partitions": "2", **(extra or {})}.items():
+        builder = builder.config(key, value)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    return builder.getOrCreate()
