@@ -12,7 +12,9 @@ issue asks for, and the job's own apply time (sum of its steps, JVM start exclud
 
 ``freshness``: a writer commits a small transaction every 50 ms on N tables while ticks (pull,
 then apply) run back to back; a change's freshness is the end of the apply that made it readable
-minus its commit time. Prints p50 and p95.
+minus its commit time. Prints p50 and p95, each tick's duration split into the pull, the job's
+own apply time and the rest of the apply task (spark-submit's JVM start, the task around it), a
+bare spark-submit measured in the same run, and the load averages (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ def ticks(args: argparse.Namespace) -> None:
 
 def freshness(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp, cluster("bench_fresh") as pg:
+        print(f"load average at start: {load()}")
+        baseline = bare_spark_submit_seconds(Path(tmp))
+        print(f"bare spark-submit of an empty PySpark job: {baseline:.2f} s (load {load()})")
         db = "fresh"
         pg.create_database(db)
         names = create_tables(pg, db, args.tables)
@@ -165,43 +170,77 @@ def freshness(args: argparse.Namespace) -> None:
         pipeline.apply()
         commits: list[tuple[float, int]] = []  # (commit wall time, WAL position right after it)
         stop = threading.Event()
-
-        def writer() -> None:
-            rng = random.Random(7)
-            conn = pg.connect(db)
-            conn.autocommit = True
-            with conn.cursor() as cursor:
-                while not stop.is_set():
-                    name = rng.choice(names)
-                    cursor.execute(f"UPDATE {name} SET qty = qty + 1 WHERE id = %s", (rng.randint(1, ROWS),))
-                    committed = time.time()
-                    cursor.execute("SELECT pg_current_wal_lsn()::text")
-                    commits.append((committed, Lsn.parse(cursor.fetchone()[0]).value))
-                    stop.wait(0.05)
-            conn.close()
-
-        thread = threading.Thread(target=writer, daemon=True)
+        thread = threading.Thread(target=write_steadily, args=(pg, db, names, commits, stop), daemon=True)
         thread.start()
         visible: list[tuple[int, float]] = []  # (batch end LSN, time its apply ended)
+        timings: list[dict] = []
         try:
             for _ in range(args.ticks):
-                pulled = pipeline.pull()
-                pipeline.apply()
-                end = pulled.get("end_lsn")
-                if end:
-                    visible.append((Lsn.parse(end).value, time.time()))
+                timings.append(fresh_tick(pipeline, visible))
+                print(f"tick {len(timings):>2}: {format_tick(timings[-1])} (load {load()})", flush=True)
         finally:
             stop.set()
             thread.join()
-        lags = []
-        for committed, lsn in commits:
-            readable = next((t for end, t in visible if end >= lsn), None)
-            if readable is not None:
-                lags.append(readable - committed)
-        lags.sort()
-        p50, p95 = lags[len(lags) // 2], lags[int(len(lags) * 0.95)]
-        print(f"freshness over {args.ticks} ticks, {args.tables} tables, {len(lags)} commits made readable: "
-              f"p50 {p50:.1f} s, p95 {p95:.1f} s")
+        report_freshness(args, commits, visible, timings, baseline)
+
+
+def write_steadily(pg, db: str, names: list[str], commits: list[tuple[float, int]], stop: threading.Event) -> None:
+    """The steady workload: one single-row UPDATE transaction every 50 ms, its commit time and the
+    WAL position right after the commit recorded (the batch whose end reaches it holds it)."""
+    rng = random.Random(7)
+    conn = pg.connect(db)
+    conn.autocommit = True
+    with conn.cursor() as cursor:
+        while not stop.is_set():
+            name = rng.choice(names)
+            cursor.execute(f"UPDATE {name} SET qty = qty + 1 WHERE id = %s", (rng.randint(1, ROWS),))
+            committed = time.time()
+            cursor.execute("SELECT pg_current_wal_lsn()::text")
+            commits.append((committed, Lsn.parse(cursor.fetchone()[0]).value))
+            stop.wait(0.05)
+    conn.close()
+
+
+def fresh_tick(pipeline: Pipeline, visible: list[tuple[int, float]]) -> dict:
+    """One tick (pull, then the apply task with spark-submit); records when its batch became readable."""
+    started = time.perf_counter()
+    pulled = pipeline.pull()
+    pulled_at = time.perf_counter()
+    wall, job = pipeline.apply()
+    end = pulled.get("end_lsn")
+    if end:
+        visible.append((Lsn.parse(end).value, time.time()))
+    return {"pull": pulled_at - started, "apply": wall, "in_job": job, "tick": time.perf_counter() - started,
+            "changes": pulled.get("changes", 0)}
+
+
+def format_tick(timing: dict) -> str:
+    return (f"{timing['tick']:6.1f} s = pull {timing['pull']:5.2f} s + apply task {timing['apply']:5.1f} s "
+            f"(in-job {timing['in_job']:5.1f} s, spark-submit and task around it "
+            f"{timing['apply'] - timing['in_job']:5.1f} s), {timing['changes']} changes")
+
+
+def report_freshness(args: argparse.Namespace, commits: list[tuple[float, int]], visible: list[tuple[int, float]],
+                     timings: list[dict], baseline: float) -> None:
+    """p50/p95 of commit-to-readable, and the medians of what a tick is made of."""
+    lags = []
+    for committed, lsn in commits:
+        readable = next((t for end, t in visible if end >= lsn), None)
+        if readable is not None:
+            lags.append(readable - committed)
+    lags.sort()
+    p50, p95 = lags[len(lags) // 2], lags[int(len(lags) * 0.95)]
+    print(f"freshness over {args.ticks} ticks, {args.tables} tables, {len(lags)} commits made readable "
+          f"({len(commits) - len(lags)} committed after the last pull): p50 {p50:.1f} s, p95 {p95:.1f} s")
+    median = {key: statistics.median(t[key] for t in timings) for key in ("tick", "pull", "apply", "in_job")}
+    print(f"tick medians: tick {median['tick']:.1f} s, pull {median['pull']:.2f} s, apply task {median['apply']:.1f} s "
+          f"(in-job {median['in_job']:.1f} s, the rest {median['apply'] - median['in_job']:.1f} s); "
+          f"bare spark-submit {baseline:.2f} s; load average at end: {load()}")
+
+
+def load() -> str:
+    """The 1/5/15-minute load averages (2 cores, shared with other work: read figures next to it)."""
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def main() -> None:
