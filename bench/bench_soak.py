@@ -24,9 +24,12 @@ Retention and housekeeping are scaled to match:
 
 - staging retention (wall clock: it reads the manifests' modification times) keeps about
   ``--retention-ticks`` ticks: ``retention_hours`` = that many times the median cycle time so far;
-- Iceberg housekeeping (``maintenance.run``: compaction, delete-file rewrite, snapshot expiry)
-  runs every ``--maintenance-every`` ticks (36 = every 6 hours on a 10-minute schedule),
-  expiring snapshots older than ``--expire-ticks`` ticks, keeping ``--retain-last``.
+- Iceberg housekeeping (``maintenance.run``: compaction, delete-file rewrite, manifest rewrite,
+  snapshot expiry) runs every ``--maintenance-every`` ticks (36 = every 6 hours on a 10-minute
+  schedule), expiring snapshots older than ``--expire-ticks`` ticks, keeping ``--retain-last``.
+  Orphan-file removal is off: its cut-off cannot go under 24 hours of wall clock (a younger file
+  may belong to a write in flight), so in compressed time it would list every file and remove
+  none. Old ``*.metadata.json`` versions go at commit instead (the tables' delete-after-commit).
 
 At tick 10, every 100 ticks and at the last tick it measures: the median tick (pull + apply) of
 the block, staging bytes and files, Iceberg data and delete files (the tables' ``files``
@@ -64,6 +67,7 @@ from airflow_provider_pglogical.capture.pull import run_pull  # noqa: E402
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.spark import apply_changes, maintenance  # noqa: E402
+from airflow_provider_pglogical.spark.housekeeping import Housekeeping  # noqa: E402
 from airflow_provider_pglogical.staging.contract import default_target_name  # noqa: E402
 
 PIPELINE, SLOT, PUBLICATION, NAMESPACE, DATABASE = "soak", "soak_slot", "soak_pub", "soak", "soak"
@@ -305,9 +309,10 @@ class Soak:
 
     def maintain(self) -> dict:
         """Iceberg housekeeping, with its snapshot cut-off in compressed time."""
-        return maintenance.run(self.spark, "lake", NAMESPACE, None, min_input_files=self.args.min_input_files,
-                               older_than_hours=self.args.expire_ticks * self.tick_seconds() / 3600,
-                               retain_last=self.args.retain_last)
+        housekeeping = Housekeeping(min_input_files=self.args.min_input_files,
+                                    older_than_hours=self.args.expire_ticks * self.tick_seconds() / 3600,
+                                    retain_last=self.args.retain_last, remove_orphan_files=False)
+        return maintenance.run(self.spark, "lake", NAMESPACE, None, housekeeping)
 
     def measure(self) -> dict:
         staging_bytes, staging_files = directory_usage([self.staging / PIPELINE])
