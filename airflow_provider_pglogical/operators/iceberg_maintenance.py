@@ -17,6 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.operators._class_archive import driver_class_archive
 from airflow_provider_pglogical.spark.housekeeping import Housekeeping
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         that no snapshot references, such as those of a failed write (default True).
     :param orphan_older_than_hours: only files older than this are orphans (default 72, at least 24:
         a file that young may belong to a commit still in flight; Iceberg refuses less too).
+    :param class_archive: map the driver JVM's class archive, as :class:`IcebergApplyOperator` does.
+    :param class_archive_dir: where the archives are kept (default as for the apply).
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
     :param kwargs: anything else :class:`SparkSubmitOperator` takes.
@@ -79,6 +82,8 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         retain_last: int = 5,
         remove_orphan_files: bool = True,
         orphan_older_than_hours: float = 72,
+        class_archive: bool = True,
+        class_archive_dir: str | None = None,
         conf: dict[str, Any] | None = None,
         driver_memory: str | None = "2g",
         **kwargs: Any,
@@ -88,6 +93,8 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         super().__init__(application=str(MAINTENANCE_JOB), conf=dict(conf or {}), driver_memory=driver_memory, **kwargs)
         self.iceberg = iceberg
         self.tables = tables
+        self.class_archive = class_archive
+        self.class_archive_dir = class_archive_dir
         # checked now: a cut-off that could remove a file still being written fails the DAG's import
         self.housekeeping = Housekeeping(
             compact_data_files=compact_data_files, min_input_files=min_input_files,
@@ -109,4 +116,5 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         self.conf = {**self.iceberg.spark_conf(), **(self.conf or {})}
         self.application_args = self.job_args()
         self.py_files = with_job_bundle(self.py_files)
-        super().execute(context)
+        with driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
+            super().execute(context)
