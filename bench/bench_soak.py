@@ -186,8 +186,6 @@ def run_workload(conn, tables: list[SourceTable], changes: int, tick: int, rng: 
 
 def spark_session(warehouse: Path, driver_memory: str):
     """The long-lived session, configured as ``apply_changes.main`` configures the job's."""
-    import logging
-
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master("local[2]").appName("pglogical-soak")
@@ -247,8 +245,11 @@ def lakehouse_disk(warehouse: Path) -> dict[str, int]:
     tables = [p for p in (warehouse / NAMESPACE).iterdir() if p.is_dir()] if (warehouse / NAMESPACE).exists() else []
     meta_bytes, meta_files = directory_usage(p / "metadata" for p in tables)
     data_bytes, data_files = directory_usage(p / "data" for p in tables)
-    versions = sum(1 for p in tables for _ in (p / "metadata").glob("*.metadata.json"))
-    return {"metadata_bytes": meta_bytes, "metadata_files": meta_files, "metadata_json_files": versions,
+    versions = [v for p in tables for v in (p / "metadata").glob("*.metadata.json")]
+    return {"metadata_bytes": meta_bytes, "metadata_files": meta_files, "metadata_json_files": len(versions),
+            # what the kept versions weigh: each carries the table's metadata log (capped like them)
+            "metadata_json_bytes": sum(v.stat().st_size for v in versions),
+            "largest_metadata_json_bytes": max((v.stat().st_size for v in versions), default=0),
             "disk_data_bytes": data_bytes, "disk_data_files": data_files}
 
 
@@ -361,7 +362,7 @@ def block_row(ticks: list[dict], start: int, tick: int, figures: dict) -> dict:
 
 HEADER = ("tick", "block median s", "pull s", "apply s", "this tick s", "load", "staging MB", "staging files",
           "batches", "data files", "delete files", "files on disk", "metadata MB", "metadata files", "metadata.json",
-          "slot lag kB", "retained WAL MB")
+          "metadata.json MB", "largest metadata.json kB", "slot lag kB", "retained WAL MB")
 
 
 def table_line(row: dict) -> tuple:
@@ -369,6 +370,7 @@ def table_line(row: dict) -> tuple:
             f"{row['this_tick_s']:.2f}", f"{row['load1']:.2f}", f"{row['staging_bytes'] / 1e6:.1f}",
             row["staging_files"], row["staging_batches"], row["data_files"], row["delete_files"], row["disk_data_files"],
             f"{row['metadata_bytes'] / 1e6:.1f}", row["metadata_files"], row["metadata_json_files"],
+            f"{row['metadata_json_bytes'] / 1e6:.1f}", f"{row['largest_metadata_json_bytes'] / 1e3:.0f}",
             f"{row['slot_lag_bytes'] / 1e3:.0f}", f"{row['retained_wal_bytes'] / 1e6:.1f}")
 
 
