@@ -1,6 +1,6 @@
 """Benchmark of one sync tick by number of tables, and of freshness over a steady workload.
 
-    python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4]
+    python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4] [--class-archive off,on]
     python bench/bench_tick.py freshness [--tables 5] [--ticks 20]
 
 ``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
@@ -93,6 +93,7 @@ class Pipeline:
         self.root = ObjectStoragePath(self.staging)
         self.iceberg = IcebergConfig(warehouse=(tmp / f"warehouse-{tag}").as_uri(), namespace="bench")
         self.slot = f"bench_{tag}"
+        self.archives = str(tmp / "class-archives")  # the driver's class archive, one per run of the bench
 
     def sync(self) -> None:
         run_initial_sync(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
@@ -102,11 +103,12 @@ class Pipeline:
         return run_pull(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
                         report=lambda message: None)
 
-    def apply(self, concurrency: int = 4) -> tuple[float, float]:
+    def apply(self, concurrency: int = 4, class_archive: bool = True) -> tuple[float, float]:
         """Wall time of the apply task, and the job's own apply time (JVM start excluded); the Spark
         jobs and stages of each step go to ``self.work``."""
         operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
-                                        iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency)
+                                        iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency,
+                                        class_archive=class_archive, class_archive_dir=self.archives)
         started = time.perf_counter()
         operator.execute({})
         wall = time.perf_counter() - started
@@ -121,40 +123,44 @@ def ticks(args: argparse.Namespace) -> None:
         baseline = statistics.median(baseline_runs)
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
               f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
-        concurrencies = [int(c) for c in args.concurrency.split(",")]
-        medians: dict[tuple[int, int], float] = {}
+        settings = [(int(c), archive == "on") for c in args.concurrency.split(",")
+                    for archive in args.class_archive.split(",")]
+        medians: dict[tuple[int, tuple[int, bool]], float] = {}
         for count in [int(c) for c in args.tables.split(",")]:
             db = f"tick{count}"
             pg.create_database(db)
             names = create_tables(pg, db, count)
             pipeline = Pipeline(pg, db, tmp_path, db)
             pipeline.sync()
-            pipeline.apply()
-            walls: dict[int, list[float]] = {c: [] for c in concurrencies}
-            in_job: dict[int, list[float]] = {c: [] for c in concurrencies}
+            pipeline.apply()  # the first run marks the class archive's directory, the second writes it
+            walls: dict[tuple[int, bool], list[float]] = {s: [] for s in settings}
+            in_job: dict[tuple[int, bool], list[float]] = {s: [] for s in settings}
             work: list[tuple[int, int]] = []
             tick = 0
-            for _ in range(args.ticks):
-                for concurrency in concurrencies:  # interleaved: each setting meets the same machine state
+            for _ in range(args.ticks + 1):
+                for setting in settings:  # interleaved: each setting meets the same machine state
                     tick += 1
                     change_tables(pg, db, names, tick)
                     pipeline.pull()
-                    wall, job = pipeline.apply(concurrency)
-                    walls[concurrency].append(wall)
-                    in_job[concurrency].append(job)
-                    work += pipeline.work
-            for concurrency in concurrencies:
-                median = medians[count, concurrency] = statistics.median(walls[concurrency])
-                print(f"{count:>4} tables x 100 changes, concurrency {concurrency}: apply task median {median:6.2f} s "
+                    wall, job = pipeline.apply(*setting)
+                    if tick > len(settings):  # the first round writes the archive: not measured
+                        walls[setting].append(wall)
+                        in_job[setting].append(job)
+                        work += pipeline.work
+            for setting in settings:
+                median = medians[count, setting] = statistics.median(walls[setting])
+                print(f"{count:>4} tables x 100 changes, concurrency {setting[0]}, class archive "
+                      f"{'on' if setting[1] else 'off'}: apply task median {median:6.2f} s "
                       f"({median / baseline:.2f}x bare spark-submit); in-job apply median "
-                      f"{statistics.median(in_job[concurrency]):6.2f} s; runs "
-                      f"{', '.join(f'{w:.1f}' for w in walls[concurrency])}")
+                      f"{statistics.median(in_job[setting]):6.2f} s; runs "
+                      f"{', '.join(f'{w:.1f}' for w in walls[setting])}")
             print(f"{count:>4} tables: Spark jobs per step median {statistics.median(j for j, _ in work)}, "
                   f"max {max(j for j, _ in work)}; stages per step median {statistics.median(s for _, s in work)}, "
                   f"max {max(s for _, s in work)}")
-        for (count, concurrency), median in medians.items():
-            if count != 1 and (1, concurrency) in medians:
-                print(f"concurrency {concurrency}: {count} tables / 1 table: {median / medians[1, concurrency]:.2f}x")
+        for (count, setting), median in medians.items():
+            if count != 1 and (1, setting) in medians:
+                print(f"concurrency {setting[0]}, class archive {'on' if setting[1] else 'off'}: "
+                      f"{count} tables / 1 table: {median / medians[1, setting]:.2f}x")
 
 
 def freshness(args: argparse.Namespace) -> None:
@@ -249,6 +255,8 @@ def main() -> None:
     parser.add_argument("--tables", default=None)
     parser.add_argument("--ticks", type=int, default=None)
     parser.add_argument("--concurrency", default="4", help="ticks mode: apply concurrencies to compare, e.g. 1,4")
+    parser.add_argument("--class-archive", default="on", choices=["on", "off", "off,on", "on,off"],
+                        help="ticks mode: the driver's class archive; off,on compares both tick by tick")
     args = parser.parse_args()
     if args.mode == "ticks":
         args.tables, args.ticks = args.tables or "1,10,50,200", args.ticks or 3
