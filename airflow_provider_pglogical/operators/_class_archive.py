@@ -38,7 +38,12 @@ def driver_class_archive(operator: SparkSubmitOperator, directory: str | None,
         operator.log.info("driver class archive not used: %s", why_not)
         yield None
         return
-    run = archive.start()
+    try:
+        run = archive.start()
+    except OSError as error:  # an unwritable cache directory costs speed, never the task
+        operator.log.warning("driver class archive not used: %s", error)
+        yield None
+        return
     operator.conf = with_java_options(operator.conf or {}, run.options)
     if run.pending:
         operator.log.info("this run writes the driver's class archive %s (later runs start faster)", archive.path)
@@ -49,5 +54,8 @@ def driver_class_archive(operator: SparkSubmitOperator, directory: str | None,
         yield run
         succeeded = True
     finally:
-        if archive.finish(run, succeeded):
-            operator.log.info("driver class archive kept: %s", archive.path)
+        try:
+            if archive.finish(run, succeeded):
+                operator.log.info("driver class archive kept: %s", archive.path)
+        except OSError as error:
+            operator.log.warning("driver class archive not kept: %s", error)

@@ -55,3 +55,13 @@ def test_cluster_deploy_mode_adds_nothing(tmp_path, monkeypatch):
     with driver_class_archive(operator, str(tmp_path / "archives")) as run:
         assert run is None
     assert operator.conf == {"spark.ui.enabled": "false"} and not (tmp_path / "archives").exists()
+
+
+def test_an_unwritable_archive_directory_costs_nothing_but_the_archive(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the archive directory would be")
+    operator = apply_operator(tmp_path, blocker / "archives")
+    with driver_class_archive(operator, str(blocker / "archives")) as run:
+        assert run is None
+    assert operator.conf == {"spark.ui.enabled": "false"}
