@@ -15,14 +15,12 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment, as bench_tick does)
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
 
 SETTINGS = {
     "archive": {},
@@ -30,15 +28,6 @@ SETTINGS = {
     "archive + no whole-stage codegen": {"spark.sql.codegen.wholeStage": "false"},
     "archive + Spark UI off": {"spark.ui.enabled": "false"},
 }
-
-
-def apply(pipeline: bench_tick.Pipeline, conf: dict[str, str]) -> tuple[float, float]:
-    operator = IcebergApplyOperator(task_id="apply", staging_root=pipeline.staging, pipeline="p",
-                                    iceberg=pipeline.iceberg, skip_when_idle=False, conf=dict(conf),
-                                    class_archive_dir=pipeline.archives)
-    started = time.perf_counter()
-    operator.execute({})
-    return time.perf_counter() - started, operator._job_seconds
 
 
 def main() -> None:
@@ -51,18 +40,18 @@ def main() -> None:
         names = bench_tick.create_tables(pg, "d", args.tables)
         pipeline = bench_tick.Pipeline(pg, "d", Path(tmp), "d")
         pipeline.sync()
-        apply(pipeline, {})  # marks the archive directory
+        pipeline.apply()  # marks the archive directory
         tick = 1
         bench_tick.change_tables(pg, "d", names, tick)
         pipeline.pull()
-        apply(pipeline, {})  # writes the archive
+        pipeline.apply()  # writes the archive
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in SETTINGS}
         for _ in range(args.rounds):
             for name, conf in SETTINGS.items():
                 tick += 1
                 bench_tick.change_tables(pg, "d", names, tick)
                 pipeline.pull()
-                runs[name].append(apply(pipeline, conf))
+                runs[name].append(pipeline.apply(conf=dict(conf)))
         for name, results in runs.items():
             print(f"{name}: apply task median {statistics.median(w for w, _ in results):.2f} s, in-job median "
                   f"{statistics.median(j for _, j in results):.2f} s; runs {', '.join(f'{w:.1f}' for w, _ in results)}")

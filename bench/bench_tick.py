@@ -103,12 +103,13 @@ class Pipeline:
         return run_pull(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
                         report=lambda message: None)
 
-    def apply(self, concurrency: int = 4, class_archive: bool = True) -> tuple[float, float]:
+    def apply(self, concurrency: int = 4, class_archive: bool = True,
+              conf: dict[str, str] | None = None) -> tuple[float, float]:
         """Wall time of the apply task, and the job's own apply time (JVM start excluded); the Spark
         jobs and stages of each step go to ``self.work``."""
         operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
                                         iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency,
-                                        class_archive=class_archive, class_archive_dir=self.archives)
+                                        class_archive=class_archive, class_archive_dir=self.archives, conf=conf)
         started = time.perf_counter()
         operator.execute({})
         wall = time.perf_counter() - started
