@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias
 
+from airflow_provider_pglogical.lakehouse.class_archive import with_java_options
+from airflow_provider_pglogical.lakehouse.driver_jit import DEFAULT_QUICK_JIT_MAX_ROWS, quick_jit_options
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.staging.contract import (
@@ -28,7 +30,7 @@ from airflow_provider_pglogical.staging.contract import (
     RESULT_CONF,
 )
 from airflow_provider_pglogical.staging.job_result import read_result, result_uri, storage_path
-from airflow_provider_pglogical.staging.apply_marker import pending_batches, write_marker
+from airflow_provider_pglogical.staging.apply_marker import pending_batches, pending_rows, write_marker
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.management.validation import check_count, check_pipeline_name, check_staging_root
@@ -95,6 +97,10 @@ class IcebergApplyOperator(SparkSubmitOperator):
     :param class_archive_dir: where the archives are kept; default
         ``$PGLOGICAL_CLASS_ARCHIVE_DIR``, else ``$XDG_CACHE_HOME/airflow-provider-pglogical/class-archives``
         (``~/.cache/...``).
+    :param quick_jit_max_rows: when the apply marker shows at most this many staged rows pending,
+        the driver JVM compiles with HotSpot's quick C1 compiler only (``-XX:TieredStopAtLevel=1``):
+        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). ``None``
+        keeps the JVM's default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
@@ -121,6 +127,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         archive_staging: bool = False,
         class_archive: bool = True,
         class_archive_dir: str | None = None,
+        quick_jit_max_rows: int | None = DEFAULT_QUICK_JIT_MAX_ROWS,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -144,6 +151,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.archive_staging = archive_staging
         self.class_archive = class_archive
         self.class_archive_dir = class_archive_dir
+        self.quick_jit_max_rows = check_count(quick_jit_max_rows, "quick_jit_max_rows", optional=True)
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -167,10 +175,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
             check_staging_root(str(self.staging_root))
             check_pipeline_name(self.pipeline)
             root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
+            pending = pending_batches(root, str(self.pipeline), lakehouse)
             if self.skip_when_idle:
-                self.skip_if_idle(root, lakehouse)
+                self.skip_if_idle(pending, lakehouse)
             result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
             self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
+            self.choose_driver_jit(root, pending)
             self.application_args = self.job_args()
             self.py_files = with_job_bundle(self.py_files)
             with driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
@@ -197,9 +207,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "catalog_impl": self.iceberg.catalog_impl, "namespace": self.iceberg.namespace,
                 "warehouse": self.iceberg.warehouse or default_warehouse(), "table_map": self.table_map or {}}
 
-    def skip_if_idle(self, root, lakehouse: dict) -> None:
+    def skip_if_idle(self, pending: list[str] | None, lakehouse: dict) -> None:
         """End as skipped, without spark-submit, when no committed batch is new to the lakehouse."""
-        pending = pending_batches(root, str(self.pipeline), lakehouse)
         if pending is None:
             self.log.info("no apply marker for this lakehouse yet: starting Spark to find what is pending")
             return
@@ -211,6 +220,15 @@ class IcebergApplyOperator(SparkSubmitOperator):
             f"{lakehouse['catalog']}.{lakehouse['namespace']} by an earlier run (apply marker under staging); "
             "Spark was not started"
         )
+
+    def choose_driver_jit(self, root, pending: list[str] | None) -> None:
+        """C1 only for the driver JVM when the pending batches are small (``lakehouse/driver_jit.py``)."""
+        limit = self.quick_jit_max_rows
+        rows = None if limit is None else pending_rows(root, str(self.pipeline), pending, stop_above=limit)
+        options = quick_jit_options(rows, limit, self.conf)
+        if options:
+            self.conf = with_java_options(self.conf, options)
+            self.log.info("%d staged rows pending (at most %d): the driver JVM compiles with C1 only", rows, limit)
 
     def get_openlineage_facets_on_complete(self, task_instance):
         """Staged tables → the Iceberg tables this run changed (with their columns)."""
