@@ -1,6 +1,7 @@
 """Benchmark of one sync tick by number of tables, and of freshness over a steady workload.
 
     python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4] [--class-archive off,on]
+                                     [--quick-jit off,on]
     python bench/bench_tick.py freshness [--tables 5] [--ticks 20]
 
 ``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
@@ -103,17 +104,19 @@ class Pipeline:
         return run_pull(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
                         report=lambda message: None)
 
-    def apply(self, concurrency: int = 4, class_archive: bool = True,
+    def apply(self, concurrency: int = 4, class_archive: bool = True, quick_jit: bool = True,
               conf: dict[str, str] | None = None) -> tuple[float, float]:
         """Wall time of the apply task, and the job's own apply time (JVM start excluded); the Spark
         jobs and stages of each step go to ``self.work``."""
         operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
                                         iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency,
-                                        class_archive=class_archive, class_archive_dir=self.archives, conf=conf)
+                                        class_archive=class_archive, class_archive_dir=self.archives, conf=conf,
+                                        **({} if quick_jit else {"quick_jit_max_rows": None}))
         started = time.perf_counter()
         operator.execute({})
         wall = time.perf_counter() - started
         self.work = [(step.get("spark_jobs", 0), step.get("spark_stages", 0)) for step in operator._applied_steps]
+        self.steps = operator._applied_steps
         return wall, operator._job_seconds
 
 
@@ -124,9 +127,9 @@ def ticks(args: argparse.Namespace) -> None:
         baseline = statistics.median(baseline_runs)
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
               f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
-        settings = [(int(c), archive == "on") for c in args.concurrency.split(",")
-                    for archive in args.class_archive.split(",")]
-        medians: dict[tuple[int, tuple[int, bool]], float] = {}
+        settings = [(int(c), archive == "on", quick == "on") for c in args.concurrency.split(",")
+                    for archive in args.class_archive.split(",") for quick in args.quick_jit.split(",")]
+        medians: dict[tuple[int, tuple[int, bool, bool]], float] = {}
         for count in [int(c) for c in args.tables.split(",")]:
             db = f"tick{count}"
             pg.create_database(db)
@@ -134,8 +137,8 @@ def ticks(args: argparse.Namespace) -> None:
             pipeline = Pipeline(pg, db, tmp_path, db)
             pipeline.sync()
             pipeline.apply()  # the first run marks the class archive's directory, the second writes it
-            walls: dict[tuple[int, bool], list[float]] = {s: [] for s in settings}
-            in_job: dict[tuple[int, bool], list[float]] = {s: [] for s in settings}
+            walls: dict[tuple[int, bool, bool], list[float]] = {s: [] for s in settings}
+            in_job: dict[tuple[int, bool, bool], list[float]] = {s: [] for s in settings}
             work: list[tuple[int, int]] = []
             tick = 0
             for _ in range(args.ticks + 1):
@@ -150,8 +153,7 @@ def ticks(args: argparse.Namespace) -> None:
                         work += pipeline.work
             for setting in settings:
                 median = medians[count, setting] = statistics.median(walls[setting])
-                print(f"{count:>4} tables x 100 changes, concurrency {setting[0]}, class archive "
-                      f"{'on' if setting[1] else 'off'}: apply task median {median:6.2f} s "
+                print(f"{count:>4} tables x 100 changes, {describe(setting)}: apply task median {median:6.2f} s "
                       f"({median / baseline:.2f}x bare spark-submit); in-job apply median "
                       f"{statistics.median(in_job[setting]):6.2f} s; runs "
                       f"{', '.join(f'{w:.1f}' for w in walls[setting])}")
@@ -160,8 +162,13 @@ def ticks(args: argparse.Namespace) -> None:
                   f"max {max(s for _, s in work)}")
         for (count, setting), median in medians.items():
             if count != 1 and (1, setting) in medians:
-                print(f"concurrency {setting[0]}, class archive {'on' if setting[1] else 'off'}: "
-                      f"{count} tables / 1 table: {median / medians[1, setting]:.2f}x")
+                print(f"{describe(setting)}: {count} tables / 1 table: {median / medians[1, setting]:.2f}x")
+
+
+def describe(setting: tuple[int, bool, bool]) -> str:
+    concurrency, archive, quick = setting
+    return (f"concurrency {concurrency}, class archive {'on' if archive else 'off'}, "
+            f"quick JIT {'on' if quick else 'off'}")
 
 
 def freshness(args: argparse.Namespace) -> None:
@@ -258,6 +265,8 @@ def main() -> None:
     parser.add_argument("--concurrency", default="4", help="ticks mode: apply concurrencies to compare, e.g. 1,4")
     parser.add_argument("--class-archive", default="on", choices=["on", "off", "off,on", "on,off"],
                         help="ticks mode: the driver's class archive; off,on compares both tick by tick")
+    parser.add_argument("--quick-jit", default="on", choices=["on", "off", "off,on", "on,off"],
+                        help="ticks mode: C1 only for small pending work (quick_jit_max_rows); off,on compares both")
     args = parser.parse_args()
     if args.mode == "ticks":
         args.tables, args.ticks = args.tables or "1,10,50,200", args.ticks or 3

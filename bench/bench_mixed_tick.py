@@ -1,0 +1,190 @@
+"""Benchmark of a tick of about 2,000 changes over five tables of different shapes.
+
+    python bench/bench_mixed_tick.py [--ticks 6] [--rows 20000] [--quick-jit off,on]
+
+Five tables: two with an 8 kB value the changes leave unchanged (its TOAST is not sent) and key
+changes among their updates, a plain keyed table, a keyless table (``REPLICA IDENTITY FULL``)
+full of identical rows, and a table partitioned by range (published through its root). Per tick
+400 changes per table. Two pipelines over two databases get the same seeded workload each tick:
+
+- ``submit``: the apply task (``IcebergApplyOperator.execute``), a spark-submit per tick, as an
+  Airflow deployment on the embedded default runs it;
+- ``in-process``: ``apply_changes.run`` in one long-lived Spark session (what a standing Spark
+  would pay: no JVM start, no cold first queries).
+
+Both report the job's own apply time ("in-job": listing, manifests, state read, every step,
+state commit; the JVM start excluded) and each table's step, and the submit pipeline the apply
+task's wall time. With ``--quick-jit off,on`` the submit pipeline's ticks alternate between the
+JVM's default JIT and C1 only (``quick_jit_max_rows``). After the last tick both lakehouses are
+compared with their source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import bench_tick  # noqa: E402  (prepares the environment, as bench_tick does)
+from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
+from airflow_provider_pglogical.spark import apply_changes  # noqa: E402
+
+PER_TABLE = 400
+SCHEMA = """
+CREATE TABLE docs_a (id int PRIMARY KEY, qty int, doc text);
+CREATE TABLE docs_b (id int PRIMARY KEY, qty int, doc text);
+ALTER TABLE docs_a ALTER COLUMN doc SET STORAGE EXTERNAL;
+ALTER TABLE docs_b ALTER COLUMN doc SET STORAGE EXTERNAL;
+CREATE TABLE plain (id int PRIMARY KEY, qty int, note text);
+CREATE TABLE bag (a int, b text, n int);
+ALTER TABLE bag REPLICA IDENTITY FULL;
+CREATE TABLE events (id int NOT NULL, day date NOT NULL, kind text, PRIMARY KEY (id, day)) PARTITION BY RANGE (day);
+CREATE TABLE events_h1 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2026-07-01');
+CREATE TABLE events_h2 PARTITION OF events FOR VALUES FROM ('2026-07-01') TO ('2027-01-01');
+"""
+DOC = "(SELECT string_agg(md5(random()::text || g::text || s::text), '') FROM generate_series(1, 256) s)"
+TABLES = ["public.docs_a", "public.docs_b", "public.plain", "public.bag", "public.events"]
+
+
+def create_source(pg, db: str, rows: int) -> None:
+    pg.execute(SCHEMA + f"""
+INSERT INTO docs_a SELECT g, g % 97, {DOC} FROM generate_series(1, {rows}) g;
+INSERT INTO docs_b SELECT g, g % 89, {DOC} FROM generate_series(1, {rows}) g;
+INSERT INTO plain SELECT g, g % 83, 'n' || g FROM generate_series(1, {rows}) g;
+INSERT INTO bag SELECT g % 50, 'b' || (g % 7), g % 3 FROM generate_series(1, {rows}) g;
+INSERT INTO events SELECT g, DATE '2026-01-01' + (g % 360), 'k' || (g % 5) FROM generate_series(1, {rows}) g;
+CREATE PUBLICATION bench FOR TABLE docs_a, docs_b, plain, bag, events WITH (publish_via_partition_root = true);
+""", dbname=db)
+
+
+def workload(tick: int, rng: random.Random) -> list[str]:
+    """400 changes per table, the same SQL for both databases (drawn once per tick)."""
+    base = 1_000_000 * tick
+    statements = []
+    for name in ("docs_a", "docs_b"):
+        offset = rng.randint(0, 1000)
+        statements += [  # 300 updates leaving doc unchanged, 40 key changes, 30 inserts, 30 deletes
+            f"UPDATE {name} SET qty = qty + 1 WHERE id IN (SELECT id FROM {name} ORDER BY id LIMIT 300 OFFSET {offset})",
+            f"UPDATE {name} SET id = id + {base} WHERE id IN (SELECT id FROM {name} WHERE id < {base} "
+            f"ORDER BY id LIMIT 40 OFFSET {offset + 2000})",
+            f"INSERT INTO {name} SELECT {base} + 500000 + g, g, {DOC} FROM generate_series(1, 30) g",
+            f"DELETE FROM {name} WHERE id IN (SELECT id FROM {name} WHERE id < {base} ORDER BY id "
+            f"LIMIT 30 OFFSET {offset + 4000})",
+        ]
+    offset = rng.randint(0, 1000)
+    statements += [
+        f"UPDATE plain SET qty = qty + 1, note = note || 'x' WHERE id IN (SELECT id FROM plain ORDER BY id "
+        f"LIMIT 300 OFFSET {offset})",
+        f"INSERT INTO plain SELECT {base} + g, g, 'new' FROM generate_series(1, 50) g",
+        f"DELETE FROM plain WHERE id IN (SELECT id FROM plain WHERE id < {base} ORDER BY id LIMIT 50 OFFSET {offset + 3000})",
+        # keyless: identical rows inserted, single copies updated and deleted by ctid (200 + 100 + 100)
+        f"INSERT INTO bag SELECT g % 50, 'b' || (g % 7), {tick % 3} FROM generate_series(1, 200) g",
+        f"UPDATE bag SET n = n + 1 WHERE ctid IN (SELECT ctid FROM bag WHERE a = {rng.randint(0, 49)} LIMIT 1)",
+        f"UPDATE bag SET n = n + 1 WHERE ctid IN (SELECT ctid FROM bag ORDER BY a, b, n, ctid LIMIT 99 OFFSET {offset})",
+        f"DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag ORDER BY b, a, n, ctid LIMIT 100 OFFSET {offset})",
+        # partitioned: updates across both partitions, inserts, deletes
+        f"UPDATE events SET kind = kind || 'u' WHERE id IN (SELECT id FROM events ORDER BY id LIMIT 300 OFFSET {offset})",
+        f"INSERT INTO events SELECT {base} + g, DATE '2026-01-01' + (g * 7 % 360), 'new' FROM generate_series(1, 50) g",
+        f"DELETE FROM events WHERE id IN (SELECT id FROM events WHERE id < {base} ORDER BY id LIMIT 50 OFFSET {offset + 3000})",
+    ]
+    return statements
+
+
+def differences(pg, db: str, spark, warehouse: Path) -> list[str]:
+    """Tables whose lakehouse rows (as a multiset) differ from the source's."""
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    out = []
+    for source in TABLES:
+        name = source.split(".")[1]
+        columns = {"docs_a": "id, qty, md5(doc)", "docs_b": "id, qty, md5(doc)", "plain": "id, qty, note",
+                   "bag": "a, b, n", "events": "id, day, kind"}[name]
+        expected = Counter(tuple(row) for row in pg.query(f"SELECT {columns} FROM {name}", dbname=db))
+        frame = spark.read.format("iceberg").load(f"{(warehouse / 'bench' / f'public__{name}').as_uri()}")
+        picked = [F.md5(F.col("doc")) if c == "md5(doc)" else F.col(c) for c in map(str.strip, columns.split(","))]
+        got = Counter(tuple(row) for row in frame.select(*picked).collect())
+        if got != expected:
+            out.append(f"{db}.{name}: {sum((got - expected).values())} rows too many, "
+                       f"{sum((expected - got).values())} missing")
+    return out
+
+
+def steps_line(steps: list[dict]) -> str:
+    """Each table's step: seconds and Spark jobs."""
+    return ", ".join(f"{s['table'].split('.')[1]} {s['seconds']:.1f} s/{s.get('spark_jobs', 0)} jobs" for s in steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ticks", type=int, default=6)
+    parser.add_argument("--quick-jit", default="off,on", choices=["on", "off", "off,on", "on,off"])
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--driver-memory", default="2g")
+    args = parser.parse_args()
+    quiet_logs()
+    with tempfile.TemporaryDirectory() as tmp, bench_tick.cluster("bench_mixed") as pg:
+        tmp_path = Path(tmp)
+        baseline = bench_tick.bare_spark_submit_seconds(tmp_path)
+        print(f"bare spark-submit of an empty PySpark job: {baseline:.2f} s (load {bench_tick.load()})", flush=True)
+        pipelines = {}
+        for db in ("submit", "inproc"):
+            pg.create_database(db)
+            create_source(pg, db, args.rows)
+            pipelines[db] = bench_tick.Pipeline(pg, db, tmp_path, db)
+            pipelines[db].sync()
+        submit = pipelines["submit"]
+        submit.apply()  # the first run marks the class archive's directory
+        warehouse = tmp_path / "warehouse-inproc"
+        spark = spark_session(warehouse, args.driver_memory)
+        staging = tmp_path / "staging-inproc"
+
+        def apply_in_process() -> tuple[float, list[dict]]:
+            result = apply_changes.run(spark, staging.as_uri(), "p", namespace="bench")
+            return result["seconds"], result["steps"]
+
+        apply_in_process()  # the snapshot, and the session's first queries
+        rng = random.Random(11)
+        rows: list[dict] = []
+        settings = args.quick_jit.split(",")
+        for tick in range(args.ticks + 1):  # tick 0 warms (the submit run writes the class archive)
+            quick = settings[tick % len(settings)]
+            statements = workload(tick + 1, rng)
+            pulled = {}
+            for db, pipeline in pipelines.items():
+                pg.execute("; ".join(statements), dbname=db)
+                pulled[db] = pipeline.pull().get("changes", 0)
+            wall, cold = submit.apply(quick_jit=quick == "on")
+            cold_steps = steps_line(submit.steps)
+            warm, warm_steps = apply_in_process()
+            row = {"tick": tick, "quick_jit": quick, "changes": pulled["submit"], "apply_task": wall,
+                   "in_job_submit": cold, "in_job_inproc": warm, "load": bench_tick.load()}
+            print(f"tick {tick}: {row['changes']} changes (in-process pipeline {pulled['inproc']}); quick JIT {quick}: "
+                  f"apply task {wall:.2f} s, in-job {cold:.2f} s [{cold_steps}]; in-process in-job {warm:.2f} s "
+                  f"[{steps_line(warm_steps)}] (load {row['load']})", flush=True)
+            if tick:
+                rows.append(row)
+        for quick in settings:
+            picked = [r for r in rows if r["quick_jit"] == quick]
+            medians = {key: statistics.median(r[key] for r in picked) for key in ("apply_task", "in_job_submit")}
+            print(f"quick JIT {quick}, medians over {len(picked)} ticks: apply task {medians['apply_task']:.2f} s "
+                  f"({medians['apply_task'] / baseline:.2f}x bare spark-submit), in-job (spark-submit) "
+                  f"{medians['in_job_submit']:.2f} s")
+        print(f"in-job in the long-lived session, median over {len(rows)} ticks: "
+              f"{statistics.median(r['in_job_inproc'] for r in rows):.2f} s")
+        wrong = differences(pg, "submit", spark, tmp_path / "warehouse-submit") + differences(pg, "inproc", spark, warehouse)
+        print("every table equal to its source in both lakehouses" if not wrong else f"DIFFERENCES: {wrong}")
+        spark.stop()
+        if wrong:
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
