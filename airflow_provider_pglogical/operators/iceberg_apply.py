@@ -191,6 +191,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []))
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
+            self._job_phases = result.get("phases", {})
             if self.asset_alias and context.get("outlet_events") is not None:  # absent when called by hand
                 emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
             return {

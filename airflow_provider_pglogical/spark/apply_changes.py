@@ -104,11 +104,14 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     if not batches:
         log.info("no committed batch under %s", staging.directory)
         return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": []}
+    phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
+    phases.end("listing")
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
     if bucket_count:
         lakehouse.drop_batch_tables()
     keyed, multisets = KeyedTables(spark, staging, lakehouse), Multisets(spark, staging, lakehouse)
     states = lakehouse.read_state(pipeline)
+    phases.end("state_read")
     for source, state in states.items():
         if not lakehouse.exists(state.target):
             log.warning("table %s of %s is missing: rebuilding it from staging", state.target, source)
@@ -131,6 +134,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     problems = missing_history(plans, staging.read_file(RETENTION_RECORD))
     if problems:
         raise ApplyError("; ".join(problems) + ". Nothing was applied")
+    phases.end("planning")
     # Tables advance in rounds, one step each (the tables of a round side by side), then one state
     # commit: no table's recorded position ever lags its data by more than one step, so a crash
     # costs one exact re-apply per table.
@@ -143,13 +147,32 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
             for future in futures:
                 summary["steps"].append(future.result())  # the first failure, in table order, is raised
                 _crash_point(len(summary["steps"]))
+            phases.end("steps")
             lakehouse.write_state(pipeline, states)
+            phases.end("state_commits")
     if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
         summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
+        phases.end("retention")
     summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
+    summary["phases"] = phases.seconds
+    log.info("apply of %s took %.2fs: %s", pipeline, summary["seconds"],
+             ", ".join(f"{name} {seconds:.2f}s" for name, seconds in phases.seconds.items()))
     # listing, manifests and the state table (the steps' own jobs are counted per step)
     summary["spark_jobs"], summary["spark_stages"] = spark_work(spark, run_group)
     return summary
+
+
+class Phases:
+    """Seconds per phase of a run, summed over rounds: each :meth:`end` closes the time since the last."""
+
+    def __init__(self, started: float) -> None:
+        self.last = started
+        self.seconds: dict[str, float] = {}
+
+    def end(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self.last, 3)
+        self.last = now
 
 
 def _in_own_pool(spark, function, *args):

@@ -57,9 +57,7 @@ def _apply(staging: str, iceberg: IcebergConfig, task_id: str, **kwargs):
     events = OutletEventAccessors()
     result = operator.execute({"outlet_events": events})
     alias_events = events[AssetAlias("pglogical_apply_shop")].asset_alias_events
-    # and the JVM options the driver got
-    return result, {event.dest_asset_key.uri: event.extra for event in alias_events}, \
-        operator.conf.get("spark.driver.extraJavaOptions", "")
+    return result, {event.dest_asset_key.uri: event.extra for event in alias_events}, operator
 
 
 def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
@@ -73,18 +71,22 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
                                 postgres_conn_id=publisher.conn_id).execute({})
     PgInitialSyncOperator(task_id="sync", slot="shop", publications=["shop"], **common).execute({})
 
-    first, first_assets, java_options = _apply(staging, iceberg, "apply1")
+    first, first_assets, operator = _apply(staging, iceberg, "apply1")
     assert first["tables"] == ["public.customers", "public.orders"] and first["steps"] == 2 and first["rows"] == 47
     assert sorted(first_assets) == ["iceberg://lake/shop/public__customers", "iceberg://lake/shop/public__orders"]
     assert first_assets["iceberg://lake/shop/public__orders"]["rows"] == 40
     assert first_assets["iceberg://lake/shop/public__orders"]["source_table"] == "public.orders"
-    assert "TieredStopAtLevel" not in java_options  # no apply marker yet: what is pending is unknown
+    # no apply marker yet: what is pending is unknown, the JVM's default JIT
+    assert "TieredStopAtLevel" not in operator.conf.get("spark.driver.extraJavaOptions", "")
 
     publisher.execute("UPDATE orders SET status = 'paid' WHERE id <= 3; DELETE FROM orders WHERE id = 40")
     pulled = PgSlotPullOperator(task_id="pull", slot="shop", publications=["shop"], **common).execute({})
-    second, second_assets, java_options = _apply(staging, iceberg, "apply2")
+    second, second_assets, operator = _apply(staging, iceberg, "apply2")
     # 4 staged rows pending: the driver JVM compiled with C1 only (and ran the batch with it)
-    assert "-XX:TieredStopAtLevel=1" in java_options.split()
+    assert "-XX:TieredStopAtLevel=1" in operator.conf["spark.driver.extraJavaOptions"].split()
+    # the job says where its time went, phase by phase, within its own time
+    assert set(operator._job_phases) == {"listing", "state_read", "planning", "steps", "state_commits", "retention"}
+    assert sum(operator._job_phases.values()) <= operator._job_seconds + 0.01
     # only the table the batch changed gets an asset event, positioned at the batch's end
     assert second["tables"] == ["public.orders"] and second["rows"] == 4
     assert list(second_assets) == ["iceberg://lake/shop/public__orders"]
@@ -103,9 +105,9 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     publisher.execute("UPDATE orders SET status = 'sent' WHERE id = 5")
     PgSlotPullOperator(task_id="pull", slot="shop", publications=["shop"], **common).execute({})
-    third, _, java_options = _apply(staging, iceberg, "apply3", quick_jit_max_rows=None)
+    third, _, operator = _apply(staging, iceberg, "apply3", quick_jit_max_rows=None)
     assert third["tables"] == ["public.orders"] and third["rows"] == 1
-    assert "TieredStopAtLevel" not in java_options  # turned off: the JVM's default JIT
+    assert "TieredStopAtLevel" not in operator.conf.get("spark.driver.extraJavaOptions", "")  # turned off
 
     verified = PgVerifyOperator(task_id="verify", publications=["shop"], iceberg=iceberg,
                                 **common).execute({})
