@@ -22,11 +22,14 @@ sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment, as bench_tick does)
 
-SETTINGS = {
-    "archive": {},
-    "archive + C1 JIT only": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
-    "archive + no whole-stage codegen": {"spark.sql.codegen.wholeStage": "false"},
-    "archive + Spark UI off": {"spark.ui.enabled": "false"},
+#: name -> (the operator's quick JIT for small ticks on, more Spark properties)
+SETTINGS: dict[str, tuple[bool, dict[str, str]]] = {
+    "default JIT (quick_jit_max_rows=None)": (False, {}),
+    "quick JIT (the default)": (True, {}),
+    "quick JIT + no code generation": (True, {"spark.sql.codegen.wholeStage": "false",
+                                             "spark.sql.codegen.factoryMode": "NO_CODEGEN"}),
+    "quick JIT + Iceberg write distribution none": (True, {"spark.sql.iceberg.distribution-mode": "none"}),
+    "quick JIT + Spark UI off": (True, {"spark.ui.enabled": "false"}),
 }
 
 
@@ -47,11 +50,11 @@ def main() -> None:
         pipeline.apply()  # writes the archive
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in SETTINGS}
         for _ in range(args.rounds):
-            for name, conf in SETTINGS.items():
+            for name, (quick_jit, conf) in SETTINGS.items():
                 tick += 1
                 bench_tick.change_tables(pg, "d", names, tick)
                 pipeline.pull()
-                runs[name].append(pipeline.apply(conf=dict(conf)))
+                runs[name].append(pipeline.apply(quick_jit=quick_jit, conf=dict(conf)))
         for name, results in runs.items():
             print(f"{name}: apply task median {statistics.median(w for w, _ in results):.2f} s, in-job median "
                   f"{statistics.median(j for _, j in results):.2f} s; runs {', '.join(f'{w:.1f}' for w, _ in results)}")

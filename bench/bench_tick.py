@@ -117,6 +117,7 @@ class Pipeline:
         wall = time.perf_counter() - started
         self.work = [(step.get("spark_jobs", 0), step.get("spark_stages", 0)) for step in operator._applied_steps]
         self.steps = operator._applied_steps
+        self.phases = operator._job_phases
         return wall, operator._job_seconds
 
 
@@ -140,6 +141,7 @@ def ticks(args: argparse.Namespace) -> None:
             walls: dict[tuple[int, bool, bool], list[float]] = {s: [] for s in settings}
             in_job: dict[tuple[int, bool, bool], list[float]] = {s: [] for s in settings}
             work: list[tuple[int, int]] = []
+            phases: dict[tuple[int, bool, bool], list[dict]] = {s: [] for s in settings}
             tick = 0
             for _ in range(args.ticks + 1):
                 for setting in settings:  # interleaved: each setting meets the same machine state
@@ -150,19 +152,28 @@ def ticks(args: argparse.Namespace) -> None:
                     if tick > len(settings):  # the first round writes the archive: not measured
                         walls[setting].append(wall)
                         in_job[setting].append(job)
+                        phases[setting].append(pipeline.phases)
                         work += pipeline.work
             for setting in settings:
                 median = medians[count, setting] = statistics.median(walls[setting])
                 print(f"{count:>4} tables x 100 changes, {describe(setting)}: apply task median {median:6.2f} s "
                       f"({median / baseline:.2f}x bare spark-submit); in-job apply median "
                       f"{statistics.median(in_job[setting]):6.2f} s; runs "
-                      f"{', '.join(f'{w:.1f}' for w in walls[setting])}")
+                      f"{', '.join(f'{w:.1f}' for w in walls[setting])}; in-job phases (medians) "
+                      f"{phase_medians(phases[setting])}")
             print(f"{count:>4} tables: Spark jobs per step median {statistics.median(j for j, _ in work)}, "
                   f"max {max(j for j, _ in work)}; stages per step median {statistics.median(s for _, s in work)}, "
                   f"max {max(s for _, s in work)}")
         for (count, setting), median in medians.items():
             if count != 1 and (1, setting) in medians:
                 print(f"{describe(setting)}: {count} tables / 1 table: {median / medians[1, setting]:.2f}x")
+
+
+def phase_medians(runs: list[dict]) -> str:
+    """The job's phases (``apply_changes.Phases``), median seconds of each over the runs."""
+    order = ["listing", "state_read", "planning", "steps", "state_commits", "retention"]
+    names = sorted({name for run in runs for name in run}, key=lambda n: order.index(n) if n in order else len(order))
+    return ", ".join(f"{name} {statistics.median(run.get(name, 0.0) for run in runs):.2f} s" for name in names)
 
 
 def describe(setting: tuple[int, bool, bool]) -> str:
