@@ -23,6 +23,7 @@ def apply_operator(tmp_path, archives, java_options: str | None = None) -> Icebe
     return IcebergApplyOperator(task_id="apply", staging_root=(tmp_path / "staging").as_uri(), pipeline="empty",
                                 iceberg=IcebergConfig(warehouse=(tmp_path / "wh").as_uri(), namespace="archive"),
                                 conf=conf, skip_when_idle=False, class_archive_dir=str(archives),
+                                quick_jit_max_rows=None,  # the archive's options alone (the JIT: test_job_results)
                                 env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
 
 
