@@ -64,9 +64,8 @@ class KeyedTables(StepApplier):
         frame = reduced.frame
         if reduced.truncated:
             kept = frame.where(F.col("__op") != "D").select(*map(col, batch_columns))
-            for name, kind in types.items():  # dropped columns: NULL
-                if name not in batch_types:
-                    kept = kept.withColumn(name, F.lit(None).cast(kind))
+            kept = kept.withColumns({  # dropped columns: NULL
+                name: F.lit(None).cast(kind) for name, kind in types.items() if name not in batch_types})
             kept.select(*map(col, types)).writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
             return reduced.rows
         keep = reduced.unchanged_columns
@@ -127,10 +126,11 @@ class KeyedTables(StepApplier):
             *[col(v).alias(f"__lv{i}") for i, v in enumerate(values)], F.lit(True).alias("__found"))
         cond = reduce(lambda a, b: a & b, [F.col(f"__ok{i}").eqNullSafe(F.col(f"__lk{i}")) for i in range(len(keys))])
         fetched = moved.join(lake, cond, "left")
-        for index, name in enumerate(values):
+        taken = {}
+        for index, name in enumerate(values):  # one projection, every expression on the joined row
             take = F.col(f"__keep{index}") & F.col("__found").isNotNull()
-            fetched = fetched.withColumn(name, F.when(take, F.col(f"__lv{index}")).otherwise(col(name)))
-            fetched = fetched.withColumn(f"__keep{index}", F.col(f"__keep{index}") & ~take)
-        fetched = fetched.select(*map(col, frame.columns))
+            taken[name] = F.when(take, F.col(f"__lv{index}")).otherwise(col(name))
+            taken[f"__keep{index}"] = F.col(f"__keep{index}") & ~take
+        fetched = fetched.withColumns(taken).select(*map(col, frame.columns))
         return frame.where(same | (F.col("__op") == "D")).unionByName(fetched)
 

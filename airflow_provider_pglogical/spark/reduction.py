@@ -51,11 +51,13 @@ def read_rows(spark, files: list[str], staged: dict[str, str], types: dict[str, 
         old = OLD_KEY_PREFIX + key
         columns.append((col(old) if old in present else F.lit(None)).cast(types[key]).alias(f"__old{index}"))
     frame = raw.select(*columns)
-    for index, key in enumerate(keys):
-        # REPLICA IDENTITY FULL: every column is key, and an unchanged TOAST value is in the old tuple
-        old = F.col(f"__old{index}")
-        frame = frame.withColumn(key, F.when(F.array_contains("__u", key) & old.isNotNull(), old).otherwise(col(key)))
-    return frame
+    # REPLICA IDENTITY FULL: every column is key, and an unchanged TOAST value is in the old tuple
+    # (one projection for all keys: each withColumn is a round of analysis in the driver)
+    return frame.withColumns({
+        key: F.when(F.array_contains("__u", key) & F.col(f"__old{index}").isNotNull(), F.col(f"__old{index}"))
+        .otherwise(col(key))
+        for index, key in enumerate(keys)
+    })
 
 
 
@@ -123,9 +125,11 @@ def reduce_changes(spark, rows, keys: list[str], values: list[str], from_positio
     truncated = facts.last_truncate is not None
     rows = after_truncate(rows, facts.last_truncate).where(F.col("__op") != "T")
 
-    events = rows.withColumn("__sub", F.lit(1)).withColumn("__moved", is_key_change if facts.key_changes else F.lit(False))
-    for i, key in enumerate(keys):
-        events = events.withColumn(f"__src{i}", F.when(F.col("__moved"), F.col(f"__old{i}")).otherwise(col(key)))
+    moved = is_key_change if facts.key_changes else F.lit(False)
+    events = rows.withColumns({
+        "__sub": F.lit(1), "__moved": moved,
+        **{f"__src{i}": F.when(moved, F.col(f"__old{i}")).otherwise(col(key)) for i, key in enumerate(keys)},
+    })
     if facts.key_changes:
         # the old key of a key-changing UPDATE leaves: a delete event just before the new row
         away = events.where("__moved").select(
@@ -179,13 +183,14 @@ def _fill_unchanged(spark, events, keys, values, rounds: int):
         Window.unboundedPreceding, Window.currentRow)
 
     def fill(frame):
+        filled = {}
         for index, name in enumerate(values):
             sent = (F.col("__op") != "D") & ~F.array_contains("__u", name)
-            frame = frame.withColumn(f"__v{index}", F.last(F.when(sent, F.struct(col(name).alias("v"))), True).over(segment))
+            filled[f"__v{index}"] = F.last(F.when(sent, F.struct(col(name).alias("v"))), True).over(segment)
         for i, key in enumerate(keys):
             origin = F.first(F.when(F.col("__seg") > 0, F.col(f"__src{i}")), True).over(segment)
-            frame = frame.withColumn(f"__ok{i}", F.when(F.col("__seg") == 0, col(key)).otherwise(origin))
-        return frame
+            filled[f"__ok{i}"] = F.when(F.col("__seg") == 0, col(key)).otherwise(origin)
+        return frame.withColumns(filled)
 
     events = fill(events)
     for _ in range(rounds):
@@ -198,14 +203,16 @@ def _fill_unchanged(spark, events, keys, values, rounds: int):
         cond = [F.col("__moved"), F.col("__lsn") == F.col("__t_lsn"), F.col("__seq") == F.col("__t_seq")]
         cond += [F.col(f"__old{i}").eqNullSafe(F.col(f"__t_key{i}")) for i in range(len(keys))]
         joined = events.join(twins, reduce(lambda a, b: a & b, cond), "left")
-        inherited = []
-        for index, name in enumerate(values):
+        inherited, changed = [], {}
+        for index, name in enumerate(values):  # every expression reads the joined row as it was
             take = F.col("__moved") & F.array_contains("__u", name) & F.col(f"__t_v{index}").isNotNull()
-            joined = joined.withColumn(name, F.when(take, F.col(f"__t_v{index}")["v"]).otherwise(col(name)))
+            changed[name] = F.when(take, F.col(f"__t_v{index}")["v"]).otherwise(col(name))
             inherited.append(F.when(take, F.lit(name)))
-        joined = joined.withColumn("__u", F.array_except("__u", F.array(*inherited)) if inherited else F.col("__u"))
+        if inherited:
+            changed["__u"] = F.array_except("__u", F.array(*inherited))
         for i in range(len(keys)):
-            joined = joined.withColumn(f"__src{i}", F.when(F.col("__moved"), F.col(f"__t_ok{i}")).otherwise(F.col(f"__src{i}")))
+            changed[f"__src{i}"] = F.when(F.col("__moved"), F.col(f"__t_ok{i}")).otherwise(F.col(f"__src{i}"))
+        joined = joined.withColumns(changed)
         events = fill(joined.drop(*[c for c in joined.columns if c.startswith("__t_")]))
         if rounds > 3:  # each round doubles the plan: cut it
             events = events.localCheckpoint()
