@@ -270,14 +270,13 @@ def tune_session(spark) -> None:
             spark.conf.set(key, value)
 
 
-def main(argv: list[str] | None = None) -> int:
+def create_session(app_name: str, log_level: str):
+    """The job's Spark session: UTC, case-sensitive names, FAIR pools unless spark-submit chose."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     builder = (
-        SparkSession.builder.appName(f"pglogical-apply-{args.pipeline}")
+        SparkSession.builder.appName(app_name)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.caseSensitive", "true")
     )
@@ -285,12 +284,24 @@ def main(argv: list[str] | None = None) -> int:
     if not SparkConf().contains("spark.scheduler.mode"):
         builder = builder.config("spark.scheduler.mode", "FAIR")  # tables applied at once share fairly
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(args.log_level)
+    spark.sparkContext.setLogLevel(log_level)
     tune_session(spark)
-    summary = run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
-                  json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
-                  concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
-                  archive=args.archive)
+    return spark
+
+
+def run_with_args(spark, args: argparse.Namespace) -> dict:
+    """:func:`run` with the job's command-line arguments (:func:`parse_args`)."""
+    return run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
+               json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
+               concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
+               archive=args.archive)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spark = create_session(f"pglogical-apply-{args.pipeline}", args.log_level)
+    summary = run_with_args(spark, args)
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
     write_result(spark, summary)
     spark.stop()
