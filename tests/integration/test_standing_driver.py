@@ -119,11 +119,20 @@ def test_one_driver_serves_tick_after_tick_and_a_killed_one_is_replaced(publishe
     assert answer["driver"]["pid"] == pid and answer["result"]["steps"] == []
     assert any(line.startswith("pglogical.apply: apply of shop took") for line in lines), lines
 
+    # an apply that fails in the job fails the task with the job's error; the driver stays
+    publisher.execute("UPDATE orders SET status = 'shipped' WHERE id BETWEEN 5 AND 15")
+    batch = pull.execute({})["batch"]
+    manifest = tmp_path / "staging" / "shop" / batch.rsplit("/", 1)[-1] / "_manifest.json"
+    kept = manifest.read_bytes()
+    manifest.write_bytes(b"{not json")
+    with pytest.raises(DriverError, match="the apply failed in standing driver [0-9a-f]{16}: JSONDecodeError"):
+        _apply(staging, iceberg, driver_dir)
+    manifest.write_bytes(kept)
+    assert sockets[0].exists(), "the driver stays after a failed apply (it removes its socket when it ends)"
+
     # killed between ticks: the next tick starts a new one
     os.kill(pid, signal.SIGKILL)
     assert _wait_exit(pid, 60)
-    publisher.execute("UPDATE orders SET status = 'shipped' WHERE id BETWEEN 5 AND 15")
-    pull.execute({})
     third = _apply(staging, iceberg, driver_dir)
     assert third._driver["pid"] != pid and third._driver["run"] == 1
     assert third._applied_steps[0]["rows"] == 11
