@@ -198,7 +198,7 @@ def main() -> None:
         wrong = differences(pg, "submit", spark, tmp_path / "warehouse-submit") + differences(pg, "inproc", spark, warehouse)
         if standing:
             wrong += differences(pg, "standing", spark, tmp_path / "warehouse-standing")
-        print("every table equal to its source in both lakehouses" if not wrong else f"DIFFERENCES: {wrong}")
+        print("every table equal to its source in every lakehouse" if not wrong else f"DIFFERENCES: {wrong}")
         spark.stop()
         if wrong:
             raise SystemExit(1)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.spark.apply_server import PROTOCOL, READY_PREFIX
 
 #: how long a new driver may take to listen (JVM, Spark and Iceberg start-up on a busy machine)
@@ -30,8 +31,9 @@ DEFAULT_START_TIMEOUT = 300.0
 _SOCKET_PATH_LIMIT = 100  # sun_path holds 108 bytes on Linux
 
 
-class DriverError(RuntimeError):
-    """The standing driver could not be started or reached, or its apply failed."""
+class DriverError(PgLogicalError):
+    """The standing driver could not be started or reached, or its apply failed (retried by
+    Airflow; a setting that cannot work is raised as permanent)."""
 
 
 def default_directory(env: dict[str, str] | None = None) -> Path:
@@ -49,7 +51,7 @@ def private_directory(path: Path) -> Path:
     if status.st_uid != os.getuid() or status.st_mode & 0o077:
         raise DriverError(f"standing driver directory {path} must belong to uid {os.getuid()} with mode 0700 "
                           f"(it is uid {status.st_uid}, mode {status.st_mode & 0o777:o}): fix it or set "
-                          "PGLOGICAL_DRIVER_DIR to another directory")
+                          "PGLOGICAL_DRIVER_DIR to another directory", permanent=True)
     return path
 
 
@@ -77,7 +79,7 @@ class StandingDriver:
     def server_args(self, idle_seconds: float, max_runs: int) -> list[str]:
         if len(str(self.socket_path)) > _SOCKET_PATH_LIMIT:
             raise DriverError(f"socket path {self.socket_path} is longer than {_SOCKET_PATH_LIMIT} bytes; "
-                              "set PGLOGICAL_DRIVER_DIR to a shorter directory")
+                              "set PGLOGICAL_DRIVER_DIR to a shorter directory", permanent=True)
         return ["--socket", str(self.socket_path), "--idle-seconds", f"{idle_seconds:g}", "--max-runs", str(max_runs)]
 
     def apply(self, args: list[str], start: Callable[[], subprocess.Popen], log: Callable[[str], None],

@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.standing_driver import DriverError, StandingDriver
@@ -181,6 +182,7 @@ def test_bad_settings_are_refused_before_anything_starts(driver_dir, tmp_path):
     operator = IcebergApplyOperator(task_id="a", staging_root=f"file://{tmp_path}/s", pipeline="p",
                                     standing_driver=timedelta(minutes=1), standing_driver_dir=str(open_dir),
                                     skip_when_idle=False)
-    with pytest.raises(DriverError, match="must belong to uid .* with mode 0700"):
+    with pytest.raises(DriverError, match="must belong to uid .* with mode 0700") as raised:
         operator.execute({})
+    assert isinstance(raised.value, AirflowFailException), "a directory others can open fails without retries"
     assert list(open_dir.iterdir()) == [] and not _driver_pids(open_dir)
