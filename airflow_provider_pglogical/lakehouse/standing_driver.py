@@ -20,7 +20,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
@@ -61,20 +60,13 @@ def driver_key(command: list[str], env: dict[str, str]) -> str:
     return digest.hexdigest()[:16]
 
 
-@dataclass
 class StandingDriver:
-    """Where one configuration's driver listens, and how to start it."""
+    """Where one configuration's driver listens (``<key>.sock``), logs (``<key>.log``) and is
+    started under a lock (``<key>.lock``), and how to ask it."""
 
-    directory: Path
-    key: str
-
-    @property
-    def socket_path(self) -> Path:
-        return self.directory / f"{self.key}.sock"
-
-    @property
-    def log_path(self) -> Path:
-        return self.directory / f"{self.key}.log"
+    def __init__(self, directory: Path, key: str) -> None:
+        self.directory, self.key = directory, key
+        self.socket_path, self.log_path = directory / f"{key}.sock", directory / f"{key}.log"
 
     def server_args(self, idle_seconds: float, max_runs: int) -> list[str]:
         if len(str(self.socket_path)) > _SOCKET_PATH_LIMIT:
