@@ -204,7 +204,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 result = apply_on_standing_driver(self, self.job_args(), self.standing_driver,
                                                   self.standing_driver_dir)
             else:
-                result = self.submit(context, root, pending)
+                result = self.run_spark_submit(context, root, pending)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []))
@@ -222,7 +222,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "tables": sorted({step["table"] for step in steps}),
             }
 
-    def submit(self, context: Context, root, pending: list[str] | None) -> dict:
+    def run_spark_submit(self, context: Context, root, pending: list[str] | None) -> dict:
         """The apply as its own spark-submit; returns the job's result."""
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
         self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
