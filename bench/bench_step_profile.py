@@ -1,0 +1,143 @@
+"""Where one table's step goes in a warm Spark session: the job's parts and each Spark job.
+
+    python bench/bench_step_profile.py [--tables 1] [--ticks 4] [--conf KEY=VALUE ...]
+
+A pipeline of N tables (``bench_tick``'s: 1,000 rows, half with an 8 kB value left unchanged, 100
+changes per table per tick with key changes) applied by ``apply_changes.run`` in one long-lived
+session (what a standing driver runs). From the third tick on it prints, per tick, the seconds
+spent in the job's parts (the reduction with its aggregate, the MERGE statement, the state read
+and commit, DataFrame calls) and every Spark job the tick ran, with its duration, stages and
+tasks (from Spark's status REST API). ``--conf`` sets Spark properties on the session, for an
+A/B against a run without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import bench_tick  # noqa: E402  (prepares the environment)
+from bench.bench_soak import quiet_logs  # noqa: E402
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.spark import apply_changes, keyed, lakehouse_tables, steps  # noqa: E402
+
+UI_PORT = 4077
+TIMES: dict[str, list[float]] = collections.defaultdict(list)
+
+
+def timed(owner, name: str, label: str | None = None) -> None:
+    """Wrap ``owner.name`` so that each call's seconds go to ``TIMES[label or name]``."""
+    function = getattr(owner, name)
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            TIMES[label or name].append(time.perf_counter() - started)
+
+    setattr(owner, name, wrapper)
+
+
+def instrument() -> None:
+    from pyspark.sql import dataframe, session
+
+    timed(lakehouse_tables.Lakehouse, "read_state")
+    timed(lakehouse_tables.Lakehouse, "write_state")
+    timed(lakehouse_tables.Lakehouse, "ensure_table")
+    timed(steps.StepApplier, "read_batch")
+    timed(keyed, "reduce_changes")
+    timed(keyed.KeyedTables, "_fetch_moved")
+    timed(dataframe.DataFrame, "first", "DataFrame.first (the batch's aggregate)")
+    sql = session.SparkSession.sql
+
+    def statement(self, query, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return sql(self, query, *args, **kwargs)
+        finally:
+            TIMES["sql " + " ".join(query.split()[:2])].append(time.perf_counter() - started)
+
+    session.SparkSession.sql = statement
+
+
+def session(warehouse: Path, conf: dict[str, str]):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("pglogical-step-profile")
+    settings = {**IcebergConfig(warehouse=warehouse.as_uri(), namespace="bench").spark_conf(),
+                "spark.driver.memory": "2g", "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
+                "spark.scheduler.mode": "FAIR", "spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT),
+                "spark.ui.showConsoleProgress": "false", **conf}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    apply_changes.tune_session(spark)
+    return spark
+
+
+def spark_jobs(spark) -> list[dict]:
+    url = f"http://127.0.0.1:{UI_PORT}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
+    with urllib.request.urlopen(url) as response:
+        return json.load(response)
+
+
+def seconds(job: dict) -> float:
+    def parse(stamp: str) -> datetime:
+        return datetime.strptime(stamp.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
+
+    return (parse(job["completionTime"]) - parse(job["submissionTime"])).total_seconds()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tables", type=int, default=1)
+    parser.add_argument("--ticks", type=int, default=4)
+    parser.add_argument("--conf", action="append", default=[], help="a Spark property KEY=VALUE (repeatable)")
+    args = parser.parse_args()
+    conf = dict(item.split("=", 1) for item in args.conf)
+    quiet_logs()
+    instrument()
+    with tempfile.TemporaryDirectory() as tmp, bench_tick.cluster("bench_profile") as pg:
+        tmp_path = Path(tmp)
+        pg.create_database("profile")
+        names = bench_tick.create_tables(pg, "profile", args.tables)
+        pipeline = bench_tick.Pipeline(pg, "profile", tmp_path, "profile")
+        pipeline.sync()
+        spark = session(tmp_path / "warehouse-profile", conf)
+        staging = (tmp_path / "staging-profile").as_uri()
+        apply_changes.run(spark, staging, "p", namespace="bench")  # the snapshot
+        for tick in range(1, args.ticks + 1):
+            bench_tick.change_tables(pg, "profile", names, tick)
+            pipeline.pull()
+            seen = {job["jobId"] for job in spark_jobs(spark)}
+            TIMES.clear()
+            started = time.perf_counter()
+            result = apply_changes.run(spark, staging, "p", namespace="bench")
+            wall = time.perf_counter() - started
+            print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}", flush=True)
+            if tick < 3:  # the session's first changes: cold
+                continue
+            for part, runs in sorted(TIMES.items()):
+                print(f"   {part}: {sum(runs):.3f} s over {len(runs)} call(s)")
+            for job in sorted((j for j in spark_jobs(spark) if j["jobId"] not in seen), key=lambda j: j["jobId"]):
+                print(f"   job {job['jobId']:4d} {seconds(job):6.3f} s, {len(job['stageIds'])} stage(s), "
+                      f"{job['numTasks']:3d} tasks: {job['name'][:80]}")
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
