@@ -184,15 +184,17 @@ def run_workload(conn, tables: list[SourceTable], changes: int, tick: int, rng: 
     return per_table * len(tables)
 
 
-def spark_session(warehouse: Path, driver_memory: str):
-    """The long-lived session, configured as ``apply_changes.main`` configures the job's."""
+def spark_session(warehouse: Path, driver_memory: str, extra: dict[str, str] | None = None,
+                  app_name: str = "pglogical-soak"):
+    """The long-lived session, configured as ``apply_changes.main`` configures the job's (``extra``
+    on top)."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[2]").appName("pglogical-soak")
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
     conf = {**IcebergConfig(warehouse=warehouse.as_uri(), namespace=NAMESPACE).spark_conf(),
             "spark.driver.memory": driver_memory, "spark.sql.session.timeZone": "UTC",
             "spark.sql.caseSensitive": "true", "spark.scheduler.mode": "FAIR", "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false"}
+            "spark.ui.showConsoleProgress": "false", **(extra or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -28,8 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment)
-from bench.bench_soak import quiet_logs  # noqa: E402
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
+from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark import apply_changes, keyed, lakehouse_tables, steps  # noqa: E402
 
 UI_PORT = 4077
@@ -74,19 +73,9 @@ def instrument() -> None:
 
 
 def session(warehouse: Path, conf: dict[str, str]):
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master("local[2]").appName("pglogical-step-profile")
-    settings = {**IcebergConfig(warehouse=warehouse.as_uri(), namespace="bench").spark_conf(),
-                "spark.driver.memory": "2g", "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
-                "spark.scheduler.mode": "FAIR", "spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT),
-                "spark.ui.showConsoleProgress": "false", **conf}
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    apply_changes.tune_session(spark)
-    return spark
+    """The long-lived session of the soak benchmark, with Spark's UI (its REST API lists the jobs)."""
+    return spark_session(warehouse, "2g", {"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT), **conf},
+                         "pglogical-step-profile")
 
 
 def spark_jobs(spark) -> list[dict]:
