@@ -38,6 +38,8 @@ from airflow_provider_pglogical.spark import apply_changes
 #: the first line the driver prints on stdout once it listens, followed by its pid
 READY_PREFIX = "PGLOGICAL_APPLY_DRIVER_READY "
 PROTOCOL = 1
+#: seconds a client has to send its request once connected
+REQUEST_TIMEOUT = 30.0
 log = logging.getLogger("pglogical.apply_server")
 
 
@@ -77,6 +79,7 @@ def handle(spark, connection: socket.socket, run_number: int) -> bool:
     """Run one request: the apply it names, with its log lines and result sent back. False when
     the apply failed and Spark itself is no longer usable (the driver should end)."""
     request = read_request(connection)
+    connection.settimeout(None)  # the request is in: the apply takes what it takes
     if request.get("protocol") != PROTOCOL or request.get("op") != "apply":
         send(connection, {"error": f"unknown request (protocol {request.get('protocol')}, op {request.get('op')}); "
                                    f"this driver speaks protocol {PROTOCOL}"})
@@ -111,8 +114,11 @@ def usable(spark) -> bool:
         return False
 
 
-def serve(spark, listener: socket.socket, idle_seconds: float, max_runs: int) -> str:
-    """Answer requests one at a time until idle or worn; returns why it stopped."""
+def serve(spark, listener: socket.socket, idle_seconds: float, max_runs: int,
+          request_timeout: float = REQUEST_TIMEOUT) -> str:
+    """Answer requests one at a time until idle or worn; returns why it stopped. A client that
+    connects but sends no request within ``request_timeout`` is dropped, so it cannot hold up
+    the others."""
     runs = 0
     listener.settimeout(idle_seconds)
     while True:
@@ -122,7 +128,7 @@ def serve(spark, listener: socket.socket, idle_seconds: float, max_runs: int) ->
             return f"no request for {idle_seconds:g} s"
         runs += 1
         with connection:
-            connection.settimeout(None)
+            connection.settimeout(request_timeout)
             try:
                 if not handle(spark, connection, runs):
                     return "Spark is no longer usable after a failed apply"
