@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import tempfile
@@ -117,9 +118,12 @@ class StandingDriver:
             log(f"started standing driver {self.key} (pid {process.pid}, log {self.log_path})")
             ready = _wait_ready(process, timeout)
             if not ready:
-                process.kill()
-                raise DriverError(f"standing driver {self.key} did not start within {timeout:g} s "
-                                  f"(exit code {process.poll()}); its log: {self.log_path}")
+                exited = process.poll()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)  # its session: spark-submit's JVM and its Python
+                why = (f"exited before it listened (exit code {exited})" if exited is not None
+                       else f"did not listen within {timeout:g} s")
+                raise DriverError(f"standing driver {self.key} {why}; its log: {self.log_path}")
             connection = self._connect()
             if connection is None:
                 raise DriverError(f"standing driver {self.key} said it listens but {self.socket_path} refused; "

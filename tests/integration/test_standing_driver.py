@@ -186,3 +186,16 @@ def test_bad_settings_are_refused_before_anything_starts(driver_dir, tmp_path):
         operator.execute({})
     assert isinstance(raised.value, AirflowFailException), "a directory others can open fails without retries"
     assert list(open_dir.iterdir()) == [] and not _driver_pids(open_dir)
+
+
+def test_a_driver_that_cannot_start_fails_the_task_with_its_log(driver_dir, tmp_path):
+    operator = IcebergApplyOperator(task_id="a", staging_root=f"file://{tmp_path}/s", pipeline="p",
+                                    standing_driver=timedelta(minutes=1), standing_driver_dir=str(driver_dir),
+                                    skip_when_idle=False, asset_alias=None,
+                                    env_vars={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(tmp_path / "no-python")})
+    with pytest.raises(DriverError, match=r"exited before it listened \(exit code \d+\); its log: .*\.log") as raised:
+        operator.execute({})
+    assert not isinstance(raised.value, AirflowFailException), "a driver that failed to start is retried"
+    log = Path(str(raised.value).rsplit("its log: ", 1)[1])
+    assert "no-python" in log.read_text(), "its log says why"
+    assert not _driver_pids(driver_dir) and not list(driver_dir.glob("*.sock"))
