@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
-from airflow_provider_pglogical.spark.apply_server import PROTOCOL, READY_PREFIX
+from airflow_provider_pglogical.spark.apply_server import PROTOCOL, READY_PREFIX, not_private
 
 #: how long a new driver may take to listen (JVM, Spark and Iceberg start-up on a busy machine)
 DEFAULT_START_TIMEOUT = 300.0
@@ -47,11 +47,10 @@ def default_directory(env: dict[str, str] | None = None) -> Path:
 def private_directory(path: Path) -> Path:
     """Create ``path`` with mode 0700, or check that it is this user's alone."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    status = path.stat()
-    if status.st_uid != os.getuid() or status.st_mode & 0o077:
-        raise DriverError(f"standing driver directory {path} must belong to uid {os.getuid()} with mode 0700 "
-                          f"(it is uid {status.st_uid}, mode {status.st_mode & 0o777:o}): fix it or set "
-                          "PGLOGICAL_DRIVER_DIR to another directory", permanent=True)
+    problem = not_private(str(path))
+    if problem:
+        raise DriverError(f"standing driver {problem}: fix it or set PGLOGICAL_DRIVER_DIR to another directory",
+                          permanent=True)
     return path
 
 

@@ -138,13 +138,21 @@ def serve(spark, listener: socket.socket, idle_seconds: float, max_runs: int,
             return f"{runs} runs served"
 
 
-def listen(path: str) -> socket.socket:
-    """Listen on ``path``, whose directory must be this user's alone (nobody else may ask)."""
-    directory = os.path.dirname(path) or "."
+def not_private(directory: str) -> str | None:
+    """Why ``directory`` is not this user's alone (so others could ask the driver), or None.
+    The operator checks it before starting a driver, the driver again before it listens."""
     status = os.stat(directory)
     if status.st_uid != os.getuid() or status.st_mode & 0o077:
-        raise SystemExit(f"apply driver: directory {directory} must belong to uid {os.getuid()} with mode 0700 "
-                         f"(it is uid {status.st_uid}, mode {status.st_mode & 0o777:o}); nothing was started")
+        return (f"directory {directory} must belong to uid {os.getuid()} with mode 0700 "
+                f"(it is uid {status.st_uid}, mode {status.st_mode & 0o777:o})")
+    return None
+
+
+def listen(path: str) -> socket.socket:
+    """Listen on ``path``, whose directory must be this user's alone (nobody else may ask)."""
+    problem = not_private(os.path.dirname(path) or ".")
+    if problem:
+        raise SystemExit(f"apply driver: {problem}; nothing was started")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)  # fails if another driver listens there: the operator starts one at a time
     listener.listen(16)
