@@ -93,15 +93,18 @@ def handle(spark, connection: socket.socket, run_number: int) -> bool:
     forward = _Forward(connection)
     root = logging.getLogger()
     root.addHandler(forward)
+    failure = None
     try:
         summary = apply_changes.run_with_args(spark, args)
     except Exception as error:  # the driver outlives a failed apply, as the next spark-submit would start
-        log.warning("apply of %s failed: %s", args.pipeline, error)
-        root.removeHandler(forward)
+        failure = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    finally:
+        root.removeHandler(forward)  # our own lines below stay out of the client's log
+    if failure:
+        log.warning("apply of %s failed: %s", args.pipeline, failure["error"])
         with contextlib.suppress(OSError):
-            send(connection, {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()})
+            send(connection, failure)
         return usable(spark)
-    root.removeHandler(forward)
     send(connection, {"result": summary, "driver": {"pid": os.getpid(), "run": run_number}})
     return True
 
