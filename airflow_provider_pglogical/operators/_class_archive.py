@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 
+def driver_runs_here(connection: dict) -> bool:
+    """True when the Spark connection (as ``SparkSubmitHook`` resolves it) starts the driver on
+    this machine: a local master or client deploy mode, not cluster deploy mode."""
+    return connection.get("deploy_mode") != "cluster"
+
+
 @contextmanager
 def driver_class_archive(operator: SparkSubmitOperator, directory: str | None,
                          enabled: bool = True) -> Iterator[ArchiveRun | None]:
@@ -28,7 +34,7 @@ def driver_class_archive(operator: SparkSubmitOperator, directory: str | None,
         yield None
         return
     connection = operator._get_hook()._connection  # the master and deploy mode the hook resolves
-    if connection.get("deploy_mode") == "cluster":
+    if not driver_runs_here(connection):
         yield None
         return
     env = {**os.environ, **(operator.env_vars or {})}

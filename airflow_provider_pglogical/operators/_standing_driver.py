@@ -27,10 +27,6 @@ SERVER_APP = Path(__file__).resolve().parent.parent / "spark" / "apply_server.py
 DEFAULT_MAX_RUNS = 1000
 
 
-def driver_runs_here(operator: SparkSubmitOperator) -> bool:
-    return operator._get_hook()._connection.get("deploy_mode") != "cluster"
-
-
 def apply_on_standing_driver(operator: SparkSubmitOperator, job_args: list[str], idle: timedelta,
                              directory: str | None = None, max_runs: int = DEFAULT_MAX_RUNS) -> dict:
     """Run the apply with ``job_args`` on this configuration's driver (started if none listens);

@@ -34,9 +34,9 @@ from airflow_provider_pglogical.staging.apply_marker import pending_batches, pen
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.management.validation import check_count, check_pipeline_name, check_staging_root
-from airflow_provider_pglogical.operators._class_archive import driver_class_archive
+from airflow_provider_pglogical.operators._class_archive import driver_class_archive, driver_runs_here
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.operators._standing_driver import apply_on_standing_driver, driver_runs_here
+from airflow_provider_pglogical.operators._standing_driver import apply_on_standing_driver
 
 try:
     from airflow.sdk.exceptions import AirflowSkipException
@@ -197,7 +197,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             if self.skip_when_idle:
                 self.skip_if_idle(pending, lakehouse)
             self.py_files = with_job_bundle(self.py_files)
-            if self.standing_driver is not None and driver_runs_here(self):
+            if self.standing_driver is not None and driver_runs_here(self._get_hook()._connection):
                 # a session that outlives the tick must see other jobs' commits (maintenance, backfills)
                 self.conf = {f"spark.sql.catalog.{self.iceberg.catalog}.cache-enabled": "false",
                              **self.iceberg.spark_conf(), **(self.conf or {})}
