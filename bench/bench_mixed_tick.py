@@ -194,7 +194,7 @@ def main() -> None:
                   f"{statistics.median(r['standing_task'] for r in rows):.2f} s "
                   f"({statistics.median(r['standing_task'] for r in rows) / baseline:.2f}x bare spark-submit), "
                   f"in-job {statistics.median(r['in_job_standing'] for r in rows):.2f} s")
-            bench_tick.stop_drivers(standing.drivers)
+            bench_tick.kill_naming(standing.drivers)
         wrong = differences(pg, "submit", spark, tmp_path / "warehouse-submit") + differences(pg, "inproc", spark, warehouse)
         if standing:
             wrong += differences(pg, "standing", spark, tmp_path / "warehouse-standing")

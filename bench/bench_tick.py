@@ -51,6 +51,7 @@ from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E4
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
+from tests.support.processes import kill_naming  # noqa: E402
 from tests.support.spark_jobs import bare_spark_submit_seconds  # noqa: E402
 
 ROWS = 1000
@@ -99,7 +100,7 @@ class Pipeline:
         self.iceberg = IcebergConfig(warehouse=(tmp / f"warehouse-{tag}").as_uri(), namespace="bench")
         self.slot = f"bench_{tag}"
         self.archives = str(tmp / "class-archives")  # the driver's class archive, one per run of the bench
-        self.drivers = tmp / "drivers"  # standing drivers' sockets (stop_drivers ends them)
+        self.drivers = tmp / "drivers"  # standing drivers' sockets (kill_naming ends them)
 
     def sync(self) -> None:
         run_initial_sync(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
@@ -175,7 +176,7 @@ def ticks(args: argparse.Namespace) -> None:
             print(f"{count:>4} tables: Spark jobs per step median {statistics.median(j for j, _ in work)}, "
                   f"max {max(j for j, _ in work)}; stages per step median {statistics.median(s for _, s in work)}, "
                   f"max {max(s for _, s in work)}")
-        stop_drivers(tmp_path / "drivers")
+        kill_naming(tmp_path / "drivers")
         for (count, setting), median in medians.items():
             if count != 1 and (1, setting) in medians:
                 print(f"{describe(setting)}: {count} tables / 1 table: {median / medians[1, setting]:.2f}x")
@@ -194,18 +195,6 @@ def describe(setting: tuple) -> str:
         return f"concurrency {concurrency}, standing driver"
     return (f"concurrency {concurrency}, class archive {'on' if archive else 'off'}, "
             f"quick JIT {'on' if quick else 'off'}")
-
-
-def stop_drivers(directory: Path) -> None:
-    """End the standing drivers whose socket is in ``directory`` (the bench's own)."""
-    import signal
-
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and str(directory).encode() in (entry / "cmdline").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-        except OSError:
-            continue
 
 
 def freshness(args: argparse.Namespace) -> None:
@@ -232,7 +221,7 @@ def freshness(args: argparse.Namespace) -> None:
         finally:
             stop.set()
             thread.join()
-            stop_drivers(Path(tmp) / "drivers")
+            kill_naming(Path(tmp) / "drivers")
         report_freshness(args, commits, visible, timings, baseline)
 
 

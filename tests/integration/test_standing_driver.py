@@ -25,6 +25,7 @@ from airflow_provider_pglogical.operators.publication import PgCreatePublication
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from airflow_provider_pglogical.spark.apply_server import PROTOCOL
+from tests.support.processes import kill_naming, pids_naming
 from tests.support.spark_jobs import reading_session
 
 pytestmark = pytest.mark.spark
@@ -42,21 +43,7 @@ def driver_dir(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     directory = Path(tempfile.mkdtemp(prefix="drv"))
     yield directory
-    for pid in _driver_pids(directory):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _driver_pids(directory: Path) -> list[int]:
-    """The processes whose command line names a socket in ``directory`` (spark-submit's JVM and its Python)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(directory).encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
+    kill_naming(directory)
 
 
 def _wait_exit(pid: int, timeout: float) -> bool:
@@ -185,7 +172,7 @@ def test_bad_settings_are_refused_before_anything_starts(driver_dir, tmp_path):
     with pytest.raises(DriverError, match="must belong to uid .* with mode 0700") as raised:
         operator.execute({})
     assert isinstance(raised.value, AirflowFailException), "a directory others can open fails without retries"
-    assert list(open_dir.iterdir()) == [] and not _driver_pids(open_dir)
+    assert list(open_dir.iterdir()) == [] and not pids_naming(open_dir)
 
 
 def test_a_driver_that_cannot_start_fails_the_task_with_its_log(driver_dir, tmp_path):
@@ -198,4 +185,4 @@ def test_a_driver_that_cannot_start_fails_the_task_with_its_log(driver_dir, tmp_
     assert not isinstance(raised.value, AirflowFailException), "a driver that failed to start is retried"
     log = Path(str(raised.value).rsplit("its log: ", 1)[1])
     assert "no-python" in log.read_text(), "its log says why"
-    assert not _driver_pids(driver_dir) and not list(driver_dir.glob("*.sock"))
+    assert not pids_naming(driver_dir) and not list(driver_dir.glob("*.sock"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -21,3 +22,26 @@ def kill_tree(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # it ended on its own meanwhile
         pass
+
+
+def pids_naming(path: Path) -> list[int]:
+    """The processes whose command line holds ``path`` (a standing driver: spark-submit's JVM and
+    its Python, named by their socket's directory)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # it ended meanwhile
+                continue
+    return pids
+
+
+def kill_naming(path: Path) -> None:
+    """SIGKILL every process :func:`pids_naming` finds."""
+    for pid in pids_naming(path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
