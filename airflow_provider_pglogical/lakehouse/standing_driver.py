@@ -115,13 +115,17 @@ class StandingDriver:
                 self.socket_path.unlink()  # left by a driver that was killed
             process = start()
             log(f"started standing driver {self.key} (pid {process.pid}, log {self.log_path})")
-            ready = _wait_ready(process, timeout)
-            if not ready:
-                exited = process.poll()
+            outcome = _wait_ready(process, timeout)
+            if outcome != "ready":
+                exited = _exit_code(process) if outcome == "closed" else process.poll()
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)  # its session: spark-submit's JVM and its Python
-                why = (f"exited before it listened (exit code {exited})" if exited is not None
-                       else f"did not listen within {timeout:g} s")
+                if exited is not None:
+                    why = f"exited before it listened (exit code {exited})"
+                elif outcome == "closed":
+                    why = "closed its output before it listened"
+                else:
+                    why = f"did not listen within {timeout:g} s"
                 raise DriverError(f"standing driver {self.key} {why}; its log: {self.log_path}")
             connection = self._connect()
             if connection is None:
@@ -159,8 +163,9 @@ class StandingDriver:
                           f"table decides what was applied, a retry applies the rest; its log: {self.log_path}")
 
 
-def _wait_ready(process: subprocess.Popen, timeout: float) -> bool:
-    """Read the driver's stdout until its ready line, its exit or the deadline."""
+def _wait_ready(process: subprocess.Popen, timeout: float) -> str:
+    """Read the driver's stdout until its ready line (``"ready"``), its end (``"closed"``: it
+    exits) or the deadline (``"timeout"``)."""
     deadline = time.monotonic() + timeout
     stdout = process.stdout
     assert stdout is not None
@@ -169,18 +174,27 @@ def _wait_ready(process: subprocess.Popen, timeout: float) -> bool:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return False
+                return "timeout"
             readable, _, _ = select.select([stdout], [], [], left)
             if not readable:
-                return False
+                return "timeout"
             chunk = os.read(stdout.fileno(), 65536)
             if not chunk:
-                return False  # it exited
+                return "closed"
             buffered += chunk
             if READY_PREFIX.encode() in buffered:
-                return True
+                return "ready"
     finally:
         stdout.close()
+
+
+def _exit_code(process: subprocess.Popen, grace: float = 10.0) -> int | None:
+    """The exit code of a process whose output ended: the end of its stdout comes before the
+    kernel has reaped it, so ``poll()`` at that moment can still say it runs."""
+    try:
+        return process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def start_process(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:

@@ -7,7 +7,9 @@ driver's behaviour is tested in tests/integration/test_standing_driver.py).
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -112,3 +114,27 @@ def test_twice_closed_before_accepting_gives_up(driver):
     StandIn(driver.socket_path, [None, None])
     with pytest.raises(DriverError, match="closed twice before accepting the apply"):
         driver.apply([], _no_start, lambda line: None)
+
+
+def _stand_in_process(script: str):
+    """A driver that never listens: ``script`` runs in a session of its own, as the real one."""
+    return lambda: subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+
+
+def test_a_driver_whose_output_ends_before_it_exits_is_reported_as_exited(driver):
+    # its stdout reaches its end while the process still runs (the kernel reaps it later): the
+    # exit code is awaited, not taken for "still starting"
+    with pytest.raises(DriverError, match=r"exited before it listened \(exit code 3\); its log: .*\.log"):
+        driver.apply([], _stand_in_process("exec >&-; sleep 1; exit 3"), lambda line: None, start_timeout=60)
+
+
+def test_a_driver_that_never_listens_is_killed_at_the_deadline(driver):
+    started = []
+
+    def start():
+        started.append(_stand_in_process("sleep 600")())
+        return started[0]
+
+    with pytest.raises(DriverError, match=r"did not listen within 0.5 s"):
+        driver.apply([], start, lambda line: None, start_timeout=0.5)
+    assert started[0].wait(timeout=10) == -signal.SIGKILL, "its session is killed"
