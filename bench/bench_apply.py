@@ -15,18 +15,15 @@ With ``--write-docs`` the results replace the "Apply (Spark → Iceberg)" sectio
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import contextlib
 import json
 import os
-import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import pyarrow as pa
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -36,83 +33,13 @@ prepare()  # spark-submit beside this interpreter, Spark on loopback
 
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
-from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest  # noqa: E402
-from airflow_provider_pglogical.staging.batches import BatchWriter  # noqa: E402
 from tests.support.spark_jobs import run_job, submit_command  # noqa: E402
 from airflow_provider_pglogical.spark import apply_changes as job  # noqa: E402
+from airflow_provider_pglogical.spark import keyed  # noqa: E402
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse  # noqa: E402
+from tests.support.accounts_batches import SNAPSHOT_LSN, SOURCE, stage  # noqa: E402
 
-COLUMNS = [
-    {"name": "id", "type": "int8", "key": True},
-    {"name": "balance", "type": "numeric", "formatted": "numeric(12,2)"},
-    {"name": "status", "type": "text"},
-    {"name": "note", "type": "text"},
-    {"name": "updated_at", "type": "timestamptz"},
-]
-SOURCE = "public.accounts"
-SNAPSHOT_LSN = 0x1000
-CHANGES_END = 0x100000
 SECTION = "## Apply (Spark → Iceberg)"
-
-
-def values(ids: pa.Array, salt: int) -> dict[str, pa.Array]:
-    import pyarrow.compute as pc
-
-    n = len(ids)
-    cents = pc.add(pc.multiply(ids, 7), salt)
-    return {
-        "id": ids,
-        "balance": pc.cast(pc.cast(pc.bit_wise_and(cents, 0xFFFFFF), pa.int32()), pa.decimal128(12, 2)),
-        "status": pc.take(pa.array(["open", "closed", "frozen", "review"]), pc.bit_wise_and(ids, 3)),
-        "note": pa.array([f"account note {salt} " + "x" * 20] * n, pa.string()),
-        "updated_at": pc.cast(pc.add(pc.multiply(ids, 1_000_000), 1_700_000_000_000_000), pa.timestamp("us", tz="UTC")),
-    }
-
-
-def stage(root: Path, pipeline: str, size: int, changes: int, seed: int = 7) -> None:
-    from airflow.sdk import ObjectStoragePath
-
-    table = TableManifest(schema="public", name="accounts", columns=COLUMNS, key=["id"])
-    writer = BatchWriter(ObjectStoragePath(root.as_uri()),
-                         BatchManifest(pipeline=pipeline, kind="snapshot", start_lsn=f"0/{SNAPSHOT_LSN:X}",
-                                       end_lsn=f"0/{SNAPSHOT_LSN:X}"))
-    writer.add_table(table)
-    part = 1_000_000
-    for start in range(1, size + 1, part):
-        ids = pa.array(range(start, min(start + part, size + 1)), pa.int64())
-        writer.write_part(SOURCE, pa.table(values(ids, 0)))
-    writer.commit()
-
-    rng = random.Random(seed)
-    existing = rng.sample(range(1, size + 1), int(changes * 0.8))
-    updates, deletes = existing[: int(changes * 0.6)], existing[int(changes * 0.6):]
-    inserts = list(range(size + 1, size + 1 + changes - len(existing)))
-    ops = [("U", i) for i in updates] + [("D", i) for i in deletes] + [("I", i) for i in inserts]
-    rng.shuffle(ops)
-    ids = pa.array([i for _, i in ops], pa.int64())
-    data = values(ids, 1)
-    deleted = pa.array([op == "D" for op, _ in ops])
-    import pyarrow.compute as pc
-
-    for name in ("balance", "status", "note", "updated_at"):  # a DELETE carries the key only
-        data[name] = pc.if_else(deleted, pa.scalar(None, data[name].type), data[name])
-    n = len(ops)
-    batch = {
-        "_op": pa.array([op for op, _ in ops]),
-        "_commit_lsn": pa.array([SNAPSHOT_LSN + 1 + i // 10 for i in range(n)], pa.int64()),
-        "_seq": pa.array(range(n), pa.int64()),
-        "_xid": pa.array([1000 + i // 10 for i in range(n)], pa.int64()),
-        "_commit_ts": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)] * n, pa.timestamp("us", tz="UTC")),
-        "_unchanged_toast": pa.array([None] * n, pa.list_(pa.string())),
-        **data,
-        "_old_id": pa.array([None] * n, pa.int64()),
-    }
-    writer = BatchWriter(ObjectStoragePath(root.as_uri()),
-                         BatchManifest(pipeline=pipeline, kind="changes", start_lsn=f"0/{SNAPSHOT_LSN:X}",
-                                       end_lsn=f"0/{CHANGES_END:X}"))
-    writer.add_table(TableManifest(schema="public", name="accounts", columns=COLUMNS, key=["id"]))
-    writer.write_part(SOURCE, pa.table(batch))
-    writer.commit()
 
 
 def session(warehouse: Path, driver_memory: str, extra: dict[str, str]):
@@ -162,6 +89,19 @@ class Table:
                 "apply_seconds": self.times, "median": statistics.median(self.times), "changes": self.changes}
 
 
+@contextlib.contextmanager
+def pruning(layout: str):
+    """``<layout>-unpruned``: the job without the bloom-filter source (``keyed.pruning_source``),
+    as it was before it: every MERGE shuffles the whole table."""
+    saved = keyed.PRUNED_MERGE_ROWS
+    if layout.endswith("-unpruned"):
+        keyed.PRUNED_MERGE_ROWS = sys.maxsize
+    try:
+        yield
+    finally:
+        keyed.PRUNED_MERGE_ROWS = saved
+
+
 def submit_seconds(warehouse: Path, root: Path, pipeline: str, namespace: str, repeats: int = 3) -> tuple[float, str]:
     """Median wall time of the last 3 spark-submits of the job (which find nothing to apply)."""
     command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", pipeline, "--namespace", namespace],
@@ -197,7 +137,8 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmups", type=int, default=5, help="applies before the measured ones (JIT warm-up)")
-    parser.add_argument("--layouts", default="plain,bucket16", help="plain | bucketN, comma separated")
+    parser.add_argument("--layouts", default="plain,bucket16",
+                        help="plain | plain-unpruned | bucketN, comma separated")
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -225,19 +166,24 @@ def main() -> None:
         print(f"spark-submit, no batch: {empty[0]:.2f}s; all batches applied: {applied[0]:.2f}s", flush=True)
         spark = session(warehouse, args.driver_memory, dict(c.split("=", 1) for c in args.conf))
         loads = [os.getloadavg()[0]]
+        tables = {}
         for layout in layouts:
             buckets = int(layout[len("bucket"):]) if layout.startswith("bucket") else None
-            tables = {size: Table(spark, root, f"n{size}", f"{layout}_{size}", buckets) for size in sizes}
-            # sizes alternate, so that whatever else the machine does weighs on both alike
-            for round_ in range(args.warmups + args.repeats):
-                for size, table in tables.items():
+            for size in sizes:
+                with pruning(layout):
+                    tables[(layout, size)] = Table(spark, root, f"n{size}", f"{layout.replace('-', '_')}_{size}",
+                                                   buckets)
+        # layouts and sizes alternate, so that whatever else the machine does weighs on all alike
+        for round_ in range(args.warmups + args.repeats):
+            for (layout, size), table in tables.items():
+                with pruning(layout):
                     seconds = table.apply_again()
-                    if round_ >= args.warmups:
-                        table.times.append(seconds)
-            for size, table in tables.items():
-                results[(layout, size)] = table.result()
-                print(layout, size, json.dumps(results[(layout, size)]), flush=True)
+                if round_ >= args.warmups:
+                    table.times.append(seconds)
             loads.append(os.getloadavg()[0])
+        for (layout, size), table in tables.items():
+            results[(layout, size)] = table.result()
+            print(layout, size, json.dumps(results[(layout, size)]), flush=True)
         spark.stop()
     finally:
         if not args.keep:

@@ -251,9 +251,17 @@ def session_defaults(default_parallelism: int) -> dict[str, str]:
 
     * a few shuffle partitions per core, not 200;
     * storage-partitioned joins: a bucketed target MERGEs with a batch bucketed alike without
-      shuffling the target (only tables created with ``--bucket-count`` are bucketed).
+      shuffling the target (only tables created with ``--bucket-count`` are bucketed);
+    * a runtime bloom filter of a batch's keys on a large target's scan (``keyed.pruning_source``):
+      Spark injects one only into a join it expects to shuffle (no broadcast planned from size
+      estimates; at run time adaptive execution still broadcasts a side that turns out small),
+      over a scan it estimates at 1 MB or more, from a batch side it estimates at 1 GB or less.
     """
     return {
+        "spark.sql.autoBroadcastJoinThreshold": "-1",
+        "spark.sql.adaptive.autoBroadcastJoinThreshold": "10MB",
+        "spark.sql.optimizer.runtime.bloomFilter.applicationSideScanSizeThreshold": "1MB",
+        "spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold": "1GB",
         "spark.sql.shuffle.partitions": str(max(4, 2 * default_parallelism)),
         "spark.sql.sources.v2.bucketing.enabled": "true",
         "spark.sql.iceberg.planning.preserve-data-grouping": "true",

@@ -12,6 +12,37 @@ from airflow_provider_pglogical.spark.reduction import reduce_changes
 from airflow_provider_pglogical.spark.steps import StepApplier
 
 
+#: a MERGE prunes its target's scan when the table has at least this many rows more than ten
+#: per batch row (``prunes``)
+PRUNED_MERGE_ROWS = 500_000
+
+
+def prunes(table_rows: int, batch_rows: int) -> bool:
+    """Whether a MERGE is cheaper with the target's scan pruned by the batch's keys.
+
+    Without pruning the MERGE shuffles every table row (about 0.3 s per million rows on 2 cores);
+    pruning computes the batch apart and builds its bloom filter first (two Spark jobs, and about
+    3 µs per batch row). Measured by ``bench/bench_apply.py --layouts plain,plain-unpruned``: a
+    100k-change batch applies faster unpruned into 500k rows, pruned into 5M rows.
+    """
+    return table_rows >= PRUNED_MERGE_ROWS + 10 * batch_rows
+
+
+def pruning_source(frame):
+    """The reduced batch as a MERGE source that Spark prunes the target's scan with.
+
+    Spark plans the MERGE as ``target RIGHT OUTER JOIN batch`` and shuffles every target row. Its
+    runtime filter (``InjectRuntimeFilter``) adds a bloom filter of the batch's keys to the target's
+    scan, so only rows that may match reach the shuffle; it does so only for a join whose other
+    side is a filtered scan. So the batch is computed once into the executors' memory (a scan) and
+    read behind a filter that holds for every reduced row (``__op`` is ``D`` or ``U``).
+    ``session_defaults`` sets the thresholds that let the filter apply.
+    """
+    from pyspark.sql import functions as F
+
+    return frame.localCheckpoint().where(F.col("__op").isin("D", "U"))
+
+
 def join_condition(manifest: dict) -> str:
     """The MERGE's ON clause between target ``t`` and source ``s`` on the replica-identity key."""
     # identifier (NOT NULL) keys join with '='; REPLICA IDENTITY FULL rows may hold NULLs
@@ -71,7 +102,7 @@ class KeyedTables(StepApplier):
         keep = reduced.unchanged_columns
         if keep and reduced.moved_unchanged:
             frame = self._fetch_moved(frame, target, keys, values)
-        source, staged = self._merge_source(frame, target, keys)
+        source, staged = self._merge_source(frame, target, keys, reduced.rows)
         sets = []
         for index, name in enumerate(values):
             if name in keep:
@@ -92,7 +123,7 @@ class KeyedTables(StepApplier):
             self.spark.catalog.dropTempView(source)
         return reduced.rows
 
-    def _merge_source(self, frame, target: str, keys: list[str]) -> tuple[str, bool]:
+    def _merge_source(self, frame, target: str, keys: list[str], batch_rows: int) -> tuple[str, bool]:
         """What the MERGE reads the reduced batch from: a temporary view or, for a bucketed target,
         an Iceberg table bucketed the same way (True).
 
@@ -108,6 +139,8 @@ class KeyedTables(StepApplier):
 
         if not (self.lakehouse.bucket_count and keys and self.lakehouse.bucketed(target, keys[0])):
             view = temporary_view_name("changes")
+            if prunes(self.lakehouse.row_count(target), batch_rows):
+                frame = pruning_source(frame)
             frame.createOrReplaceTempView(view)
             return view, False
         staged = self.lakehouse.name(f"{BATCH_TABLE_PREFIX}{target}__{uuid.uuid4().hex[:12]}")

@@ -55,6 +55,14 @@ class Lakehouse:
     def exists(self, table: str) -> bool:
         return self.spark.catalog.tableExists(f"{self.catalog}.{self.namespace}.{table}")
 
+    def row_count(self, table: str) -> int:
+        """The table's rows by its current snapshot's summary (Iceberg metadata: no Spark job)."""
+        jvm = self.spark.sparkContext._jvm
+        loaded = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.name(table))
+        snapshot = loaded.currentSnapshot()
+        total = snapshot.summary().get("total-records") if snapshot is not None else None
+        return int(total) if total is not None else 0
+
     def drop_batch_tables(self) -> None:
         """Drop the bucketed batch tables a killed run left (see ``KeyedTables._merge_source``)."""
         for row in self.spark.sql(f"SHOW TABLES IN {qualified(self.catalog, self.namespace)}").collect():

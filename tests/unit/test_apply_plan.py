@@ -144,3 +144,11 @@ def test_chain_depth_counts_key_changes_that_follow_each_other():
     # 1 -> 2 -> 3 -> 4, collected out of order: three links
     assert chain_depth([move(30, 0, 3, 4), move(10, 0, 1, 2), move(20, 5, 2, 3)]) == 3
     assert chain_depth([move(10, 0, 2, 3), move(20, 0, 1, 2)]) == 1  # 1 -> 2 after 2 had left: no chain
+
+
+def test_only_a_table_large_next_to_its_batch_gets_its_scan_pruned():
+    from airflow_provider_pglogical.spark.keyed import PRUNED_MERGE_ROWS, prunes
+
+    assert not prunes(500_000, 100_000) and prunes(5_000_000, 100_000)  # bench_apply.py's two sizes
+    assert not prunes(1_000, 100), "a small table: the two extra Spark jobs cost more than its shuffle"
+    assert prunes(PRUNED_MERGE_ROWS + 1_000, 100) and not prunes(PRUNED_MERGE_ROWS + 999, 100)

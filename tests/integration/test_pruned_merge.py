@@ -1,0 +1,77 @@
+"""A change batch MERGEd into a large table: Spark prunes the table's scan with a bloom filter of
+the batch's keys (``keyed.pruning_source``), and the table still ends exactly as the changes say.
+
+The job runs in-process (``apply_changes.run``) in a local Spark session configured as the job's
+own (``tune_session``); Spark's SQL status store shows the plans it executed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.spark import apply_changes
+from airflow_provider_pglogical.spark.keyed import PRUNED_MERGE_ROWS
+from tests.support.accounts_batches import stage, values
+
+CHANGES = 2_000
+ROWS = PRUNED_MERGE_ROWS + 10 * CHANGES  # the least a 2,000-change batch prunes (``keyed.prunes``)
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    from pyspark.sql import SparkSession
+
+    warehouse = tmp_path_factory.mktemp("pruned") / "warehouse"
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    builder = SparkSession.builder.master("local[2]").appName("test-pruned-merge")
+    for key, value in {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.ui.enabled": "false",
+                       "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true"}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    apply_changes.tune_session(session)
+    yield session
+    session.stop()
+
+
+def executed_plans(spark) -> list[str]:
+    """The physical plans of every SQL execution so far (Spark's listener runs asynchronously)."""
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
+    return [executions.apply(i).physicalPlanDescription() for i in range(executions.size())]
+
+
+def expected_rows(size: int, changes: int) -> pa.Table:
+    """What the staged batch leaves: ``stage`` updates 60%, deletes 20% of ``changes`` existing
+    keys (salt 1 values) and inserts the rest after the last key."""
+    import random
+
+    rng = random.Random(7)
+    existing = rng.sample(range(1, size + 1), int(changes * 0.8))
+    updated, deleted = set(existing[: int(changes * 0.6)]), set(existing[int(changes * 0.6):])
+    inserted = range(size + 1, size + 1 + changes - len(existing))
+    old = [i for i in range(1, size + 1) if i not in updated and i not in deleted]
+    new = sorted(updated) + list(inserted)
+    return pa.concat_tables([pa.table(values(pa.array(old, pa.int64()), 0)),
+                             pa.table(values(pa.array(new, pa.int64()), 1))])
+
+
+def test_a_batch_into_a_large_table_scans_only_the_rows_its_keys_may_hit(spark, tmp_path):
+    root = tmp_path / "staging"
+    stage(root, "big", ROWS, CHANGES)
+    result = apply_changes.run(spark, root.as_uri(), "big", "lake", "pruned")
+    assert [(s["kind"], s["rows"]) for s in result["steps"]] == [("snapshot", ROWS), ("changes", CHANGES)]
+
+    merges = [plan for plan in executed_plans(spark) if "WriteDelta" in plan and "public__accounts" in plan]
+    assert len(merges) == 1, "one MERGE of the change batch"
+    assert "might_contain" in merges[0] and "bloom_filter_agg" in merges[0], merges[0]
+
+    lake = spark.table("lake.pruned.public__accounts")
+    pq.write_table(expected_rows(ROWS, CHANGES), tmp_path / "expected.parquet")
+    expected = spark.read.parquet(str(tmp_path / "expected.parquet")).select(*lake.columns)
+    assert lake.count() == ROWS  # as many inserted as deleted
+    assert lake.exceptAll(expected).count() == 0 and expected.exceptAll(lake).count() == 0
