@@ -196,7 +196,7 @@ def main() -> None:
              f"{__import__('pyspark').__version__}).", "",
              f"One change batch of {args.changes:,} changes (60% updates, 20% inserts, 20% deletes, keys uniform "
              "over the table, 10 changes per transaction) applied to a table of each size, merge-on-read, in one "
-             f"Spark session: {args.warmups} warm-up applies, then the median of {args.repeats}, the sizes "
+             f"Spark session: {args.warmups} warm-up applies, then the median of {args.repeats}, layouts and sizes "
              "alternating (table and state rolled back to the snapshot in between), timed inside the job (read + "
              "reduce + one MERGE; the state commit excluded). 1-minute load average during the runs: "
              f"{', '.join(f'{x:.1f}' for x in loads)} (other work shared the machine when above ~2). \"first\" is the first apply of that table in the session; only the first row's "
@@ -215,13 +215,21 @@ def main() -> None:
               f"(`{empty[1]}`), **{applied[0]:.1f} s** when every batch is already applied (it reads the state "
               "table: the first Iceberg queries of a fresh JVM)",
               "",
-              "What the ratio is made of: a batch without unchanged-TOAST columns MERGEs with a SET list that "
-              "references only source columns, so the target scan reads the key column (plus Iceberg's _file/_pos) "
-              "and no value column. What grows with the table is the join: Spark 3.5 plans the MERGE as "
-              "`target RIGHT OUTER JOIN batch`, a sort-merge join that shuffles and sorts every target row's key "
-              "with its row position (the physical plan shows 91.6 MiB shuffled for the 500k-row table, most of it "
-              "the `_file` path string; ~10x that at 5M), and the batch side cannot be broadcast for a right outer "
-              "join. That is the plain layout's ratio.",
+              "What the ratio is made of. Spark 3.5 plans the MERGE as `target RIGHT OUTER JOIN batch`, a "
+              "sort-merge join, and the batch side cannot be broadcast for a right outer join, so without more "
+              "every target row's key and row position (`_file`, `_pos`) is shuffled and sorted: that grows with "
+              "the table (`plain-unpruned`, the job before 2026-11-26). The job now prunes the target's scan with "
+              "Spark's own runtime filter (`keyed.pruning_source`, `session_defaults`): the reduced batch is "
+              "computed once into the executors (a scan, `localCheckpoint`), and Spark adds a bloom filter of its "
+              "keys (`bloom_filter_agg`, `might_contain`) to the target's scan, so only rows that may match reach "
+              "the shuffle. It does so only for a join it expects to shuffle, so the job plans no broadcast from "
+              "size estimates (`spark.sql.autoBroadcastJoinThreshold=-1`; adaptive execution still broadcasts a "
+              "side that turns out small at run time). Pruning costs two Spark jobs and about 3 µs per batch row, "
+              "so the job prunes only a table that has at least 500,000 rows more than ten per batch row "
+              "(`keyed.prunes`): here the 500k-row table is applied unpruned and the 5M-row one pruned; `plain` is "
+              "the default. tests/integration/test_pruned_merge.py checks the plan and the result. (An earlier "
+              "try, a materialised batch behind a filter with a low application-side threshold, got no filter: "
+              "a batch small enough to broadcast by its size estimate made Spark skip the join.)",
               "",
               "The bucketed layout (`--bucket-count N`, `IcebergConfig(bucket_count=N)`: tables partitioned by "
               "`bucket(N, first key column)`) removes that shuffle: the job writes the reduced batch into a "
@@ -234,10 +242,7 @@ def main() -> None:
               "",
               "Tried and dropped (A/B in one session each, `--warmups 2 --repeats 3`): "
               "`spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold=256m` (AQE did not turn the join into a "
-              "shuffled hash join: 2.21x against 2.15x without); a materialised batch behind a selective-looking "
-              "filter with a low `spark.sql.optimizer.runtime.bloomFilter.applicationSideScanSizeThreshold`, so that "
-              "Spark would inject a bloom filter of the batch's keys into the target scan (it did not, the plan kept "
-              "the full shuffle); and a MERGE with only WHEN MATCHED clauses (an inner join, the batch broadcast) "
+              "shuffled hash join: 2.21x against 2.15x without); a MERGE with only WHEN MATCHED clauses (an inner join, the batch broadcast) "
               "plus an INSERT of the absent keys (ratio 1.82x, but 3x slower in absolute terms, and two commits, "
               "which would need a WAP branch to stay atomic for readers). Also tried on 2026-11-25 (same command "
               "with `--sizes 500000,5000000 --layouts plain --skip-submit`, with and without `--conf "
