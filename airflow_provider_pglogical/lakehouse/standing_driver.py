@@ -72,7 +72,8 @@ class StandingDriver:
         if len(str(self.socket_path)) > _SOCKET_PATH_LIMIT:
             raise DriverError(f"socket path {self.socket_path} is longer than {_SOCKET_PATH_LIMIT} bytes; "
                               "set PGLOGICAL_DRIVER_DIR to a shorter directory", permanent=True)
-        return ["--socket", str(self.socket_path), "--idle-seconds", f"{idle_seconds:g}", "--max-runs", str(max_runs)]
+        return ["--socket", str(self.socket_path), "--idle-seconds", f"{idle_seconds:g}", "--max-runs", str(max_runs),
+                "--log-file", str(self.log_path)]
 
     def apply(self, args: list[str], start: Callable[[], subprocess.Popen], log: Callable[[str], None],
               start_timeout: float = DEFAULT_START_TIMEOUT) -> dict:
@@ -202,6 +203,6 @@ def start_process(command: list[str], env: dict[str, str], log_path: Path) -> su
     previous driver's log is kept as ``.log.1``: two at most)."""
     with contextlib.suppress(FileNotFoundError):
         os.replace(log_path, log_path.with_name(log_path.name + ".1"))
-    with open(log_path, "wb") as log_file:
+    with open(log_path, "ab") as log_file:  # appended to: the driver's Python writes there too
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
                                 env=env, start_new_session=True, close_fds=True)

@@ -1,7 +1,7 @@
 """A standing apply driver: one Spark session that applies pipelines on request, tick after tick.
 
     spark-submit --py-files pglogical_job.zip apply_server.py --socket /run/x/driver.sock \\
-        [--idle-seconds 900] [--max-runs 1000] [--log-level WARN]
+        [--idle-seconds 900] [--max-runs 1000] [--log-level WARN] [--log-file /run/x/driver.log]
 
 A spark-submit per tick pays a JVM start and the first Iceberg queries of a cold JVM every time
 (docs/benchmarks.md: most of a small tick). This program is the same apply job in a session
@@ -18,7 +18,8 @@ Protocol, one JSON object per line (``PROTOCOL``): the client sends
 ``{"op": "apply", "args": [<apply_changes.py arguments>]}``; the driver answers
 ``{"accepted": <run number>, "pid": ...}`` before it starts, then ``{"log": "..."}`` lines, then
 ``{"result": <summary>}`` or ``{"error": "...", "traceback": "..."}``. A client that sees no
-``accepted`` line may retry elsewhere: nothing was started for it.
+``accepted`` line may retry elsewhere: nothing was started for it. A client that closes its end
+after ``accepted`` and before the answer (its task was killed) ends the driver, and so the apply.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ import contextlib
 import json
 import logging
 import os
+import select
 import socket
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 
 from airflow_provider_pglogical.spark import apply_changes
 
@@ -75,9 +79,33 @@ def read_request(connection: socket.socket, limit: int = 1 << 20) -> dict:
     return json.loads(data)
 
 
-def handle(spark, connection: socket.socket, run_number: int) -> bool:
+def _watch_client(connection: socket.socket, wake: socket.socket, on_client_left: Callable[[], None]) -> None:
+    """Calls ``on_client_left`` if the client closes its end before ``wake`` is written to (the
+    client sends nothing after its request, so readable means closed)."""
+    readable, _, _ = select.select([connection, wake], [], [])
+    if wake not in readable:
+        on_client_left()
+
+
+def end_driver(socket_path: str) -> Callable[[], None]:
+    """What happens when the task that asked for an apply left during it (killed, timed out,
+    marked failed): this driver ends at once, as a killed spark-submit would, so the apply stops
+    instead of running on for nobody. The state table decides what the retry applies."""
+
+    def end() -> None:
+        log.warning("the task that asked for this apply left during it: the driver ends, so the apply stops")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)  # the next task finds no driver and starts one
+        os._exit(3)
+
+    return end
+
+
+def handle(spark, connection: socket.socket, run_number: int,
+           on_client_left: Callable[[], None] | None = None) -> bool:
     """Run one request: the apply it names, with its log lines and result sent back. False when
-    the apply failed and Spark itself is no longer usable (the driver should end)."""
+    the apply failed and Spark itself is no longer usable (the driver should end). If the client
+    leaves while its apply runs, ``on_client_left`` is called (the driver ends)."""
     request = read_request(connection)
     connection.settimeout(None)  # the request is in: the apply takes what it takes
     if request.get("protocol") != PROTOCOL or request.get("op") != "apply":
@@ -93,6 +121,10 @@ def handle(spark, connection: socket.socket, run_number: int) -> bool:
     forward = _Forward(connection)
     root = logging.getLogger()
     root.addHandler(forward)
+    wake, waker = socket.socketpair()
+    watcher = threading.Thread(target=_watch_client, args=(connection, wake, on_client_left or (lambda: None)),
+                               name="pglogical-client-watch", daemon=True)
+    watcher.start()
     failure = None
     try:
         summary = apply_changes.run_with_args(spark, args)
@@ -100,6 +132,10 @@ def handle(spark, connection: socket.socket, run_number: int) -> bool:
         failure = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
     finally:
         root.removeHandler(forward)  # our own lines below stay out of the client's log
+        waker.send(b"x")  # the apply is over: a client leaving now changes nothing
+        watcher.join()
+        wake.close()
+        waker.close()
     if failure:
         log.warning("apply of %s failed: %s", args.pipeline, failure["error"])
         with contextlib.suppress(OSError):
@@ -118,7 +154,7 @@ def usable(spark) -> bool:
 
 
 def serve(spark, listener: socket.socket, idle_seconds: float, max_runs: int,
-          request_timeout: float = REQUEST_TIMEOUT) -> str:
+          request_timeout: float = REQUEST_TIMEOUT, on_client_left: Callable[[], None] | None = None) -> str:
     """Answer requests one at a time until idle or worn; returns why it stopped. A client that
     connects but sends no request within ``request_timeout`` is dropped, so it cannot hold up
     the others."""
@@ -133,7 +169,7 @@ def serve(spark, listener: socket.socket, idle_seconds: float, max_runs: int,
         with connection:
             connection.settimeout(request_timeout)
             try:
-                if not handle(spark, connection, runs):
+                if not handle(spark, connection, runs, on_client_left):
                     return "Spark is no longer usable after a failed apply"
             except (OSError, ValueError) as error:
                 log.warning("request %d: %s", runs, error)
@@ -162,12 +198,30 @@ def listen(path: str) -> socket.socket:
     return listener
 
 
+def write_to_log(log_file: str | None) -> None:
+    """From now on this process's stdout and stderr go to ``log_file`` (appended to).
+
+    spark-submit passes the Python driver's stdout and stderr on through its own stdout, which
+    the starter reads only until the ready line: without this, every later line (this driver's
+    warnings, a traceback) would be lost. The JVM's own log goes to the file as its stderr."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not log_file:
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        return
+    descriptor = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(descriptor, sys.stdout.fileno())
+    os.dup2(descriptor, sys.stderr.fileno())
+    os.close(descriptor)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True, help="Unix socket path, in a directory of mode 0700")
     parser.add_argument("--idle-seconds", type=float, default=900.0, help="end after this long without a request")
     parser.add_argument("--max-runs", type=int, default=1000, help="end after this many runs")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level (default WARN)")
+    parser.add_argument("--log-file", help="where this driver's own output goes once it listens (appended to)")
     return parser.parse_args(argv)
 
 
@@ -182,9 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         print(f"{READY_PREFIX}{os.getpid()}", flush=True)
-        # the starter stops reading stdout now: send anything later printed there to stderr (the log)
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-        why = serve(spark, listener, args.idle_seconds, args.max_runs)
+        write_to_log(args.log_file)
+        why = serve(spark, listener, args.idle_seconds, args.max_runs, on_client_left=end_driver(args.socket))
     finally:
         try:
             os.unlink(args.socket)  # before closing: a client now finds no driver, not a dead one

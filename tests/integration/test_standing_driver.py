@@ -117,6 +117,8 @@ def test_one_driver_serves_tick_after_tick_and_a_killed_one_is_replaced(publishe
         _apply(staging, iceberg, driver_dir)
     manifest.write_bytes(kept)
     assert sockets[0].exists(), "the driver stays after a failed apply (it removes its socket when it ends)"
+    assert "apply of shop failed: JSONDecodeError" in sockets[0].with_suffix(".log").read_text(), \
+        "the driver's own lines reach its log"
 
     # killed between ticks: the next tick starts a new one
     os.kill(pid, signal.SIGKILL)
@@ -124,6 +126,19 @@ def test_one_driver_serves_tick_after_tick_and_a_killed_one_is_replaced(publishe
     third = _apply(staging, iceberg, driver_dir)
     assert third._driver["pid"] != pid and third._driver["run"] == 1
     assert third._applied_steps[0]["rows"] == 11
+
+    # the task that asked leaves during its apply (killed, timed out): the driver ends, so the
+    # apply stops as a killed spark-submit's would
+    publisher.execute("UPDATE orders SET status = 'lost' WHERE id BETWEEN 40 AND 45")
+    pull.execute({})
+    key = sockets[0].stem
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(sockets[0]))
+        client.sendall(json.dumps({"protocol": PROTOCOL, "op": "apply", "args": third.job_args()}).encode() + b"\n")
+        assert json.loads(client.makefile().readline())["pid"] == third._driver["pid"]
+    assert _wait_exit(third._driver["pid"], 60), "the driver must end when its client leaves mid-apply"
+    assert "the task that asked for this apply left during it" in (driver_dir / f"{key}.log").read_text()
+    assert not sockets[0].exists()
 
     # killed during an apply, after the data commit and before the state commit: the task fails,
     # and the next tick's apply leaves the lakehouse equal to the source
@@ -133,9 +148,10 @@ def test_one_driver_serves_tick_after_tick_and_a_killed_one_is_replaced(publishe
         _apply(staging, iceberg, driver_dir, env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"})
     # a short idle time: this driver ends by itself once the tick is done
     last = _apply(staging, iceberg, driver_dir, idle=timedelta(seconds=2))
-    assert last._driver["pid"] == third._driver["pid"], "an idle time is not part of the driver's configuration"
-    assert last._applied_steps[0]["rows"] == 4
-    os.kill(third._driver["pid"], signal.SIGTERM)
+    assert last._driver["run"] == 1 and last._driver["pid"] != third._driver["pid"]
+    assert (driver_dir / f"{key}.log.1").exists() and len(list(driver_dir.glob("*.log"))) == 2, \
+        "the same key as before (its log rotated) and the crashing one's: an idle time is not part of the key"
+    os.kill(last._driver["pid"], signal.SIGTERM)
 
     session = reading_session(tmp_path / "warehouse", "test-standing-driver")
     try:
