@@ -107,7 +107,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         socket instead of starting spark-submit, and a small tick takes a second or two instead of
         a JVM start plus a cold JVM's first Iceberg queries (docs/operators.md). One driver per
         configuration on this machine, shared by the pipelines that use it, one apply at a time;
-        started by the first task that needs it, ended after that idle time or 1,000 applies.
+        started by the first task that needs it, ended after that idle time or 1,000 applies,
+        and at once when the task that asked is killed during its apply (so the apply stops).
         Only where the driver runs here (local master or client deploy mode); ``None`` (the
         default) runs spark-submit per tick.
     :param standing_driver_dir: where its socket, lock and log live (mode 0700); default
