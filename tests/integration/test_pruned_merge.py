@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.spark import apply_changes
 from airflow_provider_pglogical.spark.keyed import PRUNED_MERGE_ROWS
-from tests.support.accounts_batches import stage, values
+from tests.support.accounts_batches import expected_rows, stage
 
 CHANGES = 2_000
 ROWS = PRUNED_MERGE_ROWS + 10 * CHANGES  # the least a 2,000-change batch prunes (``keyed.prunes``)
@@ -43,21 +42,6 @@ def executed_plans(spark) -> list[str]:
     spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
     executions = spark._jsparkSession.sharedState().statusStore().executionsList()
     return [executions.apply(i).physicalPlanDescription() for i in range(executions.size())]
-
-
-def expected_rows(size: int, changes: int) -> pa.Table:
-    """What the staged batch leaves: ``stage`` updates 60%, deletes 20% of ``changes`` existing
-    keys (salt 1 values) and inserts the rest after the last key."""
-    import random
-
-    rng = random.Random(7)
-    existing = rng.sample(range(1, size + 1), int(changes * 0.8))
-    updated, deleted = set(existing[: int(changes * 0.6)]), set(existing[int(changes * 0.6):])
-    inserted = range(size + 1, size + 1 + changes - len(existing))
-    old = [i for i in range(1, size + 1) if i not in updated and i not in deleted]
-    new = sorted(updated) + list(inserted)
-    return pa.concat_tables([pa.table(values(pa.array(old, pa.int64()), 0)),
-                             pa.table(values(pa.array(new, pa.int64()), 1))])
 
 
 def test_a_batch_into_a_large_table_scans_only_the_rows_its_keys_may_hit(spark, tmp_path):

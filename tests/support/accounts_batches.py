@@ -39,6 +39,24 @@ def values(ids: pa.Array, salt: int) -> dict[str, pa.Array]:
     }
 
 
+def planned_changes(rng: random.Random, size: int, changes: int) -> tuple[list[int], list[int], list[int]]:
+    """The keys the change batch updates (60%), deletes (20%, both among the table's keys) and
+    inserts (20%, after the last key)."""
+    existing = rng.sample(range(1, size + 1), int(changes * 0.8))
+    inserts = list(range(size + 1, size + 1 + changes - len(existing)))
+    return existing[: int(changes * 0.6)], existing[int(changes * 0.6):], inserts
+
+
+def expected_rows(size: int, changes: int, seed: int = 7) -> pa.Table:
+    """The table once ``stage``'s snapshot and change batch are applied (updated and inserted rows
+    carry the batch's values)."""
+    updates, deletes, inserts = planned_changes(random.Random(seed), size, changes)
+    touched = set(updates) | set(deletes)
+    kept = [i for i in range(1, size + 1) if i not in touched]
+    return pa.concat_tables([pa.table(values(pa.array(kept, pa.int64()), 0)),
+                             pa.table(values(pa.array(sorted(updates) + inserts, pa.int64()), 1))])
+
+
 def stage(root: Path, pipeline: str, size: int, changes: int, seed: int = 7) -> None:
     from airflow.sdk import ObjectStoragePath
 
@@ -54,9 +72,7 @@ def stage(root: Path, pipeline: str, size: int, changes: int, seed: int = 7) -> 
     writer.commit()
 
     rng = random.Random(seed)
-    existing = rng.sample(range(1, size + 1), int(changes * 0.8))
-    updates, deletes = existing[: int(changes * 0.6)], existing[int(changes * 0.6):]
-    inserts = list(range(size + 1, size + 1 + changes - len(existing)))
+    updates, deletes, inserts = planned_changes(rng, size, changes)
     ops = [("U", i) for i in updates] + [("D", i) for i in deletes] + [("I", i) for i in inserts]
     rng.shuffle(ops)
     ids = pa.array([i for _, i in ops], pa.int64())
