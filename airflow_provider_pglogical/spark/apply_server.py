@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from airflow_provider_pglogical.spark import apply_changes
 
@@ -79,12 +79,29 @@ def read_request(connection: socket.socket, limit: int = 1 << 20) -> dict:
     return json.loads(data)
 
 
-def _watch_client(connection: socket.socket, wake: socket.socket, on_client_left: Callable[[], None]) -> None:
-    """Calls ``on_client_left`` if the client closes its end before ``wake`` is written to (the
-    client sends nothing after its request, so readable means closed)."""
-    readable, _, _ = select.select([connection, wake], [], [])
-    if wake not in readable:
-        on_client_left()
+@contextlib.contextmanager
+def _client_watched(connection: socket.socket, on_client_left: Callable[[], None] | None) -> Iterator[None]:
+    """While the block runs, ``on_client_left`` is called if the client closes its end (it sends
+    nothing after its request, so readable means closed); once the block is over, nothing is."""
+    if on_client_left is None:
+        yield
+        return
+    wake, waker = socket.socketpair()
+
+    def watch() -> None:
+        readable, _, _ = select.select([connection, wake], [], [])
+        if wake not in readable:
+            on_client_left()
+
+    watcher = threading.Thread(target=watch, name="pglogical-client-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        waker.send(b"x")  # the block is over: a client leaving now changes nothing
+        watcher.join()
+        wake.close()
+        waker.close()
 
 
 def end_driver(socket_path: str) -> Callable[[], None]:
@@ -121,21 +138,14 @@ def handle(spark, connection: socket.socket, run_number: int,
     forward = _Forward(connection)
     root = logging.getLogger()
     root.addHandler(forward)
-    wake, waker = socket.socketpair()
-    watcher = threading.Thread(target=_watch_client, args=(connection, wake, on_client_left or (lambda: None)),
-                               name="pglogical-client-watch", daemon=True)
-    watcher.start()
     failure = None
     try:
-        summary = apply_changes.run_with_args(spark, args)
+        with _client_watched(connection, on_client_left):
+            summary = apply_changes.run_with_args(spark, args)
     except Exception as error:  # the driver outlives a failed apply, as the next spark-submit would start
         failure = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
     finally:
         root.removeHandler(forward)  # our own lines below stay out of the client's log
-        waker.send(b"x")  # the apply is over: a client leaving now changes nothing
-        watcher.join()
-        wake.close()
-        waker.close()
     if failure:
         log.warning("apply of %s failed: %s", args.pipeline, failure["error"])
         with contextlib.suppress(OSError):
