@@ -93,13 +93,13 @@ class Table:
 def pruning(layout: str):
     """``<layout>-unpruned``: the job without the bloom-filter source (``keyed.pruning_source``),
     as it was before it: every MERGE shuffles the whole table."""
-    saved = keyed.PRUNED_MERGE_ROWS
+    saved = keyed.prunes
     if layout.endswith("-unpruned"):
-        keyed.PRUNED_MERGE_ROWS = sys.maxsize
+        keyed.prunes = lambda *sizes: False
     try:
         yield
     finally:
-        keyed.PRUNED_MERGE_ROWS = saved
+        keyed.prunes = saved
 
 
 def submit_seconds(warehouse: Path, root: Path, pipeline: str, namespace: str, repeats: int = 3) -> tuple[float, str]:

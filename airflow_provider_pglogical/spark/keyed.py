@@ -13,19 +13,26 @@ from airflow_provider_pglogical.spark.steps import StepApplier
 
 
 #: a MERGE prunes its target's scan when the table has at least this many rows more than ten
-#: per batch row (``prunes``)
+#: per batch row, or (``PRUNED_MERGE_BYTES``) this many bytes of data files more than
+#: ``PRUNED_BYTES_PER_BATCH_ROW`` per batch row (``prunes``)
 PRUNED_MERGE_ROWS = 500_000
+PRUNED_MERGE_BYTES = 16 * 1024 * 1024
+PRUNED_BYTES_PER_BATCH_ROW = 256
 
 
-def prunes(table_rows: int, batch_rows: int) -> bool:
+def prunes(table_rows: int, batch_rows: int, table_bytes: int = 0) -> bool:
     """Whether a MERGE is cheaper with the target's scan pruned by the batch's keys.
 
-    Without pruning the MERGE shuffles every table row (about 0.3 s per million rows on 2 cores);
-    pruning computes the batch apart and builds its bloom filter first (two Spark jobs, and about
-    3 µs per batch row). Measured by ``bench/bench_apply.py --layouts plain,plain-unpruned``: a
-    100k-change batch applies faster unpruned into 500k rows, pruned into 5M rows.
+    Without pruning the MERGE shuffles every table row, whole (about 0.3 s per million narrow
+    rows on 2 cores, and as much per 20,000 rows holding an 8 kB value); pruning computes the
+    batch apart and builds its bloom filter first (two Spark jobs, and about 3 µs per batch row).
+    So it pays for a table with many rows or large ones next to its batch. Measured by
+    ``bench/bench_apply.py --layouts plain,plain-unpruned`` (a 100k-change batch applies faster
+    unpruned into 500k narrow rows, 4.9 MB, and pruned into 5M, 44 MB) and ``bench_mixed_tick.py``
+    (400 changes into 20,000 rows of 8 kB values, 92 MB: the step's Spark work halves).
     """
-    return table_rows >= PRUNED_MERGE_ROWS + 10 * batch_rows
+    return (table_rows >= PRUNED_MERGE_ROWS + 10 * batch_rows
+            or table_bytes >= PRUNED_MERGE_BYTES + PRUNED_BYTES_PER_BATCH_ROW * batch_rows)
 
 
 def pruning_source(frame):
@@ -139,7 +146,8 @@ class KeyedTables(StepApplier):
 
         if not (self.lakehouse.bucket_count and keys and self.lakehouse.bucketed(target, keys[0])):
             view = temporary_view_name("changes")
-            if prunes(self.lakehouse.row_count(target), batch_rows):
+            size = self.lakehouse.size(target)
+            if prunes(size.rows, batch_rows, size.bytes):
                 frame = pruning_source(frame)
             frame.createOrReplaceTempView(view)
             return view, False

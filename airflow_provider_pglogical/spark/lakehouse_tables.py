@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from typing import NamedTuple
 
 from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, sql_string
 from airflow_provider_pglogical.spark.plan import ApplyError, TableState
@@ -33,6 +34,14 @@ def _metadata_properties() -> str:
     return "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in METADATA_PROPERTIES.items())
 
 
+class TableSize(NamedTuple):
+    """A lakehouse table's size by its current snapshot: the rows of its data files (with
+    merge-on-read, rows that delete files hide too: a scan reads them) and the bytes of its files."""
+
+    rows: int
+    bytes: int
+
+
 #: table property of a keyless table whose every row has its copy number (set once that is so)
 NUMBERED_PROPERTY = "pglogical.multiset-numbered"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
@@ -55,13 +64,19 @@ class Lakehouse:
     def exists(self, table: str) -> bool:
         return self.spark.catalog.tableExists(f"{self.catalog}.{self.namespace}.{table}")
 
-    def row_count(self, table: str) -> int:
-        """The table's rows by its current snapshot's summary (Iceberg metadata: no Spark job)."""
+    def size(self, table: str) -> TableSize:
+        """The table's rows and bytes of files by its current snapshot's summary (Iceberg
+        metadata: no Spark job); zeros for a table without a snapshot."""
         jvm = self.spark.sparkContext._jvm
         loaded = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.name(table))
         snapshot = loaded.currentSnapshot()
-        total = snapshot.summary().get("total-records") if snapshot is not None else None
-        return int(total) if total is not None else 0
+        summary = snapshot.summary() if snapshot is not None else None
+
+        def total(key: str) -> int:
+            value = summary.get(key) if summary is not None else None
+            return int(value) if value is not None else 0
+
+        return TableSize(total("total-records"), total("total-files-size"))
 
     def drop_batch_tables(self) -> None:
         """Drop the bucketed batch tables a killed run left (see ``KeyedTables._merge_source``)."""

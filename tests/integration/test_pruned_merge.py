@@ -15,6 +15,7 @@ import pytest
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.spark import apply_changes
 from airflow_provider_pglogical.spark.keyed import PRUNED_MERGE_ROWS
+from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from tests.support.accounts_batches import expected_rows, stage
 
 CHANGES = 2_000
@@ -53,6 +54,10 @@ def test_a_batch_into_a_large_table_scans_only_the_rows_its_keys_may_hit(spark, 
     merges = [plan for plan in executed_plans(spark) if "WriteDelta" in plan and "public__accounts" in plan]
     assert len(merges) == 1, "one MERGE of the change batch"
     assert "might_contain" in merges[0] and "bloom_filter_agg" in merges[0], merges[0]
+
+    size = Lakehouse(spark, "lake", "pruned", "merge-on-read", None).size("public__accounts")
+    # the rows its data files hold (merge-on-read: the updated rows' old versions too) and their bytes
+    assert size.rows == ROWS + int(CHANGES * 0.8) and 0 < size.bytes < 50 * ROWS
 
     lake = spark.table("lake.pruned.public__accounts")
     pq.write_table(expected_rows(ROWS, CHANGES), tmp_path / "expected.parquet")

@@ -147,8 +147,19 @@ def test_chain_depth_counts_key_changes_that_follow_each_other():
 
 
 def test_only_a_table_large_next_to_its_batch_gets_its_scan_pruned():
-    from airflow_provider_pglogical.spark.keyed import PRUNED_MERGE_ROWS, prunes
+    from airflow_provider_pglogical.spark.keyed import (
+        PRUNED_BYTES_PER_BATCH_ROW,
+        PRUNED_MERGE_BYTES,
+        PRUNED_MERGE_ROWS,
+        prunes,
+    )
 
-    assert not prunes(500_000, 100_000) and prunes(5_000_000, 100_000)  # bench_apply.py's two sizes
-    assert not prunes(1_000, 100), "a small table: the two extra Spark jobs cost more than its shuffle"
+    mb = 1_000_000
+    # bench_apply.py's two sizes of narrow rows
+    assert not prunes(500_000, 100_000, int(4.9 * mb)) and prunes(5_000_000, 100_000, 44 * mb)
+    assert not prunes(1_000, 100, 2 * mb), "a small table: the two extra Spark jobs cost more than its shuffle"
     assert prunes(PRUNED_MERGE_ROWS + 1_000, 100) and not prunes(PRUNED_MERGE_ROWS + 999, 100)
+    # few rows holding large values (bench_mixed_tick.py's 20,000 rows of 8 kB): pruned by their bytes
+    assert prunes(20_000, 400, 92 * mb)
+    least = PRUNED_MERGE_BYTES + PRUNED_BYTES_PER_BATCH_ROW * 400
+    assert prunes(20_000, 400, least) and not prunes(20_000, 400, least - 1)
