@@ -41,7 +41,7 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": pendulum.duration(seconds=30)},
+    default_args={"retries": settings.TASK_RETRIES, "retry_delay": settings.RETRY_DELAY},
     params={"max_changes": 200_000},
     tags=["pglogical", "iceberg"],
 ) as dag:

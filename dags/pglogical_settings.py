@@ -7,6 +7,8 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_WAREHOUSE``: Iceberg warehouse URI (default ``file://$AIRFLOW_HOME/pglogical/warehouse``)
 - ``PGLOGICAL_SPARK_CONN_ID``: the Spark connection (default ``spark_default``; host ``local[*]`` for local mode)
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
+- ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
+  Airflow retries a failed task of the sync DAG (default 2, after 30 s)
 - ``PGLOGICAL_STANDING_DRIVER_MINUTES``: keep the apply's Spark driver running between ticks for
   up to this many idle minutes (docs/operators.md, "A standing driver"); unset: spark-submit per tick
 """
@@ -41,6 +43,10 @@ PUBLISH_VIA_PARTITION_ROOT = True
 #: the sync DAG compacts, expires and cleans the Iceberg tables after the apply of one run in every
 #: period (the run whose data interval holds 00:00, 06:00, 12:00 or 18:00 UTC with 6 hours)
 MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENANCE_EVERY_HOURS", "6")))
+
+#: retries of the sync DAG's tasks: every task is idempotent, so a retry applies exactly what is left
+TASK_RETRIES = int(os.environ.get("PGLOGICAL_TASK_RETRIES", "2"))
+RETRY_DELAY = dt.timedelta(seconds=float(os.environ.get("PGLOGICAL_RETRY_DELAY_SECONDS", "30")))
 
 #: the apply's standing driver: None runs spark-submit per tick
 STANDING_DRIVER = (dt.timedelta(minutes=float(os.environ["PGLOGICAL_STANDING_DRIVER_MINUTES"]))

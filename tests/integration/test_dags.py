@@ -110,8 +110,10 @@ def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_
     assert states["apply"] == states["maintenance_due"] == states["maintenance"] == "success", states
     demo.workload(publisher.cluster, publisher.name, rng, 1)
     # Injected failure: Spark is unreachable for this run, so the apply fails after the pull
-    # staged the batch and advanced the slot.
-    broken = {**env, "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:9"})}
+    # staged the batch and advanced the slot. Without retries: each attempt waits a minute for the
+    # unreachable master, and Airflow's retries are not what this test is about.
+    broken = {**env, "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:9"}),
+              "PGLOGICAL_TASK_RETRIES": "0"}
     staged_before = _committed_batches(env)
     failed = _run(broken, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00", expect_ok=False)
     assert failed.returncode != 0
