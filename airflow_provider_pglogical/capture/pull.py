@@ -33,6 +33,8 @@ from airflow_provider_pglogical.management.slots import advance_slot, assert_slo
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.change_facts import change_facts
 from airflow_provider_pglogical.management.validation import check_count
 
 log = logging.getLogger(__name__)
@@ -235,6 +237,7 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
                 data, fetched = toast.fill_unchanged_toast(cursor, data, table, relation_oid=rel.oid)
                 if fetched:
                     table.details["toast_fetch"] = fetched
+                table.details[contract.CHANGE_FACTS] = change_facts(data, table.key)
                 writer.write_parts(table.qualified_name, data, columnar.WORKERS, columnar.PART_ROWS)
     finally:
         conn.close()

@@ -10,6 +10,7 @@ from airflow_provider_pglogical.spark.lakehouse_tables import BATCH_TABLE_PREFIX
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.reduction import reduce_changes
 from airflow_provider_pglogical.spark.steps import StepApplier
+from airflow_provider_pglogical.staging.contract import facts_decide
 
 
 #: a MERGE prunes its target's scan when the table has at least this many rows more than ten
@@ -96,7 +97,8 @@ class KeyedTables(StepApplier):
         if not manifest.get("files"):
             return 0
         rows = self.read(step, source, batch_types, changes=True)
-        reduced = reduce_changes(self.spark, rows, keys, values, step.position)
+        reduced = reduce_changes(self.spark, rows, keys, values, step.position,
+                                 facts_decide(manifest.get("details", {}), step.position))
         if reduced.rows == 0:
             return 0
         frame = reduced.frame

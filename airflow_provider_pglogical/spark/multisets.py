@@ -8,7 +8,7 @@ from airflow_provider_pglogical.spark.identifiers import col, quote, sql_string,
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.reduction import after_truncate, from_position_on, last_truncate
 from airflow_provider_pglogical.spark.steps import StepApplier
-from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY
+from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY, facts_decide
 
 
 class Multisets(StepApplier):
@@ -117,7 +117,9 @@ class Multisets(StepApplier):
             return 0
         values = _value_types(types)
         rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
-        deltas, truncated, count = multiset_deltas(rows, values, keys, step.position)
+        known = facts_decide(manifest.get("details", {}), step.position)
+        deltas, truncated, count = multiset_deltas(rows, values, keys, step.position,
+                                                   known_rows=known["rows"] if known else None)
         if count == 0:
             return 0
         if truncated:
@@ -172,22 +174,29 @@ def _value_types(types: dict[str, str]) -> dict[str, str]:
     return {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
 
 
-def multiset_deltas(rows, values: dict[str, str], keys: list[str], from_position: int):
+def multiset_deltas(rows, values: dict[str, str], keys: list[str], from_position: int,
+                    known_rows: int | None = None):
     """Per distinct row value (NULLs equal), the net change of its number of copies in a batch.
 
     +1 per INSERT, -1 per DELETE, an UPDATE -1 for its old row and +1 for its new one; rows before
     ``from_position`` are skipped, and only rows after the last TRUNCATE count. Returns the frame
     (value columns + ``__d``), whether the batch truncates, and the number of change rows counted.
+
+    :param known_rows: the pull's count when its facts decide the batch (``contract.facts_decide``:
+        every row counts, no TRUNCATE): no Spark job counts them.
     """
     from pyspark.sql import functions as F
 
     rows = from_position_on(rows, from_position)
-    facts = rows.agg(F.count(F.lit(1)).alias("rows"), last_truncate()).first()
-    truncated = facts.last_truncate is not None
-    rows = after_truncate(rows, facts.last_truncate)
+    if known_rows is not None:
+        count, truncate = known_rows, None
+    else:
+        facts = rows.agg(F.count(F.lit(1)).alias("rows"), last_truncate()).first()
+        count, truncate = facts.rows, facts.last_truncate
+    rows = after_truncate(rows, truncate)
 
     deltas = signed_copies(rows, values, keys).groupBy(*[col(c) for c in values]).agg(F.sum("__d").alias("__d"))
-    return deltas, truncated, facts.rows
+    return deltas, truncate is not None, count
 
 
 def signed_copies(rows, values: dict[str, str], keys: list[str], keep: tuple[str, ...] = ()):

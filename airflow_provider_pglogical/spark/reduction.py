@@ -101,8 +101,13 @@ class Reduced:
     unchanged_columns: set = field(default_factory=set)
 
 
-def reduce_changes(spark, rows, keys: list[str], values: list[str], from_position: int) -> Reduced:
-    """Last change per key by ``(_commit_lsn, _seq)``, TRUNCATE, key changes and unchanged TOAST."""
+def reduce_changes(spark, rows, keys: list[str], values: list[str], from_position: int,
+                   known: dict | None = None) -> Reduced:
+    """Last change per key by ``(_commit_lsn, _seq)``, TRUNCATE, key changes and unchanged TOAST.
+
+    :param known: the pull's facts of the rows when they decide the batch's aggregate
+        (``contract.facts_decide``): no Spark job reads the batch to learn them.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -110,7 +115,7 @@ def reduce_changes(spark, rows, keys: list[str], values: list[str], from_positio
     old_given = reduce(lambda a, b: a | b, [F.col(f"__old{i}").isNotNull() for i in range(len(keys))], F.lit(False))
     same_key = reduce(lambda a, b: a & b, [col(k).eqNullSafe(F.col(f"__old{i}")) for i, k in enumerate(keys)], F.lit(True))
     is_key_change = (F.col("__op") == "U") & old_given & ~same_key
-    facts = rows.agg(
+    facts = _known_facts(known) if known is not None else rows.agg(
         F.count(F.lit(1)).alias("rows"),
         last_truncate(),
         F.max(F.when(F.size("__u") > 0, 1).otherwise(0)).alias("unchanged"),
@@ -167,6 +172,25 @@ def reduce_changes(spark, rows, keys: list[str], values: list[str], from_positio
     out += [(F.col(f"__ok{i}") if need_fill else col(k)).alias(f"__ok{i}") for i, k in enumerate(keys)]
     return Reduced(final.select(*out), truncated, facts.rows, bool(facts.moved_unchanged) and not truncated,
                    set(facts.unchanged_columns or ()) & set(values))
+
+
+@dataclass
+class _Facts:
+    """The batch aggregate's fields, as ``reduce_changes`` reads them."""
+
+    rows: int
+    last_truncate: object = None
+    unchanged: int = 0
+    key_changes: int = 0
+    moved_unchanged: int = 0
+    unchanged_columns: list = field(default_factory=list)
+    moves: list = field(default_factory=list)
+
+
+def _known_facts(known: dict) -> _Facts:
+    """The aggregate's answer for rows without a TRUNCATE or an unchanged value: a key change is
+    possible wherever an old key was staged (each row's own test then decides)."""
+    return _Facts(rows=known["rows"], key_changes=int(known["old_keys"]))
 
 
 def _fill_unchanged(spark, events, keys, values, rounds: int):
