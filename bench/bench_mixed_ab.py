@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment)
-from bench.bench_mixed_tick import TABLES, create_source, steps_line, workload  # noqa: E402
+from bench.bench_mixed_tick import create_source, differences, finish, steps_line, workload  # noqa: E402
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark import apply_changes, keyed, multisets  # noqa: E402
 
@@ -56,25 +56,6 @@ def variant(name: str):
         return patched([keyed], "prunes", lambda rows, batch_rows, table_bytes=0:
                        rows >= keyed.PRUNED_MERGE_ROWS + 10 * batch_rows)
     raise SystemExit(f"unknown variant {name!r}")
-
-
-def differences(pg, db: str, spark, namespace: str) -> list[str]:
-    """Tables of ``namespace`` whose rows (as a multiset) differ from database ``db``'s."""
-    from collections import Counter
-
-    from pyspark.sql import functions as F
-
-    columns = {"docs_a": "id, qty, md5(doc)", "docs_b": "id, qty, md5(doc)", "plain": "id, qty, note",
-               "bag": "a, b, n", "events": "id, day, kind"}
-    out = []
-    for source in TABLES:
-        name = source.split(".")[1]
-        expected = Counter(tuple(row) for row in pg.query(f"SELECT {columns[name]} FROM {name}", dbname=db))
-        picked = [F.md5(F.col("doc")) if c == "md5(doc)" else F.col(c) for c in map(str.strip, columns[name].split(","))]
-        got = Counter(tuple(row) for row in spark.table(f"lake.{namespace}.public__{name}").select(*picked).collect())
-        if got != expected:
-            out.append(f"{db}.{name}")
-    return out
 
 
 def main() -> None:
@@ -122,11 +103,7 @@ def main() -> None:
             median = statistics.median(seconds[name])
             print(f"{name}: in-job median {median:.2f} s over {len(seconds[name])} ticks "
                   f"({median / baseline:.2f}x {names[0]}): {', '.join(f'{s:.2f}' for s in seconds[name])}")
-        wrong = [d for name in names for d in differences(pg, dbs[name], spark, dbs[name])]
-        print("every table equal to its source in every lakehouse" if not wrong else f"DIFFERENCES: {wrong}")
-        spark.stop()
-        if wrong:
-            raise SystemExit(1)
+        finish(spark, [d for name in names for d in differences(pg, dbs[name], spark, tmp_path / "warehouse", dbs[name])])
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def workload(tick: int, rng: random.Random) -> list[str]:
     return statements
 
 
-def differences(pg, db: str, spark, warehouse: Path) -> list[str]:
+def differences(pg, db: str, spark, warehouse: Path, namespace: str = "bench") -> list[str]:
     """Tables whose lakehouse rows (as a multiset) differ from the source's."""
     from collections import Counter
 
@@ -110,13 +110,21 @@ def differences(pg, db: str, spark, warehouse: Path) -> list[str]:
         columns = {"docs_a": "id, qty, md5(doc)", "docs_b": "id, qty, md5(doc)", "plain": "id, qty, note",
                    "bag": "a, b, n", "events": "id, day, kind"}[name]
         expected = Counter(tuple(row) for row in pg.query(f"SELECT {columns} FROM {name}", dbname=db))
-        frame = spark.read.format("iceberg").load(f"{(warehouse / 'bench' / f'public__{name}').as_uri()}")
+        frame = spark.read.format("iceberg").load(f"{(warehouse / namespace / f'public__{name}').as_uri()}")
         picked = [F.md5(F.col("doc")) if c == "md5(doc)" else F.col(c) for c in map(str.strip, columns.split(","))]
         got = Counter(tuple(row) for row in frame.select(*picked).collect())
         if got != expected:
             out.append(f"{db}.{name}: {sum((got - expected).values())} rows too many, "
                        f"{sum((expected - got).values())} missing")
     return out
+
+
+def finish(spark, wrong: list[str]) -> None:
+    """Say whether every lakehouse equals its source, stop Spark, and fail the run if one does not."""
+    print("every table equal to its source in every lakehouse" if not wrong else f"DIFFERENCES: {wrong}")
+    spark.stop()
+    if wrong:
+        raise SystemExit(1)
 
 
 def steps_line(steps: list[dict]) -> str:
@@ -198,10 +206,7 @@ def main() -> None:
         wrong = differences(pg, "submit", spark, tmp_path / "warehouse-submit") + differences(pg, "inproc", spark, warehouse)
         if standing:
             wrong += differences(pg, "standing", spark, tmp_path / "warehouse-standing")
-        print("every table equal to its source in every lakehouse" if not wrong else f"DIFFERENCES: {wrong}")
-        spark.stop()
-        if wrong:
-            raise SystemExit(1)
+        finish(spark, wrong)
 
 
 if __name__ == "__main__":
