@@ -53,8 +53,8 @@ def variant(name: str):
     if name == "no-facts":
         return patched([keyed, multisets], "facts_decide", lambda details, position: None)
     if name == "rows-pruning":
-        return patched([keyed], "prunes", lambda rows, batch_rows, table_bytes=0:
-                       rows >= keyed.PRUNED_MERGE_ROWS + 10 * batch_rows)
+        by_bytes_too = keyed.prunes  # its row rule alone: the table's bytes left out
+        return patched([keyed], "prunes", lambda rows, batch_rows, table_bytes=0: by_bytes_too(rows, batch_rows))
     raise SystemExit(f"unknown variant {name!r}")
 
 
