@@ -53,24 +53,6 @@ COMMIT_TS = "_commit_ts"
 UNCHANGED = "_unchanged_toast"
 OLD_KEY_PREFIX = "_old_"
 CHANGE_METADATA = (OP, COMMIT_LSN, SEQ, XID, COMMIT_TS, UNCHANGED)
-#: key of a change table's manifest ``details``: what the pull knows of the rows it staged, so the
-#: apply job need not read them once to learn it (``rows``, ``first_commit_lsn``, ``unchanged``:
-#: some row keeps a value, ``old_keys``: some row has an old key); see :func:`facts_decide`
-CHANGE_FACTS = "change_facts"
-
-
-def facts_decide(details: dict, position: int) -> dict | None:
-    """The pull's facts of a table's change rows when they answer what the apply job would
-    otherwise aggregate: every row is at or after ``position``, none is a TRUNCATE and none keeps
-    an unchanged value. None otherwise, or for a batch staged before facts were written."""
-    facts = details.get(CHANGE_FACTS)
-    if not facts or details.get("truncated") or facts["unchanged"]:
-        return None
-    if facts["rows"] and facts["first_commit_lsn"] < position:
-        return None
-    return facts
-
-
 #: marks a source column staged under another name (see :func:`staged_name`)
 ESCAPE = "~"
 
@@ -87,6 +69,24 @@ def staged_name(column: str) -> str:
     if column in CHANGE_METADATA or column.startswith(OLD_KEY_PREFIX) or column.startswith(ESCAPE):
         return ESCAPE + column
     return column
+
+
+#: key of a change table's manifest ``details``: what the pull knows of the rows it staged, so the
+#: apply job need not read them once to learn it (``rows``, ``first_commit_lsn``, ``unchanged``:
+#: some row keeps a value, ``old_keys``: some row has an old key); see :func:`facts_decide`
+CHANGE_FACTS = "change_facts"
+
+
+def facts_decide(details: dict, position: int) -> dict | None:
+    """The pull's facts of a table's change rows when they answer what the apply job would
+    otherwise aggregate: every row is at or after ``position``, none is a TRUNCATE and none keeps
+    an unchanged value. None otherwise, or for a batch staged before facts were written."""
+    facts = details.get(CHANGE_FACTS)
+    if not facts or details.get("truncated") or facts["unchanged"]:
+        return None
+    if facts["rows"] and facts["first_commit_lsn"] < position:
+        return None
+    return facts
 
 
 # --- the lakehouse side --------------------------------------------------------------------------
