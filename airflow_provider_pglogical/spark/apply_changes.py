@@ -85,7 +85,7 @@ log = logging.getLogger("pglogical.apply")
 def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespace: str = "pglogical",
         table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
         concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
-        archive: bool = False) -> dict:
+        archive: bool = False, row_deltas: bool = True) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
@@ -93,6 +93,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     :param retention_hours: then remove applied batches committed longer ago than this
         (``retention.py``); None keeps every batch.
     :param archive: move them under ``_archive/`` instead of deleting them.
+    :param row_deltas: apply small batches that set whole rows of keyed tables as Iceberg row
+        deltas, without a Spark query (``row_deltas.py``); False MERGEs every batch.
     """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
@@ -109,7 +111,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
     if bucket_count:
         lakehouse.drop_batch_tables()
-    keyed, multisets = KeyedTables(spark, staging, lakehouse), Multisets(spark, staging, lakehouse)
+    keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse)
     states = lakehouse.read_state(pipeline)
     phases.end("state_read")
     for source, state in states.items():
@@ -200,7 +202,8 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     log.info("%s: applied %s %s (%d rows) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
              rows, seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
-            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages}
+            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages,
+            "row_delta": (source, step.batch.name) in keyed.row_delta_steps}
 
 
 def spark_job_group(spark, description: str) -> str:
@@ -242,6 +245,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep-staging", action="store_true", help="remove no batch (no retention)")
     parser.add_argument("--archive", action="store_true",
                         help="move removed batches under <pipeline>/_archive/ instead of deleting them")
+    parser.add_argument("--no-row-deltas", action="store_true",
+                        help="MERGE every change batch (no Iceberg row deltas written by the driver)")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -302,7 +307,7 @@ def run_with_args(spark, args: argparse.Namespace) -> dict:
     return run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
                json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
                concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
-               archive=args.archive)
+               archive=args.archive, row_deltas=not args.no_row_deltas)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,6 +80,14 @@ class Staging:
         finally:
             stream.close()
 
+    def read_bytes(self, uri: str) -> bytes:
+        """A whole (small) staged file, for the driver to read itself (``row_deltas.py``)."""
+        stream = self._fs.open(self._path(uri))
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
     def read_manifest(self, batch: Batch) -> dict:
         return json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
 

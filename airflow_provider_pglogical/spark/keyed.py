@@ -3,15 +3,18 @@ is reduced to one row per key and applied with ONE ``MERGE INTO``."""
 
 from __future__ import annotations
 
+import logging
 from functools import reduce
 
 from airflow_provider_pglogical.spark.identifiers import col, quote, temporary_view_name
 from airflow_provider_pglogical.spark.lakehouse_tables import BATCH_TABLE_PREFIX
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.reduction import reduce_changes
+from airflow_provider_pglogical.spark.row_deltas import RowDeltas, ineligible
 from airflow_provider_pglogical.spark.steps import StepApplier
 from airflow_provider_pglogical.staging.contract import facts_decide
 
+log = logging.getLogger("pglogical.apply")
 
 #: a MERGE prunes its target's scan when the table has at least this many rows more than ten
 #: per batch row, or (``PRUNED_MERGE_BYTES``) this many bytes of data files more than
@@ -59,7 +62,17 @@ def join_condition(manifest: dict) -> str:
 
 
 class KeyedTables(StepApplier):
-    """Applies steps to tables with a replica-identity key (a primary key or USING INDEX)."""
+    """Applies steps to tables with a replica-identity key (a primary key or USING INDEX).
+
+    :param row_deltas: apply small change batches that set whole rows as Iceberg row deltas
+        (``row_deltas.py``) instead of a MERGE; ``row_delta_steps`` names the ``(source, batch)``
+        steps that were.
+    """
+
+    def __init__(self, spark, staging, lakehouse, row_deltas: bool = True) -> None:
+        super().__init__(spark, staging, lakehouse)
+        self.row_deltas = RowDeltas(spark, staging, lakehouse) if row_deltas else None
+        self.row_delta_steps: set[tuple[str, str]] = set()
 
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
@@ -96,6 +109,15 @@ class KeyedTables(StepApplier):
         batch_types = {c: types[c] for c in batch_columns}
         if not manifest.get("files"):
             return 0
+        if self.row_deltas is not None:
+            reason = ineligible(manifest, types, step.position)
+            table = self.row_deltas.load(target) if reason is None else None
+            reason = reason or self.row_deltas.table_ineligible(table)
+            if reason is None:
+                rows = self.row_deltas.apply(table, self.staging.files(step.batch, source), manifest, types)
+                self.row_delta_steps.add((source, step.batch.name))
+                return rows
+            log.debug("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
         rows = self.read(step, source, batch_types, changes=True)
         reduced = reduce_changes(self.spark, rows, keys, values, step.position,
                                  facts_decide(manifest.get("details", {}), step.position))

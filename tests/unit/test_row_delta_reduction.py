@@ -1,0 +1,77 @@
+"""The driver's reduction of a small change batch (last change per key) and which batches it takes."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_pglogical.decoding.staged_tables import change_schema
+from airflow_provider_pglogical.spark.row_deltas import ROW_DELTA_MAX_ROWS, ineligible, last_change_per_key
+from airflow_provider_pglogical.staging import contract
+
+COLUMNS = [{"name": "id", "type": "int4", "key": True}, {"name": "v", "type": "text"}]
+TYPES = {"id": "int", "v": "string"}
+
+
+def staged(rows: list[dict]) -> pa.Table:
+    """Change rows as the pull stages them, in the order given (``seq`` follows it)."""
+    return pa.Table.from_pylist([{
+        contract.OP: r["op"], contract.COMMIT_LSN: r["lsn"], contract.SEQ: i, "id": r["id"], "v": r.get("v"),
+        "_old_id": r.get("old"),
+    } for i, r in enumerate(rows)], schema=change_schema(COLUMNS, ["id"]))
+
+
+def reduced(rows: list[dict]) -> tuple[dict, set]:
+    """(key -> the value its last row leaves, every key touched)."""
+    table = staged(rows)
+    present, touched = last_change_per_key(table, ["id"])
+    kept = table.take(present).to_pylist()
+    return {row["id"]: row["v"] for row in kept}, {key for (key,) in touched}
+
+
+def test_the_last_change_per_key_wins_by_commit_lsn_then_seq():
+    # staged out of LSN order on purpose: the reduction sorts
+    rows = [{"op": "U", "lsn": 300, "id": 1, "v": "late"}, {"op": "I", "lsn": 100, "id": 1, "v": "first"},
+            {"op": "I", "lsn": 100, "id": 2, "v": "b"}, {"op": "D", "lsn": 200, "id": 2}]
+    assert reduced(rows) == ({1: "late"}, {1, 2})
+
+
+def test_a_key_change_deletes_the_old_key_and_chains_follow():
+    rows = [{"op": "U", "lsn": 100, "id": 11, "v": "a", "old": 1},
+            {"op": "U", "lsn": 200, "id": 21, "v": "a", "old": 11},
+            {"op": "I", "lsn": 300, "id": 1, "v": "back"}]
+    assert reduced(rows) == ({21: "a", 1: "back"}, {1, 11, 21})
+
+
+def test_an_update_with_its_old_key_equal_is_not_a_key_change():
+    rows = [{"op": "U", "lsn": 100, "id": 5, "v": "x", "old": 5}]
+    assert reduced(rows) == ({5: "x"}, {5})
+
+
+def test_a_key_deleted_after_a_key_change_to_it_is_gone():
+    rows = [{"op": "U", "lsn": 100, "id": 2, "v": "moved", "old": 1}, {"op": "D", "lsn": 200, "id": 2}]
+    assert reduced(rows) == ({}, {1, 2})
+
+
+def test_a_truncate_is_refused_not_reduced():
+    with pytest.raises(ValueError, match="'T'"):
+        reduced([{"op": "T", "lsn": 100, "id": 0}])
+
+
+def manifest(**details) -> dict:
+    facts = {"rows": 10, "first_commit_lsn": 500, "unchanged": False, "old_keys": True, **details}
+    return {"columns": COLUMNS, "key": ["id"], "details": {contract.CHANGE_FACTS: facts}}
+
+
+def test_only_batches_that_set_whole_rows_of_matching_columns_are_eligible():
+    assert ineligible(manifest(), TYPES, 500) is None
+    assert "keeps lakehouse values" in ineligible(manifest(unchanged=True), TYPES, 500)
+    assert "before the table's position" in ineligible(manifest(), TYPES, 501)
+    assert "more than" in ineligible(manifest(rows=ROW_DELTA_MAX_ROWS + 1), TYPES, 500)
+    # a column dropped at the source keeps its lakehouse value in updated rows: a MERGE does that
+    assert "differ" in ineligible(manifest(), {**TYPES, "dropped": "string"}, 500)
+    assert "differ" in ineligible(manifest(), {"id": "bigint", "v": "string"}, 500)  # widened: a cast
+    floats = {"columns": [{"name": "id", "type": "float8"}], "key": ["id"], "details": manifest()["details"]}
+    assert "float" in ineligible(floats, {"id": "double"}, 500)
+    no_facts = {"columns": COLUMNS, "key": ["id"], "details": {}}
+    assert ineligible(no_facts, TYPES, 0) is not None
