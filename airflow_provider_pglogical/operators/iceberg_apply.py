@@ -85,6 +85,10 @@ class IcebergApplyOperator(SparkSubmitOperator):
     :param concurrency: how many tables the job applies at once (default 4; 1 applies them one
         after another). Each table's MERGE is a Spark job of its own; running a few side by side
         overlaps one's planning and commit with another's work.
+    :param row_deltas: apply a small change batch that sets whole rows of an unpartitioned
+        merge-on-read table as an Iceberg row delta written by the driver (an equality delete file
+        and a data file, one commit, no Spark query; docs/concepts.md, "Row deltas"); needs
+        pyarrow where the driver runs, else the batch is MERGEd. ``False`` MERGEs every batch.
     :param staging_retention: after applying, remove the batches the lakehouse has applied that were
         committed longer ago than this (default a week), so staging and every listing stay bounded;
         ``None`` keeps every batch. A dropped Iceberg table is rebuilt from what is kept, else the
@@ -135,6 +139,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         driver_memory: str | None = "2g",
         skip_when_idle: bool = True,
         concurrency: int = DEFAULT_CONCURRENCY,
+        row_deltas: bool = True,
         staging_retention: timedelta | None = timedelta(hours=DEFAULT_RETENTION_HOURS),
         archive_staging: bool = False,
         class_archive: bool = True,
@@ -159,6 +164,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.asset_alias = asset_alias
         self.skip_when_idle = skip_when_idle
         self.concurrency = check_count(concurrency, "concurrency")
+        self.row_deltas = row_deltas
         if staging_retention is not None and staging_retention < timedelta(0):
             raise ValueError(f"staging_retention must not be negative, not {staging_retention}; None keeps every batch")
         self.staging_retention = staging_retention
@@ -179,6 +185,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
             args += ["--table-map", json.dumps(self.table_map)]
         if self.concurrency != DEFAULT_CONCURRENCY:
             args += ["--concurrency", str(self.concurrency)]
+        if not self.row_deltas:
+            args.append("--no-row-deltas")
         if self.staging_retention is None:
             args.append("--keep-staging")
         elif self.staging_retention != timedelta(hours=DEFAULT_RETENTION_HOURS):

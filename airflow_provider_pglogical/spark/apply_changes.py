@@ -20,7 +20,8 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
 - A **change** batch whose end is past the table's position is reduced to the last change per key
   by ``(_commit_lsn, _seq)`` (rows before the position are skipped; key-changing updates delete the
   old key; unchanged-TOAST columns keep the value of an earlier change of the same row, following
-  key changes, else the lakehouse's) and applied with ONE ``MERGE INTO``. A batch holding a
+  key changes, else the lakehouse's) and applied with ONE ``MERGE INTO``; a small batch that sets
+  whole rows is committed by the driver as one Iceberg row delta instead (``row_deltas.py``). A batch holding a
   TRUNCATE replaces the table with the rows after the last TRUNCATE (one atomic overwrite).
 - A **keyless** table (REPLICA IDENTITY FULL) is a multiset, as PostgreSQL's subscriber keeps it:
   identical rows are numbered in ``_pglogical_occurrence`` and a change batch changes the number of

@@ -114,7 +114,7 @@ class KeyedTables(StepApplier):
             table = self.row_deltas.load(target) if reason is None else None
             reason = reason or self.row_deltas.table_ineligible(table)
             if reason is None:
-                rows = self.row_deltas.apply(table, self.staging.files(step.batch, source), manifest, types)
+                rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types)
                 self.row_delta_steps.add((source, step.batch.name))
                 return rows
             log.debug("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)

@@ -8,7 +8,8 @@
 For each table (default: every table of the namespace, the ``_pglogical_state`` table included)
 it calls Iceberg's procedures in the order that frees most (:mod:`.housekeeping`):
 ``rewrite_data_files`` (compacts the small files a MERGE leaves, and rewrites the data files that
-merge-on-read deletes apply to), ``rewrite_position_delete_files`` (rewrites every delete file,
+merge-on-read deletes apply to; then the equality deletes of row deltas that apply to nothing any
+more are removed, :mod:`.dead_deletes`), ``rewrite_position_delete_files`` (rewrites every delete file,
 dropping the deletes of data files that are gone), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
 ``expire_snapshots`` (removes the snapshots, and the files only they referenced, older than the
 cut-off, keeping ``retain_last``), then ``remove_orphan_files`` (files no snapshot references,
@@ -26,7 +27,8 @@ import json
 import sys
 
 from airflow_provider_pglogical.spark.housekeeping import Housekeeping, HousekeepingError, procedure_call
-from airflow_provider_pglogical.spark.identifiers import qualified
+from airflow_provider_pglogical.spark.dead_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.identifiers import qualified, quote
 
 RESULT_PREFIX = "PGLOGICAL_MAINTENANCE_RESULT "
 #: how many orphan file paths the summary lists (it counts them all)
@@ -47,6 +49,9 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
             now = dt.datetime.now(dt.timezone.utc)  # cut-offs count back from the call, not the job's start
             call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
             results[step] = report(step, spark.sql(call).collect())
+            if step == "rewrite_data_files":  # the equality deletes it left applying to nothing
+                results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(
+                    spark, f"{qualified(catalog, namespace)}.{quote(table)}")
         summary["tables"][table] = results
     return summary
 

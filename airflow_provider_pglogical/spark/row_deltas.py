@@ -29,8 +29,19 @@ from __future__ import annotations
 import importlib.util
 import logging
 import uuid
+from dataclasses import dataclass, field
 
-from airflow_provider_pglogical.staging.contract import COMMIT_LSN, OLD_KEY_PREFIX, OP, SEQ, column_type, facts_decide, staged_name
+from airflow_provider_pglogical.spark.identifiers import col
+from airflow_provider_pglogical.staging.contract import (
+    CHANGE_FACTS,
+    COMMIT_LSN,
+    OLD_KEY_PREFIX,
+    OP,
+    SEQ,
+    UNCHANGED,
+    column_type,
+    staged_name,
+)
 
 log = logging.getLogger("pglogical.apply")
 
@@ -55,9 +66,12 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
     can be, as far as the manifest tells (:meth:`RowDeltas.table_ineligible` checks the table)."""
     if importlib.util.find_spec("pyarrow") is None:
         return "pyarrow is not installed where the driver runs"
-    facts = facts_decide(manifest.get("details", {}), position)
-    if facts is None:
-        return "the batch keeps lakehouse values, holds a TRUNCATE or starts before the table's position"
+    details = manifest.get("details", {})
+    facts = details.get(CHANGE_FACTS)
+    if not facts or details.get("truncated"):
+        return "the pull wrote no change facts for the batch (an earlier version staged it), or it holds a TRUNCATE"
+    if facts["rows"] and facts["first_commit_lsn"] < position:
+        return "the batch starts before the table's position"
     if facts["rows"] > ROW_DELTA_MAX_ROWS:
         return f"the batch holds {facts['rows']} rows (more than {ROW_DELTA_MAX_ROWS})"
     batch = {column["name"]: column_type(column) for column in manifest["columns"]}
@@ -67,37 +81,87 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
         return "a column's type needs a cast"
     if any(types[key] in _FLOAT_TYPES or types[key].startswith("array<") for key in manifest["key"]):
         return "a key column is a float or an array"
+    if facts["unchanged"]:  # values kept from the lakehouse: looked up by key (RowDeltas._lakehouse_values)
+        if len(manifest["key"]) != 1 or not _lookup_key_type(types[manifest["key"][0]]):
+            return "values are kept from the lakehouse under a composite key or one of a type not looked up"
+        if any(kind.startswith("array<timestamp") for kind in types.values()):
+            return "values are kept from the lakehouse and a column is an array of timestamps"
     return None
 
 
-def last_change_per_key(rows, keys: list[str]):
-    """The reduction of a change batch without kept values: ``(present, touched)``.
+def _lookup_key_type(kind: str) -> bool:
+    """A key type whose values read back from Spark equal the staged ones (no time zone, hashable)."""
+    return kind in ("int", "bigint", "string", "date") or kind.startswith("decimal(")
+
+
+@dataclass
+class Reduction:
+    """A change batch reduced to the last state of every key it touches (:func:`last_change_per_key`)."""
+
+    #: every key the batch touches (tuples): deleted, written, or left by a key change
+    touched: list
+    #: the keys it leaves present, and per present key the staged row of its last change
+    present: list = field(default_factory=list)
+    last_rows: list = field(default_factory=list)
+    #: per value column some row left unchanged: per present key, the staged row its value comes
+    #: from, or None when no row of the batch sent it (the lakehouse holds it, under ``origins``)
+    sources: dict = field(default_factory=dict)
+    #: per present key, the key whose lakehouse row holds the values the batch did not send
+    origins: list = field(default_factory=list)
+
+
+def last_change_per_key(rows, keys: list[str], values: list[str] = ()) -> Reduction:
+    """The last state of every key a change batch touches, as the Spark reduction computes it
+    (``reduction.py``): the last change per key by ``(_commit_lsn, _seq)``; a key-changing UPDATE
+    deletes the old key and carries the row's history to the new one; a value column a row left
+    unchanged keeps the value an earlier row of the same history sent, else the lakehouse row's
+    where that history began (its origin: the key itself, or the first key it was moved from).
 
     :param rows: the staged change rows (``contract`` names), every one at or after the table's
         position, no TRUNCATE among them.
-    :returns: the indices into ``rows`` (an Arrow array) of the last row of every key the batch leaves present,
-        and every key the batch touches (a list of tuples): deleted, written, or left by a key change.
+    :param values: the value columns (needed only when a row leaves one unchanged).
     """
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     order = pc.sort_indices(rows, sort_keys=[(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).to_pylist()
     ops = rows[OP].to_pylist()
     count = rows.num_rows
     new = list(zip(*(rows[staged_name(key)].to_pylist() for key in keys)))
-    old_columns = [rows[OLD_KEY_PREFIX + key].to_pylist() if OLD_KEY_PREFIX + key in rows.column_names
-                   else [None] * count for key in keys]
-    old = list(zip(*old_columns))
-    last: dict[tuple, int | None] = {}  # key -> index of its last row, None when deleted
+    old = list(zip(*(rows[OLD_KEY_PREFIX + key].to_pylist() if OLD_KEY_PREFIX + key in rows.column_names
+                     else [None] * count for key in keys)))
+    unchanged = rows[UNCHANGED].to_pylist() if UNCHANGED in rows.column_names else [None] * count
+    tracked = sorted({name for names in unchanged if names for name in names} & set(values))
+    # key -> None (deleted) or (its last row, {tracked column: row that sent it}, origin)
+    state: dict[tuple, tuple | None] = {}
     for index in order:
         op = ops[index]
         if op not in ("I", "U", "D"):
             raise ValueError(f"change row with operation {op!r} in a batch the pull's facts decide")
-        if op == "U" and any(value is not None for value in old[index]) and old[index] != new[index]:
-            last[old[index]] = None  # a key change: the old key leaves
-        last[new[index]] = None if op == "D" else index
-    present = sorted(index for index in last.values() if index is not None)
-    return pa.array(present, type=pa.int64()), list(last)
+        key = new[index]
+        if op == "D":
+            state[key] = None
+            continue
+        if op == "U" and any(value is not None for value in old[index]) and old[index] != key:
+            history = state.get(old[index]) or (None, {}, old[index])  # a key change: the old key leaves
+            state[old[index]] = None
+        elif op == "U":
+            history = state.get(key) or (None, {}, key)
+        else:
+            history = (None, {}, key)  # an INSERT begins a history
+        sent = history[1]
+        if tracked:
+            kept = set(unchanged[index] or ())
+            sent = {**sent, **{name: index for name in tracked if name not in kept}}
+        state[key] = (index, sent, history[2])
+    reduction = Reduction(touched=list(state))
+    for key, last in state.items():
+        if last is not None:
+            reduction.present.append(key)
+            reduction.last_rows.append(last[0])
+            reduction.origins.append(last[2])
+    for name in tracked:
+        reduction.sources[name] = [state[key][1].get(name) for key in reduction.present]
+    return reduction
 
 
 class RowDeltas:
@@ -126,7 +190,7 @@ class RowDeltas:
             return "the table is copy-on-write"
         return None
 
-    def apply(self, table, files: list[str], manifest: dict, types: dict[str, str]) -> int:
+    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str]) -> int:
         """Apply the batch's change rows of one table (``files``) in one commit; returns their number."""
         import pyarrow as pa
 
@@ -135,10 +199,10 @@ class RowDeltas:
             return 0
         rows = pa.concat_tables(parts, promote_options="default")
         keys = list(manifest["key"])
-        present, touched = last_change_per_key(rows, keys)
+        reduction = last_change_per_key(rows, keys, [name for name in types if name not in keys])
         schema = table.schema()
-        data = self._data_table(rows.take(present), schema, types)
-        deletes = self._key_table(touched, keys, schema, types)
+        data = self._data_table(rows, reduction, target, keys, schema, types)
+        deletes = self._key_table(reduction.touched, keys, schema, types)
         jvm = self._jvm
         delta = table.newRowDelta()
         if data.num_rows:
@@ -189,13 +253,68 @@ class RowDeltas:
             written, jvm.org.apache.iceberg.MetricsConfig.forTable(table))
 
     # Arrow tables with Iceberg's field ids ------------------------------------------------------
-    def _data_table(self, rows, schema, types: dict[str, str]):
+    def _data_table(self, rows, reduction: Reduction, target: str, keys: list[str], schema, types: dict[str, str]):
+        """The present keys' rows: each column from the key's last row, or for a column some row
+        left unchanged, from the row that last sent it, else from the lakehouse."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        fields = [self._field(schema, name, _arrow_type(kind)) for name, kind in types.items()]
-        arrays = [rows[staged_name(name)].cast(field.type) if staged_name(name) in rows.column_names
-                  else pa.nulls(rows.num_rows, field.type) for name, field in zip(types, fields)]
+        last = rows.take(pa.array(reduction.last_rows, type=pa.int64()))
+        kept = self._lakehouse_values(target, keys[0], reduction, types) if reduction.sources else {}
+        fields, arrays = [], []
+        for name, kind in types.items():
+            field = self._field(schema, name, _arrow_type(kind))
+            staged = staged_name(name)
+            if staged not in rows.column_names:
+                array = pa.nulls(len(reduction.present), field.type)
+            elif name in reduction.sources:
+                sources = reduction.sources[name]
+                array = rows[staged].take(pa.array(sources, type=pa.int64())).cast(field.type)
+                if name in kept:
+                    array = pc.if_else(pa.array([index is None for index in sources]), kept[name].cast(field.type), array)
+            else:
+                array = last[staged].cast(field.type)
+            fields.append(field)
+            arrays.append(array)
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+    def _lakehouse_values(self, target: str, key: str, reduction: Reduction, types: dict[str, str]) -> dict:
+        """Per column no row of the batch sent for some present key, the lakehouse's values (an Arrow
+        array over the present keys): the row of the key's origin, else of the key itself (a step
+        applied again: the origin's row is gone, the key's row holds what the first run kept).
+        One Spark query; timestamps travel as microseconds, so no time zone touches them."""
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+
+        missing = [name for name, sources in reduction.sources.items() if None in sources]
+        if not missing:
+            return {}
+        wanted = sorted({k[0] for i, k in enumerate(reduction.present)
+                         if any(reduction.sources[name][i] is None for name in missing)}
+                        | {origin[0] for i, origin in enumerate(reduction.origins)
+                           if any(reduction.sources[name][i] is None for name in missing)})
+
+        def readable(name: str):
+            if types[name] == "timestamp":
+                return F.unix_micros(col(name))
+            if types[name] == "timestamp_ntz":  # the job's session is UTC: the wall time as it is
+                return F.unix_micros(col(name).cast("timestamp"))
+            return col(name)
+
+        found = {row[0]: row[1:] for row in self.spark.table(self.lakehouse.name(target))
+                 .where(col(key).isin(wanted)).select(col(key), *[readable(n).alias(n) for n in missing]).collect()}
+        values = {}
+        for position, name in enumerate(missing):
+            column = []
+            for i, own in enumerate(reduction.present):
+                row = found.get(reduction.origins[i][0]) or found.get(own[0])
+                column.append(_plain_value(row[position]) if row is not None else None)
+            kind = _arrow_type(types[name])
+            if pa.types.is_timestamp(kind):
+                values[name] = pa.array(column, type=pa.int64()).cast(kind)
+            else:
+                values[name] = pa.array(column, type=kind)
+        return values
 
     def _key_table(self, touched: list[tuple], keys: list[str], schema, types: dict[str, str]):
         import pyarrow as pa
@@ -217,6 +336,11 @@ class RowDeltas:
             kind = pa.list_(pa.field("element", kind.value_type, metadata={b"PARQUET:field_id": str(element_id).encode()}))
         return pa.field(name, kind, nullable=field.isOptional(),
                         metadata={b"PARQUET:field_id": str(field.fieldId()).encode()})
+
+
+def _plain_value(value):
+    """A value Spark returned, as pyarrow takes it (binary comes back as a bytearray)."""
+    return bytes(value) if isinstance(value, bytearray) else value
 
 
 def _arrow_type(kind: str):

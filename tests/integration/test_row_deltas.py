@@ -1,7 +1,8 @@
-"""Small change batches that set whole rows are applied as Iceberg row deltas (an equality delete
-file and a data file in one commit, no Spark query), and the lakehouse ends exactly as a MERGE
-leaves it: every supported type, composite keys, key-change chains, a key deleted and inserted
-again, a step applied twice (a crash before its state commit).
+"""Small change batches are applied as Iceberg row deltas (an equality delete file and a data file
+in one commit; no Spark query, or one that looks up the TOAST values a batch keeps), and the
+lakehouse ends exactly as a MERGE leaves it: every supported type, composite keys, key-change
+chains, a key deleted and inserted again, kept TOAST values, a step applied twice (a crash before
+its state commit), and maintenance folding the equality deletes in.
 
 A real pull stages the batches; the job runs in-process over them twice, with and without row
 deltas, into two namespaces of one warehouse.
@@ -19,7 +20,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.management.publications import PublishedTable
-from airflow_provider_pglogical.spark import apply_changes
+from airflow_provider_pglogical.spark import apply_changes, maintenance
 from airflow_provider_pglogical.spark.hadoop_files import Staging
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.plan import Batch
@@ -57,8 +58,12 @@ UPDATE lines SET line = line || 'x' WHERE order_id = 1;
 UPDATE lines SET qty = qty * 2 WHERE order_id = 2;
 DELETE FROM lines WHERE order_id = 3;
 UPDATE docs SET qty = -qty WHERE id <= 3;
+UPDATE docs SET id = id + 100 WHERE id IN (4, 5);
+UPDATE docs SET id = 205 WHERE id = 105;
+UPDATE docs SET qty = 0 WHERE id = 205;
 """
 SECOND = "UPDATE kinds SET note = 'late' WHERE id IN (1, 207); UPDATE lines SET order_id = 9 WHERE order_id = 4"
+THIRD = "UPDATE kinds SET n = 0 WHERE id = 2"
 COLUMNS = {
     "kinds": "id, flag, small, n, f4::float8, f8, note, raw, day, at::text, "
              "(extract(epoch FROM at_tz) * 1000000)::bigint, amount, tags, words",
@@ -87,6 +92,18 @@ def as_rows(rows) -> Counter:
 def lakehouse_rows(spark, namespace: str, table: str) -> Counter:
     rows = spark.sql(f"SELECT {LAKE_COLUMNS[table]} FROM lake.{namespace}.public__{table}").collect()
     return as_rows(tuple(row) for row in rows)
+
+
+def deletes_by_age(spark, namespace: str, table: str) -> dict[str, int]:
+    """Live equality delete files by their sequence number against the oldest live data file's:
+    ``applying`` (newer: a read applies them), ``older`` (they apply to nothing), and all of them."""
+    entries = f"lake.{namespace}.public__{table}.entries"
+    row = spark.sql(
+        f"SELECT count_if(sequence_number > oldest) AS applying, count_if(sequence_number < oldest) AS older, "
+        f"count(*) AS live "
+        f"FROM {entries}, (SELECT min(sequence_number) AS oldest FROM {entries} "
+        f"WHERE status < 2 AND data_file.content = 0) WHERE status < 2 AND data_file.content = 2").first()
+    return {"applying": row.applying, "older": row.older, "live": row.live}
 
 
 def source_rows(publisher, table: str) -> Counter:
@@ -118,14 +135,26 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
                 for namespace, deltas in (("delta", True), ("merge", False))}
         ways = {namespace: {(s["table"], s["batch"]): s["row_delta"] for s in result["steps"] if s["kind"] == "changes"}
                 for namespace, result in runs.items()}
-        # the docs batch keeps a TOAST value from the lakehouse: MERGEd either way
-        assert {step for step, delta in ways["delta"].items() if delta} == {
-            (t, b.rsplit("/", 1)[1]) for t in ("public.kinds", "public.lines") for b in batches}, ways
+        # every change step (docs keeps TOAST values, looked up in the lakehouse by key)
+        assert all(ways["delta"].values()) and ("public.docs", first) in ways["delta"], ways
         assert not any(ways["merge"].values())
-        assert all(s["spark_jobs"] == 0 for s in runs["delta"]["steps"] if s["row_delta"])
+        assert all(s["spark_jobs"] == (s["table"] == "public.docs") for s in runs["delta"]["steps"] if s["row_delta"])
         for table in COLUMNS:
             assert lakehouse_rows(spark, "delta", table) == lakehouse_rows(spark, "merge", table), table
             assert lakehouse_rows(spark, "delta", table) == expected[1][table], table
+
+        # maintenance rewrites the data files the equality deletes apply to, then removes the
+        # deletes that apply to nothing any more; the rows stay, and the next tick applies as before
+        assert deletes_by_age(spark, "delta", "kinds")["applying"] > 0
+        done = maintenance.run(spark, "lake", "delta", ["public__kinds", "public__lines"])
+        assert done["tables"]["public__kinds"]["remove_dead_equality_deletes"]["removed_equality_delete_files_count"] > 0
+        for table in ("kinds", "lines"):
+            assert deletes_by_age(spark, "delta", table) == {"applying": 0, "older": 0, "live": 0}, table
+            assert lakehouse_rows(spark, "delta", table) == expected[1][table], table
+        publisher.execute(THIRD)
+        run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
+        apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")
+        assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
 
         # a step applied again (the data committed, the state not): the same rows, none twice
         apply_changes.run(spark, partial.as_uri(), "p", "lake", "again", row_deltas=True)
@@ -133,11 +162,11 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         batch = Batch.parse(first)
         batch.manifest = staging.read_manifest(batch)
         deltas = RowDeltas(spark, staging, Lakehouse(spark, "lake", "again", "merge-on-read", None))
-        for source in ("public.kinds", "public.lines"):
+        for source in ("public.kinds", "public.lines", "public.docs"):
             target = contract.default_target_name(source)
             table = deltas.load(target)
             types = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.again.{target}").schema.fields}
-            deltas.apply(table, staging.files(batch, source), batch.manifest["tables"][source], types)
+            deltas.apply(table, target, staging.files(batch, source), batch.manifest["tables"][source], types)
         for table in COLUMNS:
             assert lakehouse_rows(spark, "again", table) == expected[0][table], table
     finally:

@@ -113,6 +113,13 @@ def test_apply_concurrency_reaches_the_job_and_is_checked():
         IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="p", concurrency=0)
 
 
+def test_row_deltas_are_on_by_default_and_can_be_switched_off():
+    default = apply_changes.parse_args(IcebergApplyOperator(task_id="a", staging_root="/s", pipeline="p").job_args())
+    assert not default.no_row_deltas
+    off = IcebergApplyOperator(task_id="b", staging_root="/s", pipeline="p", row_deltas=False)
+    assert apply_changes.parse_args(off.job_args()).no_row_deltas
+
+
 def test_staging_retention_reaches_the_job_and_is_checked():
     default = apply_changes.parse_args(IcebergApplyOperator(task_id="a", staging_root="/s", pipeline="p").job_args())
     assert default.retention_hours == 168 and not default.keep_staging and not default.archive

@@ -17,16 +17,27 @@ def staged(rows: list[dict]) -> pa.Table:
     """Change rows as the pull stages them, in the order given (``seq`` follows it)."""
     return pa.Table.from_pylist([{
         contract.OP: r["op"], contract.COMMIT_LSN: r["lsn"], contract.SEQ: i, "id": r["id"], "v": r.get("v"),
-        "_old_id": r.get("old"),
+        "_old_id": r.get("old"), contract.UNCHANGED: r.get("u"),
     } for i, r in enumerate(rows)], schema=change_schema(COLUMNS, ["id"]))
 
 
 def reduced(rows: list[dict]) -> tuple[dict, set]:
     """(key -> the value its last row leaves, every key touched)."""
     table = staged(rows)
-    present, touched = last_change_per_key(table, ["id"])
-    kept = table.take(present).to_pylist()
-    return {row["id"]: row["v"] for row in kept}, {key for (key,) in touched}
+    reduction = last_change_per_key(table, ["id"], ["v"])
+    assert not reduction.sources  # no value left unchanged: every present key takes its last row
+    values = table["v"].to_pylist()
+    return ({key: values[row] for (key,), row in zip(reduction.present, reduction.last_rows)},
+            {key for (key,) in reduction.touched})
+
+
+def kept(rows: list[dict]) -> dict:
+    """key -> (the value it ends with: from a row of the batch, or ``lake@<origin>``)."""
+    table = staged(rows)
+    reduction = last_change_per_key(table, ["id"], ["v"])
+    values = table["v"].to_pylist()
+    return {key: values[source] if source is not None else f"lake@{origin[0]}"
+            for (key,), source, origin in zip(reduction.present, reduction.sources["v"], reduction.origins)}
 
 
 def test_the_last_change_per_key_wins_by_commit_lsn_then_seq():
@@ -53,6 +64,23 @@ def test_a_key_deleted_after_a_key_change_to_it_is_gone():
     assert reduced(rows) == ({}, {1, 2})
 
 
+def test_an_unchanged_value_comes_from_the_rows_history_else_from_the_lakehouse_row_it_began_at():
+    rows = [{"op": "U", "lsn": 100, "id": 1, "u": ["v"]},                 # kept: the lakehouse row of 1
+            {"op": "U", "lsn": 100, "id": 2, "v": "sent"},
+            {"op": "U", "lsn": 200, "id": 2, "u": ["v"]},                 # kept: the batch sent it before
+            {"op": "U", "lsn": 300, "id": 13, "u": ["v"], "old": 3},      # moved: the lakehouse row of 3
+            {"op": "U", "lsn": 400, "id": 23, "u": ["v"], "old": 13},     # moved again: still of 3
+            {"op": "U", "lsn": 500, "id": 14, "u": ["v"], "old": 2},      # moved after the batch sent it
+            {"op": "I", "lsn": 600, "id": 5, "u": ["v"]}]                 # an INSERT begins a history
+    assert kept(rows) == {1: "lake@1", 23: "lake@3", 14: "sent", 5: "lake@5"}
+
+
+def test_a_key_deleted_and_inserted_again_does_not_take_its_old_value():
+    rows = [{"op": "U", "lsn": 100, "id": 1, "v": "old"}, {"op": "D", "lsn": 200, "id": 1},
+            {"op": "I", "lsn": 300, "id": 1, "v": "new"}, {"op": "U", "lsn": 400, "id": 1, "u": ["v"]}]
+    assert kept(rows) == {1: "new"}
+
+
 def test_a_truncate_is_refused_not_reduced():
     with pytest.raises(ValueError, match="'T'"):
         reduced([{"op": "T", "lsn": 100, "id": 0}])
@@ -65,7 +93,13 @@ def manifest(**details) -> dict:
 
 def test_only_batches_that_set_whole_rows_of_matching_columns_are_eligible():
     assert ineligible(manifest(), TYPES, 500) is None
-    assert "keeps lakehouse values" in ineligible(manifest(unchanged=True), TYPES, 500)
+    assert ineligible(manifest(unchanged=True), TYPES, 500) is None  # looked up by key
+    composite = {**manifest(unchanged=True), "key": ["id", "v"]}
+    assert "composite key" in ineligible(composite, TYPES, 500)
+    assert ineligible({**manifest(), "key": ["id", "v"]}, TYPES, 500) is None
+    truncated = manifest()
+    truncated["details"]["truncated"] = True
+    assert "TRUNCATE" in ineligible(truncated, TYPES, 500)
     assert "before the table's position" in ineligible(manifest(), TYPES, 501)
     assert "more than" in ineligible(manifest(rows=ROW_DELTA_MAX_ROWS + 1), TYPES, 500)
     # a column dropped at the source keeps its lakehouse value in updated rows: a MERGE does that
