@@ -1,27 +1,30 @@
-"""A small change batch of a keyed table, applied without a Spark query: two Parquet files and
-one Iceberg ``RowDelta`` commit.
+"""A small change batch of a keyed table, applied without a MERGE: two Parquet files and one
+Iceberg ``RowDelta`` commit.
 
 A ``MERGE INTO`` costs every table its own query planning, Spark jobs and scan of the target,
-about 0.3-0.5 s of a 2-core machine however few rows the batch holds. A batch that only sets
-whole rows needs none of that. The driver reduces it to the last change per key (pyarrow) and
-writes:
+about 0.3-0.5 s of a 2-core machine however few rows the batch holds. The driver instead reduces
+the batch to the last state of every key it touches (pyarrow, :func:`last_change_per_key`, the
+rules of ``reduction.py``) and writes:
 
 * an **equality delete file** on the key columns, holding every key the batch touches (deleted,
   updated, inserted, or left by a key change);
-* a **data file** with the last row of every key the batch leaves present;
+* a **data file** with the last row of every key the batch leaves present; a value a row left
+  unchanged (TOAST) comes from the batch's row that last sent it, else from the lakehouse row the
+  row's history began at, read by key in one Spark query (the step's only Spark work);
 
 and commits both in one ``RowDelta``. Iceberg applies an equality delete to the data files of
 earlier commits only (a lower data sequence number), so the new rows replace the old ones and
 survive their own deletes. Running the step again (a crash before the state commit) deletes the
 same keys again, the first run's rows with them, and writes the same rows: exact, as a MERGE.
 
-It applies only where the result is the MERGE's by construction (:func:`ineligible` says why not):
-the pull's facts decide the batch (no TRUNCATE, no value kept from the lakehouse, nothing before
-the table's position), the table is unpartitioned, format 2, merge-on-read, its columns are the
-batch's with the batch's types, none of them needs a cast, and no key is a float (NaN). The rows
-are read and written by the driver, so the batch must be small and pyarrow importable there.
-Everything else is MERGEd (``keyed.py``). Equality deletes cost readers until compaction folds
-them in (``IcebergMaintenanceOperator``'s ``rewrite_data_files``).
+It applies only where the result is the MERGE's by construction (:func:`ineligible` and
+:meth:`RowDeltas.table_ineligible` say why not): the pull's facts describe the batch (no
+TRUNCATE, nothing before the table's position), the table is unpartitioned, format 2,
+merge-on-read, its columns are the batch's with the batch's types, none needs a cast, no key is a
+float (NaN) or an array, and kept values sit under a one-column key that reads back exactly. The
+rows pass through the driver, so the batch must be small and pyarrow importable there. Everything
+else is MERGEd (``keyed.py``). Equality deletes cost readers until maintenance's
+``rewrite_data_files`` folds them in; ``dead_deletes.py`` then removes the delete files.
 """
 
 from __future__ import annotations

@@ -1,10 +1,30 @@
-"""Helpers for tests that compare staged snapshots with PostgreSQL's own subscriber."""
+"""Helpers for tests that stage a source's batches and compare them with PostgreSQL's own subscriber."""
 
 from __future__ import annotations
 
+from airflow.sdk import ObjectStoragePath
+
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.embedded.postgres import wait_until
+from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
 from airflow_provider_pglogical.staging.batches import read_table
+
+
+def synced(publisher, publisher_hook, root, source: str, tables) -> ObjectStoragePath:
+    """Run ``source`` (SQL), publish ``tables`` as publication ``p`` and sync them into ``root``
+    (pipeline ``p``, slot ``s1``); returns the staging root for :func:`pull`."""
+    publisher.execute(source)
+    publisher_hook.create_publication("p", [PublishedTable(name) for name in tables])
+    storage = ObjectStoragePath(root.as_uri())
+    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
+    return storage
+
+
+def pull(publisher_hook, storage: ObjectStoragePath) -> str:
+    """One pull of :func:`synced`'s pipeline; returns the batch's name."""
+    return run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")["batch"].rsplit("/", 1)[1]
 
 
 def native_rows(subscriber_hook, subscriber, publisher, name: str, publications: list[str], tables: list[str]):

@@ -13,13 +13,9 @@ import shutil
 from collections import Counter
 
 import pytest
-from airflow.sdk import ObjectStoragePath
-
-from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
-from airflow_provider_pglogical.capture.pull import run_pull
-from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.spark import apply_changes
 from airflow_provider_pglogical.staging import contract
+from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
 
 SOURCE = """
@@ -63,19 +59,16 @@ def lakehouse_rows(spark, namespace: str, table: str) -> Counter:
 
 @pytest.mark.spark
 def test_pulled_facts_spare_the_batch_read_and_change_nothing(publisher, publisher_hook, tmp_path):
-    publisher.execute(SOURCE)
-    publisher_hook.create_publication("p", [PublishedTable(name) for name in COLUMNS])
     root = tmp_path / "staging"
-    storage = ObjectStoragePath(root.as_uri())
-    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
+    storage = synced(publisher, publisher_hook, root, SOURCE, COLUMNS)
     batches = []
     for statements in (FIRST, SECOND):
         publisher.execute(statements)
-        batches.append(run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")["batch"])
-    manifests = [json.loads((root / "p" / b.rsplit("/", 1)[1] / contract.MANIFEST).read_text()) for b in batches]
-    decided = {(b.rsplit("/", 1)[1], source) for b, m in zip(batches, manifests) for source, table in m["tables"].items()
+        batches.append(pull(publisher_hook, storage))
+    manifests = [json.loads((root / "p" / b / contract.MANIFEST).read_text()) for b in batches]
+    decided = {(b, source) for b, m in zip(batches, manifests) for source, table in m["tables"].items()
                if contract.facts_decide(table["details"], 0) is not None}
-    first, second = (b.rsplit("/", 1)[1] for b in batches)
+    first, second = batches
     # a kept TOAST value (docs) or a TRUNCATE (bag, second batch): the job still reads the batch once
     assert decided == {(first, "public.orders"), (first, "public.bag"), (second, "public.orders")}, decided
     without_facts(root, tmp_path / "staging-without")

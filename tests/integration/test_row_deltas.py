@@ -15,17 +15,13 @@ import shutil
 from collections import Counter
 
 import pytest
-from airflow.sdk import ObjectStoragePath
-
-from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
-from airflow_provider_pglogical.capture.pull import run_pull
-from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.spark import apply_changes, maintenance
 from airflow_provider_pglogical.spark.hadoop_files import Staging
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.plan import Batch
 from airflow_provider_pglogical.spark.row_deltas import RowDeltas
 from airflow_provider_pglogical.staging import contract
+from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
 
 SOURCE = r"""
@@ -112,21 +108,18 @@ def source_rows(publisher, table: str) -> Counter:
 
 @pytest.mark.spark
 def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hook, tmp_path):
-    publisher.execute(SOURCE)
-    publisher_hook.create_publication("p", [PublishedTable(name) for name in COLUMNS])
     root = tmp_path / "staging"
-    storage = ObjectStoragePath(root.as_uri())
-    run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
+    storage = synced(publisher, publisher_hook, root, SOURCE, COLUMNS)
     batches, expected = [], []
     for statements in (FIRST, SECOND):
         publisher.execute(statements)
-        batches.append(run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")["batch"])
+        batches.append(pull(publisher_hook, storage))
         expected.append({table: source_rows(publisher, table) for table in COLUMNS})
-    first = batches[0].rsplit("/", 1)[1]
+    first = batches[0]
     # the first batch alone, as a run that crashed before its state commit saw it
     partial = tmp_path / "staging-first"
     shutil.copytree(root, partial)
-    shutil.rmtree(partial / "p" / batches[1].rsplit("/", 1)[1])
+    shutil.rmtree(partial / "p" / batches[1])
 
     spark = reading_session(tmp_path / "warehouse", "test-row-deltas")
     try:
@@ -152,7 +145,7 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
             assert deletes_by_age(spark, "delta", table) == {"applying": 0, "older": 0, "live": 0}, table
             assert lakehouse_rows(spark, "delta", table) == expected[1][table], table
         publisher.execute(THIRD)
-        run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
+        pull(publisher_hook, storage)
         apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")
         assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
 
