@@ -200,11 +200,11 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     state.last_batch = step.batch.name
     seconds = round(time.monotonic() - started, 3)
     jobs, stages = spark_work(keyed.spark, group)
-    log.info("%s: applied %s %s (%d rows) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
-             rows, seconds, jobs, stages)
+    row_delta = (source, step.batch.name) in keyed.row_delta_steps
+    log.info("%s: applied %s %s (%d rows%s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
+             rows, ", a row delta" if row_delta else "", seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
-            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages,
-            "row_delta": (source, step.batch.name) in keyed.row_delta_steps}
+            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta}
 
 
 def spark_job_group(spark, description: str) -> str:

@@ -1,5 +1,6 @@
 """Applying steps to a keyed table: a snapshot overwrites (or MERGEs a key range), a change batch
-is reduced to one row per key and applied with ONE ``MERGE INTO``."""
+is reduced to one row per key and applied with ONE ``MERGE INTO``, or, when small, committed by
+the driver as an Iceberg row delta (``row_deltas.py``)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def join_condition(manifest: dict) -> str:
 class KeyedTables(StepApplier):
     """Applies steps to tables with a replica-identity key (a primary key or USING INDEX).
 
-    :param row_deltas: apply small change batches that set whole rows as Iceberg row deltas
-        (``row_deltas.py``) instead of a MERGE; ``row_delta_steps`` names the ``(source, batch)``
+    :param row_deltas: apply the small change batches ``row_deltas.ineligible`` admits as Iceberg
+        row deltas (``row_deltas.py``) instead of a MERGE; ``row_delta_steps`` names the ``(source, batch)``
         steps that were.
     """
 

@@ -29,6 +29,7 @@ else is MERGEd (``keyed.py``). Equality deletes cost readers until maintenance's
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 import uuid
@@ -48,6 +49,8 @@ from airflow_provider_pglogical.staging.contract import (
 
 log = logging.getLogger("pglogical.apply")
 
+#: the oldest pyarrow the driver's reduction runs on (``concat_tables(promote_options=…)``)
+MIN_PYARROW = 14
 #: the most change rows a batch may hold to be applied by the driver (its rows pass through Python)
 ROW_DELTA_MAX_ROWS = 20_000
 #: lakehouse types whose staged Arrow values are the Iceberg values as they are (no cast)
@@ -69,6 +72,8 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
     can be, as far as the manifest tells (:meth:`RowDeltas.table_ineligible` checks the table)."""
     if importlib.util.find_spec("pyarrow") is None:
         return "pyarrow is not installed where the driver runs"
+    if int(importlib.metadata.version("pyarrow").split(".")[0]) < MIN_PYARROW:
+        return f"pyarrow where the driver runs is older than {MIN_PYARROW}"
     details = manifest.get("details", {})
     facts = details.get(CHANGE_FACTS)
     if not facts or details.get("truncated"):
