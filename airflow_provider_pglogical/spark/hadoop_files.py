@@ -74,19 +74,18 @@ class Staging:
         self._fs.delete(directory, True)
 
     def _read(self, path) -> str:
+        return self._bytes(path).decode("utf-8")
+
+    def _bytes(self, path) -> bytes:
         stream = self._fs.open(path)
         try:
-            return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
         finally:
             stream.close()
 
     def read_bytes(self, uri: str) -> bytes:
         """A whole (small) staged file, for the driver to read itself (``row_deltas.py``)."""
-        stream = self._fs.open(self._path(uri))
-        try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-        finally:
-            stream.close()
+        return self._bytes(self._path(uri))
 
     def read_manifest(self, batch: Batch) -> dict:
         return json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))

@@ -210,7 +210,7 @@ class RowDeltas:
         reduction = last_change_per_key(rows, keys, [name for name in types if name not in keys])
         schema = table.schema()
         data = self._data_table(rows, reduction, target, keys, schema, types)
-        deletes = self._key_table(reduction.touched, keys, schema, types)
+        deletes = self._key_table(rows, reduction.touched, keys, schema)
         jvm = self._jvm
         delta = table.newRowDelta()
         if data.num_rows:
@@ -263,30 +263,32 @@ class RowDeltas:
     # Arrow tables with Iceberg's field ids ------------------------------------------------------
     def _data_table(self, rows, reduction: Reduction, target: str, keys: list[str], schema, types: dict[str, str]):
         """The present keys' rows: each column from the key's last row, or for a column some row
-        left unchanged, from the row that last sent it, else from the lakehouse."""
+        left unchanged, from the row that last sent it, else from the lakehouse. Each column keeps
+        the Arrow type the pull staged it in (the lakehouse type, ``ineligible``); a column no
+        staged file holds is left out, and Iceberg reads it as NULL."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         last = rows.take(pa.array(reduction.last_rows, type=pa.int64()))
-        kept = self._lakehouse_values(target, keys[0], reduction, types) if reduction.sources else {}
+        kept = self._lakehouse_values(rows, target, keys[0], reduction, types) if reduction.sources else {}
         fields, arrays = [], []
-        for name, kind in types.items():
-            field = self._field(schema, name, _arrow_type(kind))
+        for name in types:
             staged = staged_name(name)
             if staged not in rows.column_names:
-                array = pa.nulls(len(reduction.present), field.type)
-            elif name in reduction.sources:
+                continue
+            field = self._field(schema, name, rows[staged].type)
+            if name in reduction.sources:
                 sources = reduction.sources[name]
-                array = rows[staged].take(pa.array(sources, type=pa.int64())).cast(field.type)
+                array = rows[staged].take(pa.array(sources, type=pa.int64()))
                 if name in kept:
-                    array = pc.if_else(pa.array([index is None for index in sources]), kept[name].cast(field.type), array)
+                    array = pc.if_else(pa.array([index is None for index in sources]), kept[name], array)
             else:
-                array = last[staged].cast(field.type)
+                array = last[staged]
             fields.append(field)
-            arrays.append(array)
+            arrays.append(array.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    def _lakehouse_values(self, target: str, key: str, reduction: Reduction, types: dict[str, str]) -> dict:
+    def _lakehouse_values(self, rows, target: str, key: str, reduction: Reduction, types: dict[str, str]) -> dict:
         """Per column no row of the batch sent for some present key, the lakehouse's values (an Arrow
         array over the present keys): the row of the key's origin, else of the key itself (a step
         applied again: the origin's row is gone, the key's row holds what the first run kept).
@@ -297,10 +299,9 @@ class RowDeltas:
         missing = [name for name, sources in reduction.sources.items() if None in sources]
         if not missing:
             return {}
-        wanted = sorted({k[0] for i, k in enumerate(reduction.present)
-                         if any(reduction.sources[name][i] is None for name in missing)}
-                        | {origin[0] for i, origin in enumerate(reduction.origins)
-                           if any(reduction.sources[name][i] is None for name in missing)})
+        needing = [i for i in range(len(reduction.present))
+                   if any(reduction.sources[name][i] is None for name in missing)]
+        wanted = sorted({reduction.present[i][0] for i in needing} | {reduction.origins[i][0] for i in needing})
 
         def readable(name: str):
             if types[name] == "timestamp":
@@ -317,19 +318,20 @@ class RowDeltas:
             for i, own in enumerate(reduction.present):
                 row = found.get(reduction.origins[i][0]) or found.get(own[0])
                 column.append(_plain_value(row[position]) if row is not None else None)
-            kind = _arrow_type(types[name])
+            kind = rows[staged_name(name)].type
             if pa.types.is_timestamp(kind):
                 values[name] = pa.array(column, type=pa.int64()).cast(kind)
             else:
                 values[name] = pa.array(column, type=kind)
         return values
 
-    def _key_table(self, touched: list[tuple], keys: list[str], schema, types: dict[str, str]):
+    def _key_table(self, rows, touched: list[tuple], keys: list[str], schema):
+        """Every touched key, with the Arrow types the key columns were staged in."""
         import pyarrow as pa
 
         fields, arrays = [], []
         for i, key in enumerate(keys):
-            kind = _arrow_type(types[key])
+            kind = rows[staged_name(key)].type
             fields.append(self._field(schema, key, kind))
             arrays.append(pa.array([values[i] for values in touched], type=kind))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
@@ -349,20 +351,3 @@ class RowDeltas:
 def _plain_value(value):
     """A value Spark returned, as pyarrow takes it (binary comes back as a bytearray)."""
     return bytes(value) if isinstance(value, bytearray) else value
-
-
-def _arrow_type(kind: str):
-    """The Arrow type the pull stages a column of lakehouse type ``kind`` in (``staging/typemap.py``)."""
-    import pyarrow as pa
-
-    simple = {"boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(),
-              "double": pa.float64(), "string": pa.string(), "binary": pa.binary(), "date": pa.date32(),
-              "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us")}
-    if kind in simple:
-        return simple[kind]
-    if kind.startswith("decimal("):
-        precision, scale = kind[len("decimal("):-1].split(",")
-        return pa.decimal128(int(precision), int(scale))
-    if kind.startswith("array<"):
-        return pa.list_(_arrow_type(kind[len("array<"):-1]))
-    raise ValueError(f"no Arrow type for lakehouse type {kind}")
