@@ -15,11 +15,12 @@ manifest still lists: never higher than the truth, so a delete that may still ap
 
 from __future__ import annotations
 
+from airflow_provider_pglogical.spark.java_classes import java_class
+
 
 def remove_dead_equality_deletes(spark, table_name: str) -> dict:
     """Remove ``table_name``'s equality delete files that apply to no data file; returns their count."""
-    jvm = spark.sparkContext._jvm
-    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table_name)
+    table = java_class(spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(spark._jsparkSession, table_name)
     snapshot = table.currentSnapshot()
     if snapshot is None:
         return {"removed_equality_delete_files_count": 0}
@@ -28,13 +29,13 @@ def remove_dead_equality_deletes(spark, table_name: str) -> dict:
     if not data_manifests:
         return {"removed_equality_delete_files_count": 0}
     oldest_data = min(manifest.minSequenceNumber() for manifest in data_manifests)
-    equality = jvm.org.apache.iceberg.FileContent.EQUALITY_DELETES
+    equality = java_class(spark, "org.apache.iceberg.FileContent").EQUALITY_DELETES
     rewrite = table.newRewrite()
     removed = 0
     for manifest in snapshot.deleteManifests(io):
         if manifest.minSequenceNumber() > oldest_data:
             continue  # every delete it lists may still apply
-        reader = jvm.org.apache.iceberg.ManifestFiles.readDeleteManifest(manifest, io, table.specs())
+        reader = java_class(spark, "org.apache.iceberg.ManifestFiles").readDeleteManifest(manifest, io, table.specs())
         try:
             entries = reader.liveEntries().iterator()
             while entries.hasNext():

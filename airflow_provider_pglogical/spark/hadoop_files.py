@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import Batch
 from airflow_provider_pglogical.staging.contract import MANIFEST, RESULT_CONF
 
@@ -18,11 +19,10 @@ class Staging:
     def __init__(self, spark, root: str, pipeline: str) -> None:
         self.spark = spark
         self.directory = root.rstrip("/") + "/" + pipeline
-        self._jvm = spark.sparkContext._jvm
         self._fs = self._path(self.directory).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
 
     def _path(self, uri: str):
-        return self._jvm.org.apache.hadoop.fs.Path(uri)
+        return java_class(self.spark, "org.apache.hadoop.fs.Path")(uri)
 
     def committed(self) -> list[Batch]:
         """Every batch with a manifest, in name order (manifests not read yet)."""
@@ -79,7 +79,7 @@ class Staging:
     def _bytes(self, path) -> bytes:
         stream = self._fs.open(path)
         try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            return bytes(java_class(self.spark, "org.apache.commons.io.IOUtils").toByteArray(stream))
         finally:
             stream.close()
 
@@ -100,7 +100,7 @@ def write_result(spark, summary: dict) -> None:
     uri = spark.conf.get(RESULT_CONF, None)
     if not uri:
         return
-    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path
+    hadoop_path = java_class(spark, "org.apache.hadoop.fs.Path")
     fs = hadoop_path(uri).getFileSystem(spark._jsc.hadoopConfiguration())
     fs.setWriteChecksum(False)
     out = fs.create(hadoop_path(uri + ".tmp"), True)

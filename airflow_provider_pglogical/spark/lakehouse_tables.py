@@ -8,6 +8,7 @@ import re
 from typing import NamedTuple
 
 from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, sql_string
+from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import ApplyError, TableState
 from airflow_provider_pglogical.staging.contract import (
     KEY_PROPERTY,
@@ -67,8 +68,8 @@ class Lakehouse:
     def size(self, table: str) -> TableSize:
         """The table's rows and bytes of files by its current snapshot's summary (Iceberg
         metadata: no Spark job); zeros for a table without a snapshot."""
-        jvm = self.spark.sparkContext._jvm
-        loaded = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.name(table))
+        loaded = java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
+            self.spark._jsparkSession, self.name(table))
         snapshot = loaded.currentSnapshot()
         summary = snapshot.summary() if snapshot is not None else None
 
