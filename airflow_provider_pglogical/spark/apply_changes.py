@@ -113,7 +113,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
     if bucket_count:
         lakehouse.drop_batch_tables()
-    keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse)
+    keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
     states = lakehouse.read_state(pipeline)
     phases.end("state_read")
     for source, state in states.items():
@@ -201,7 +201,7 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     state.last_batch = step.batch.name
     seconds = round(time.monotonic() - started, 3)
     jobs, stages = spark_work(keyed.spark, group)
-    row_delta = (source, step.batch.name) in keyed.row_delta_steps
+    row_delta = (source, step.batch.name) in applier.row_delta_steps
     log.info("%s: applied %s %s (%d rows%s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
              rows, ", a row delta" if row_delta else "", seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,

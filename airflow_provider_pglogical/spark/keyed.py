@@ -73,7 +73,6 @@ class KeyedTables(StepApplier):
     def __init__(self, spark, staging, lakehouse, row_deltas: bool = True) -> None:
         super().__init__(spark, staging, lakehouse)
         self.row_deltas = RowDeltas(spark, staging, lakehouse) if row_deltas else None
-        self.row_delta_steps: set[tuple[str, str]] = set()
 
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F

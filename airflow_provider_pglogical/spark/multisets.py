@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from functools import reduce
 
 from airflow_provider_pglogical.spark.identifiers import col, quote, sql_string, temporary_view_name
+from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas, multiset_ineligible
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.reduction import after_truncate, from_position_on, last_truncate
 from airflow_provider_pglogical.spark.steps import StepApplier
 from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY, facts_decide
+
+log = logging.getLogger("pglogical.apply")
 
 
 class Multisets(StepApplier):
@@ -24,7 +28,15 @@ class Multisets(StepApplier):
     it inserts, or of the highest copy it keeps, so a re-run after the data commit and before
     the state commit finds the row values the batch has changed already and skips them; a row
     value the batch removed entirely cannot go below zero copies.
+
+    :param row_deltas: apply the small change batches ``multiset_row_deltas.multiset_ineligible``
+        admits as Iceberg row deltas the driver commits (``multiset_row_deltas.py``), the same
+        copies written and deleted, instead of a MERGE.
     """
+
+    def __init__(self, spark, staging, lakehouse, row_deltas: bool = True) -> None:
+        super().__init__(spark, staging, lakehouse)
+        self.row_deltas = MultisetRowDeltas(spark, staging, lakehouse) if row_deltas else None
 
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import Window
@@ -115,6 +127,16 @@ class Multisets(StepApplier):
         keys = list(manifest["key"])
         if not manifest.get("files"):
             return 0
+        if self.row_deltas is not None:
+            reason = multiset_ineligible(manifest, types, step.position)
+            table = self.row_deltas.load(target) if reason is None else None
+            reason = reason or self.row_deltas.table_ineligible(table)
+            if reason is None:
+                rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types,
+                                             step.batch.name)
+                self.row_delta_steps.add((source, step.batch.name))
+                return rows
+            log.debug("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
         values = _value_types(types)
         rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
         known = facts_decide(manifest.get("details", {}), step.position)

@@ -57,7 +57,7 @@ ROW_DELTA_MAX_ROWS = 20_000
 #: lakehouse types whose staged Arrow values are the Iceberg values as they are (no cast)
 _SIMPLE_TYPES = {"boolean", "int", "bigint", "float", "double", "string", "binary", "date", "timestamp",
                  "timestamp_ntz"}
-_FLOAT_TYPES = {"float", "double"}
+FLOAT_TYPES = {"float", "double"}
 _WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
 #: parquet-mr's footer parser, as the Iceberg Spark runtime shades it
 _PARQUET_METADATA_CONVERTER = "org.apache.iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter"
@@ -71,8 +71,25 @@ def _plain_type(kind: str) -> bool:
 
 
 def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
-    """Why the batch of one table (its manifest entry) is not applied as a row delta; None when it
-    can be, as far as the manifest tells (:meth:`RowDeltas.table_ineligible` checks the table)."""
+    """Why the batch of one keyed table (its manifest entry) is not applied as a row delta; None
+    when it can be, as far as the manifest tells (:meth:`RowDeltas.table_ineligible` checks the table)."""
+    reason = batch_ineligible(manifest, types, position)
+    if reason is not None:
+        return reason
+    if any(types[key] in FLOAT_TYPES or types[key].startswith("array<") for key in manifest["key"]):
+        return "a key column is a float or an array"
+    facts = manifest["details"][CHANGE_FACTS]
+    if facts["unchanged"]:  # values kept from the lakehouse: looked up by key (RowDeltas._lakehouse_values)
+        if len(manifest["key"]) != 1 or not lookup_type(types[manifest["key"][0]]):
+            return "values are kept from the lakehouse under a composite key or one of a type not looked up"
+        if any(kind.startswith("array<timestamp") for kind in types.values()):
+            return "values are kept from the lakehouse and a column is an array of timestamps"
+    return None
+
+
+def batch_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
+    """Why the driver cannot reduce a table's change batch itself, for a table of any kind: no
+    pyarrow, no change facts, too many rows, or columns the lakehouse holds otherwise."""
     if importlib.util.find_spec("pyarrow") is None:
         return "pyarrow is not installed where the driver runs"
     if int(importlib.metadata.version("pyarrow").split(".")[0]) < MIN_PYARROW:
@@ -90,17 +107,10 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
         return "the table's columns or types differ from the batch's"
     if not all(_plain_type(kind) for kind in types.values()):
         return "a column's type needs a cast"
-    if any(types[key] in _FLOAT_TYPES or types[key].startswith("array<") for key in manifest["key"]):
-        return "a key column is a float or an array"
-    if facts["unchanged"]:  # values kept from the lakehouse: looked up by key (RowDeltas._lakehouse_values)
-        if len(manifest["key"]) != 1 or not _lookup_key_type(types[manifest["key"][0]]):
-            return "values are kept from the lakehouse under a composite key or one of a type not looked up"
-        if any(kind.startswith("array<timestamp") for kind in types.values()):
-            return "values are kept from the lakehouse and a column is an array of timestamps"
     return None
 
 
-def _lookup_key_type(kind: str) -> bool:
+def lookup_type(kind: str) -> bool:
     """A key type whose values read back from Spark equal the staged ones (no time zone, hashable)."""
     return kind in ("int", "bigint", "string", "date") or kind.startswith("decimal(")
 
@@ -213,6 +223,13 @@ class RowDeltas:
         schema = table.schema()
         data = self._data_table(rows, reduction, target, keys, schema, types)
         deletes = self._key_table(rows, reduction.touched, keys, schema)
+        self.commit(table, data, deletes, keys)
+        return rows.num_rows
+
+    def commit(self, table, data, deletes, delete_columns: list[str]) -> None:
+        """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
+        equality delete file on ``delete_columns``, in one ``RowDelta``; an empty one is left out."""
+        schema = table.schema()
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
         delta = table.newRowDelta()
@@ -223,14 +240,14 @@ class RowDeltas:
                           .withMetrics(self._metrics(footer, metrics)).build())
         if deletes.num_rows:
             path, size, footer = self._write(table, deletes, "deletes")
-            ids = self._gateway.new_array(java_class(self.spark, "int"), len(keys))
-            for i, key in enumerate(keys):
-                ids[i] = schema.findField(key).fieldId()
+            ids = self._gateway.new_array(java_class(self.spark, "int"), len(delete_columns))
+            for i, name in enumerate(delete_columns):
+                ids[i] = schema.findField(name).fieldId()
             delta.addDeletes(java_class(self.spark, "org.apache.iceberg.FileMetadata").deleteFileBuilder(table.spec())
                              .ofEqualityDeletes(ids).withPath(path).withFileSizeInBytes(size).withFormat(parquet)
                              .withMetrics(self._metrics(footer, metrics)).build())
-        delta.commit()
-        return rows.num_rows
+        if data.num_rows or deletes.num_rows:
+            delta.commit()
 
     # files -------------------------------------------------------------------------------------
     def _read_parquet(self, uri: str):
@@ -301,8 +318,6 @@ class RowDeltas:
         applied again: the origin's row is gone, the key's row holds what the first run kept).
         One Spark query; timestamps travel as microseconds, so no time zone touches them."""
         import pyarrow as pa
-        from pyspark.sql import Column
-        from pyspark.sql import functions as F
 
         missing = [name for name, sources in reduction.sources.items() if None in sources]
         if not missing:
@@ -311,25 +326,14 @@ class RowDeltas:
                    if any(reduction.sources[name][i] is None for name in missing)]
         wanted = sorted({reduction.present[i][0] for i in needing} | {reduction.origins[i][0] for i in needing})
 
-        def readable(name: str):
-            if types[name] == "timestamp":
-                return F.unix_micros(col(name))
-            if types[name] == "timestamp_ntz":  # the job's session is UTC: the wall time as it is
-                return F.unix_micros(col(name).cast("timestamp"))
-            return col(name)
-
-        # the keys as literal columns of a class looked up once (``isin`` of Python values looks
-        # up Spark's ``functions`` per value: about 0.5 ms of the driver's CPU each)
-        functions = java_class(self.spark, "org.apache.spark.sql.functions")
-        literals = [Column(functions.lit(value)) for value in wanted]
         found = {row[0]: row[1:] for row in self.spark.table(self.lakehouse.name(target))
-                 .where(col(key).isin(*literals)).select(col(key), *[readable(n).alias(n) for n in missing]).collect()}
+                 .where(col(key).isin(*literal_columns(self.spark, wanted))).select(col(key), *[readable(n, types[n]).alias(n) for n in missing]).collect()}
         values = {}
         for position, name in enumerate(missing):
             column = []
             for i, own in enumerate(reduction.present):
                 row = found.get(reduction.origins[i][0]) or found.get(own[0])
-                column.append(_plain_value(row[position]) if row is not None else None)
+                column.append(plain_value(row[position]) if row is not None else None)
             kind = rows[staged_name(name)].type
             if pa.types.is_timestamp(kind):
                 values[name] = pa.array(column, type=pa.int64()).cast(kind)
@@ -360,6 +364,27 @@ class RowDeltas:
                         metadata={b"PARQUET:field_id": str(field.fieldId()).encode()})
 
 
-def _plain_value(value):
+def readable(name: str, kind: str):
+    """Column ``name`` of Spark type ``kind`` as the driver compares it with staged values:
+    timestamps as microseconds (so no time zone touches them), everything else as it is."""
+    from pyspark.sql import functions as F
+
+    if kind == "timestamp":
+        return F.unix_micros(col(name))
+    if kind == "timestamp_ntz":  # the job's session is UTC: the wall time as it is
+        return F.unix_micros(col(name).cast("timestamp"))
+    return col(name)
+
+
+def literal_columns(spark, values: list) -> list:
+    """Python values as Spark literal columns, through a class looked up once (``Column.isin`` of
+    Python values looks up Spark's ``functions`` per value: about 0.5 ms of the driver's CPU each)."""
+    from pyspark.sql import Column
+
+    functions = java_class(spark, "org.apache.spark.sql.functions")
+    return [Column(functions.lit(value)) for value in values]
+
+
+def plain_value(value):
     """A value Spark returned, as pyarrow takes it (binary comes back as a bytearray)."""
     return bytes(value) if isinstance(value, bytearray) else value

@@ -17,6 +17,8 @@ class StepApplier:
         self.spark = spark
         self.staging = staging
         self.lakehouse = lakehouse
+        #: the ``(source, batch)`` steps applied as Iceberg row deltas (``row_deltas.py``), not MERGEd
+        self.row_delta_steps: set[tuple[str, str]] = set()
 
     def read(self, step: Step, source: str, types: dict[str, str], *, changes: bool):
         """The step's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""

@@ -1,0 +1,220 @@
+"""A small change batch of a keyless table (a multiset), applied without a MERGE: one Iceberg
+``RowDelta`` the driver commits, as ``row_deltas.py`` does for keyed tables.
+
+The lakehouse numbers the n identical copies of a row value 1..n (``_pglogical_occurrence``),
+so (values, occurrence) is a key (``multisets.py``). The driver nets the batch per row value
+(+1 per INSERT and UPDATE's new row, -1 per DELETE and UPDATE's old row: :func:`net_copies`),
+reads how many copies each touched value has and whether this batch has written one already
+(one Spark aggregate, the step's only Spark work), and commits:
+
+* an **equality delete file** on (values, occurrence) with the copies above the new count, and
+  the highest copy kept, which is written again with the batch's name (the MERGE's mark);
+* a **data file** with the copies added (count+1..count+d) and that marked copy.
+
+Equality deletes match NULLs as equal, as PostgreSQL's subscriber compares rows here. A step
+applied again (a crash before the state commit) finds the batch's name on every value it left
+copies of, and skips those: exact, as the MERGE is (:func:`copy_changes`).
+
+It applies where the MERGE's result is this by construction (:func:`multiset_ineligible`): the
+batch facts hold (no TRUNCATE, nothing before the table's position), no column is a float
+(equality deletes compare ``-0.0`` and ``0.0`` apart) or an array (equality deletes take
+primitive columns only), no TOAST value was left out, and the table is numbered, unpartitioned,
+format 2 and merge-on-read. Everything else is MERGEd (``multisets.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from airflow_provider_pglogical.spark.identifiers import col
+from airflow_provider_pglogical.spark.lakehouse_tables import NUMBERED_PROPERTY
+from airflow_provider_pglogical.spark.row_deltas import (
+    FLOAT_TYPES,
+    RowDeltas,
+    batch_ineligible,
+    literal_columns,
+    lookup_type,
+    plain_value,
+    readable,
+)
+from airflow_provider_pglogical.staging.contract import (
+    CHANGE_FACTS,
+    MULTISET_COLUMNS,
+    OCCURRENCE,
+    OLD_KEY_PREFIX,
+    OP,
+    WRITTEN_BY,
+    staged_name,
+)
+
+#: a prefilter column's distinct values above this are not listed in the lookup's filter (each
+#: literal is a round trip to the JVM); the aggregate still matches every value exactly
+MAX_FILTER_VALUES = 2_000
+
+
+def multiset_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
+    """Why a keyless table's batch is not applied as a row delta; None when it can be, as far as
+    the manifest tells (:meth:`MultisetRowDeltas.table_ineligible` checks the table)."""
+    values = {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
+    reason = batch_ineligible(manifest, values, position)
+    if reason is not None:
+        return reason
+    if any(kind in FLOAT_TYPES or kind.startswith("array<") for kind in values.values()):
+        return "a column is a float or an array (equality deletes compare them otherwise)"
+    if manifest["details"][CHANGE_FACTS]["unchanged"]:
+        return "a row left a TOAST value out"
+    return None
+
+
+@dataclass
+class CopyChanges:
+    """What a batch does to the copies of each row value it touches (:func:`copy_changes`)."""
+
+    #: (values, occurrence) of every copy to add or to write again with the batch's name
+    written: list = field(default_factory=list)
+    #: (values, occurrence) of every copy to delete (the marked copy's old row among them)
+    deleted: list = field(default_factory=list)
+
+
+def net_copies(rows, values: list[str]) -> dict[tuple, int]:
+    """Per touched row value (a tuple in :func:`python_column` form; NULLs equal), the net change
+    of its number of copies: +1 per INSERT and UPDATE's new row, -1 per DELETE and UPDATE's old row
+    (the rules of ``multisets.signed_copies``). Every row counts: the facts say none is before the
+    table's position and no TRUNCATE is among them."""
+    count = rows.num_rows
+    ops = rows[OP].to_pylist()
+    new = list(zip(*(python_column(rows, staged_name(name)) for name in values))) if values else [()] * count
+    old = list(zip(*(python_column(rows, OLD_KEY_PREFIX + name) for name in values))) if values else [()] * count
+    net: dict[tuple, int] = {}
+    for index, op in enumerate(ops):
+        if op not in ("I", "U", "D"):
+            raise ValueError(f"change row with operation {op!r} in a batch the pull's facts decide")
+        if op == "D":
+            net[new[index]] = net.get(new[index], 0) - 1
+            continue
+        net[new[index]] = net.get(new[index], 0) + 1
+        if op == "U":
+            net[old[index]] = net.get(old[index], 0) - 1
+    return {value: change for value, change in net.items() if change}
+
+
+def copy_changes(net: dict[tuple, int], copies: dict[tuple, tuple[int, bool]]) -> CopyChanges:
+    """The copies to write and delete so that each touched value has max(0, count + change) copies.
+
+    :param copies: per value the lakehouse holds, its number of copies and whether one of them
+        was written by this batch (the batch was applied already: the value is left as it is).
+    """
+    changes = CopyChanges()
+    for value, change in net.items():
+        count, done = copies.get(value, (0, False))
+        if done:
+            continue
+        target = max(0, count + change)
+        if target > count:
+            changes.written += [(value, occurrence) for occurrence in range(count + 1, target + 1)]
+        elif target < count:
+            changes.deleted += [(value, occurrence) for occurrence in range(target + 1, count + 1)]
+            if target:  # the highest copy kept carries the batch's name, for a step applied again
+                changes.deleted.append((value, target))
+                changes.written.append((value, target))
+    return changes
+
+
+def python_column(rows, name: str) -> list:
+    """A staged column as Python values the lakehouse lookup returns alike: timestamps as
+    microseconds; NULLs where the file has no such column."""
+    import pyarrow as pa
+
+    if name not in rows.column_names:
+        return [None] * rows.num_rows
+    column = rows[name]
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.int64())
+    return column.to_pylist()
+
+
+class MultisetRowDeltas(RowDeltas):
+    """Applies eligible change batches of keyless tables as Iceberg row deltas (see the module)."""
+
+    def table_ineligible(self, table) -> str | None:
+        reason = super().table_ineligible(table)
+        if reason is None and table.properties().get(NUMBERED_PROPERTY) != "true":
+            return "the table's copies are not numbered yet"
+        return reason
+
+    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str],
+              batch: str) -> int:
+        """Apply batch ``batch``'s change rows of one keyless table (``files``) in one commit;
+        returns their number."""
+        import pyarrow as pa
+
+        parts = [self._read_parquet(uri) for uri in files]
+        if not parts:
+            return 0
+        rows = pa.concat_tables(parts, promote_options="default")
+        values = [name for name in types if name not in MULTISET_COLUMNS]
+        net = net_copies(rows, values)
+        if net:
+            changes = copy_changes(net, self._copies(target, values, types, list(net), batch))
+            schema = table.schema()
+            kinds = {name: rows[staged_name(name)].type for name in values}
+            data = self._copies_table(changes.written, values, kinds, schema, batch)
+            deletes = self._copies_table(changes.deleted, values, kinds, schema, None)
+            self.commit(table, data, deletes, [*values, OCCURRENCE])
+        return rows.num_rows
+
+    def _copies(self, target: str, values: list[str], types: dict[str, str], touched: list[tuple],
+                batch: str) -> dict[tuple, tuple[int, bool]]:
+        """Per touched value the lakehouse holds: its copies, and whether ``batch`` wrote one.
+
+        One aggregate over the rows that may match (each column of a type that compares exactly
+        narrowed to the touched values), matched exactly here."""
+        from pyspark.sql import functions as F
+
+        condition = None
+        for position, name in enumerate(values):
+            if not lookup_type(types[name]):
+                continue
+            wanted = {value[position] for value in touched}
+            present = sorted(value for value in wanted if value is not None)
+            if len(present) > MAX_FILTER_VALUES:
+                continue
+            narrowed = col(name).isin(*literal_columns(self.spark, present)) if present else F.lit(False)
+            if None in wanted:
+                narrowed = narrowed | col(name).isNull()
+            condition = narrowed if condition is None else condition & narrowed
+        frame = self.spark.table(self.lakehouse.name(target))
+        if condition is not None:
+            frame = frame.where(condition)
+        found = (frame.groupBy(*[readable(name, types[name]).alias(name) for name in values])
+                 .agg(F.count(F.lit(1)).alias("__copies"),
+                      F.max((col(WRITTEN_BY) == F.lit(batch)).cast("int")).alias("__done"))
+                 .collect())
+        touched_set = set(touched)
+        copies = {}
+        for row in found:
+            value = tuple(plain_value(item) for item in row[:len(values)])
+            if value in touched_set:
+                copies[value] = (row["__copies"], bool(row["__done"]))
+        return copies
+
+    def _copies_table(self, copies: list[tuple[tuple, int]], values: list[str], kinds: dict, schema,
+                      batch: str | None):
+        """(values, occurrence) rows as an Arrow table with Iceberg's field ids; with ``batch``, the
+        batch's name in ``_pglogical_batch`` too (a data file), else not (an equality delete file)."""
+        import pyarrow as pa
+
+        fields, arrays = [], []
+        for position, name in enumerate(values):
+            kind = kinds[name]
+            column = [value[position] for value, _ in copies]
+            array = (pa.array(column, type=pa.int64()).cast(kind) if pa.types.is_timestamp(kind)
+                     else pa.array(column, type=kind))
+            fields.append(self._field(schema, name, kind))
+            arrays.append(array)
+        fields.append(self._field(schema, OCCURRENCE, pa.int32()))
+        arrays.append(pa.array([occurrence for _, occurrence in copies], type=pa.int32()))
+        if batch is not None:
+            fields.append(self._field(schema, WRITTEN_BY, pa.string()))
+            arrays.append(pa.array([batch] * len(copies), type=pa.string()))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
