@@ -10,7 +10,9 @@ variants apply one after the other, their order reversed every tick. Variants:
 - ``no-facts``: the pull's change facts ignored (``contract.facts_decide`` answers None): every
   step reads its batch once to learn them, as before they were written;
 - ``rows-pruning``: a MERGE's target scan pruned by the table's row count only, not its bytes;
-- ``no-row-deltas``: every change batch MERGEd, none committed as a row delta (``row_deltas.py``).
+- ``no-row-deltas``: every change batch MERGEd, none committed as a row delta (``row_deltas.py``,
+  ``multiset_row_deltas.py``);
+- ``no-multiset-row-deltas``: keyless tables' batches MERGEd, keyed tables' as they are.
 
 Prints each tick's in-job seconds and steps per variant, the medians of ticks 1 on (tick 0 warms)
 and checks every lakehouse against its source.
@@ -56,8 +58,12 @@ def variant(name: str):
     if name == "rows-pruning":
         by_bytes_too = keyed.prunes  # its row rule alone: the table's bytes left out
         return patched([keyed], "prunes", lambda rows, batch_rows, table_bytes=0: by_bytes_too(rows, batch_rows))
-    if name == "no-row-deltas":
-        return patched([keyed], "ineligible", lambda manifest, types, position: "switched off")
+    if name in ("no-row-deltas", "no-multiset-row-deltas"):
+        stack = contextlib.ExitStack()
+        stack.enter_context(patched([multisets], "multiset_ineligible", lambda manifest, types, position: "off"))
+        if name == "no-row-deltas":
+            stack.enter_context(patched([keyed], "ineligible", lambda manifest, types, position: "switched off"))
+        return stack
     raise SystemExit(f"unknown variant {name!r}")
 
 

@@ -25,7 +25,8 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   TRUNCATE replaces the table with the rows after the last TRUNCATE (one atomic overwrite).
 - A **keyless** table (REPLICA IDENTITY FULL) is a multiset, as PostgreSQL's subscriber keeps it:
   identical rows are numbered in ``_pglogical_occurrence`` and a change batch changes the number of
-  copies of each row value it touches (``multisets.py``).
+  copies of each row value it touches (``multisets.py``; a small batch as a row delta,
+  ``multiset_row_deltas.py``).
 - Positions and applied snapshot batches are recorded per table in
   ``<catalog>.<namespace>._pglogical_state`` (one row per pipeline and source table, partitioned
   by pipeline). Tables advance in rounds of one step each; after every round this pipeline's rows
@@ -95,8 +96,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     :param retention_hours: then remove applied batches committed longer ago than this
         (``retention.py``); None keeps every batch.
     :param archive: move them under ``_archive/`` instead of deleting them.
-    :param row_deltas: apply small batches that set whole rows of keyed tables as Iceberg row
-        deltas, without a Spark query (``row_deltas.py``); False MERGEs every batch.
+    :param row_deltas: apply small batches of keyed tables (``row_deltas.py``) and of keyless ones
+        (``multiset_row_deltas.py``) as Iceberg row deltas the driver commits; False MERGEs every batch.
     """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
