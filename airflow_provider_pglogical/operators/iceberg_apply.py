@@ -20,7 +20,11 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.class_archive import with_java_options
-from airflow_provider_pglogical.lakehouse.driver_jit import DEFAULT_QUICK_JIT_MAX_ROWS, quick_jit_options
+from airflow_provider_pglogical.lakehouse.driver_jit import (
+    DEFAULT_QUICK_JIT_MAX_ROWS,
+    quick_jit_options,
+    standing_driver_jit_options,
+)
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.staging.contract import (
@@ -105,8 +109,10 @@ class IcebergApplyOperator(SparkSubmitOperator):
         (``~/.cache/...``).
     :param quick_jit_max_rows: when the apply marker shows at most this many staged rows pending,
         the driver JVM compiles with HotSpot's quick C1 compiler only (``-XX:TieredStopAtLevel=1``):
-        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). ``None``
-        keeps the JVM's default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
+        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). A standing
+        driver (below) always compiles with C1 only: it serves many small ticks, and the
+        optimising compiler keeps competing with them for the cores. ``None`` keeps the JVM's
+        default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
     :param standing_driver: keep the Spark driver running between ticks, for up to this long without
         an apply (for example ``timedelta(minutes=15)``): the task then asks that driver over a Unix
         socket instead of starting spark-submit, and a small tick takes a second or two instead of
@@ -211,6 +217,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 # a session that outlives the tick must see other jobs' commits (maintenance, backfills)
                 self.conf = {f"spark.sql.catalog.{self.iceberg.catalog}.cache-enabled": "false",
                              **self.iceberg.spark_conf(), **(self.conf or {})}
+                self.conf = with_java_options(self.conf, standing_driver_jit_options(self.quick_jit_max_rows, self.conf))
                 result = apply_on_standing_driver(self, self.job_args(), self.standing_driver,
                                                   self.standing_driver_dir)
             else:

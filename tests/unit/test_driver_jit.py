@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pglogical.lakehouse.driver_jit import QUICK_JIT_OPTIONS, quick_jit_options, user_chose_jit
+from airflow_provider_pglogical.lakehouse.driver_jit import (
+    QUICK_JIT_OPTIONS,
+    quick_jit_options,
+    standing_driver_jit_options,
+    user_chose_jit,
+)
 
 
 @pytest.mark.parametrize(("pending", "limit", "expected"), [
@@ -31,3 +36,9 @@ def test_other_java_options_do_not_count_as_a_jit_choice():
     conf = {"spark.driver.extraJavaOptions": "-Xshare:on -XX:SharedArchiveFile=/tmp/a.jsa -Dfoo=bar"}
     assert not user_chose_jit(conf)
     assert quick_jit_options(1, 100, conf) == QUICK_JIT_OPTIONS
+
+
+def test_a_standing_driver_compiles_with_c1_only_unless_turned_off_or_set_by_the_user():
+    assert standing_driver_jit_options(100_000, {}) == QUICK_JIT_OPTIONS  # whatever the next tick's size
+    assert standing_driver_jit_options(None, {}) == ()
+    assert standing_driver_jit_options(100_000, {"spark.driver.extraJavaOptions": "-XX:CICompilerCount=4"}) == ()
