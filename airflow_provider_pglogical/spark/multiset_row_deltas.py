@@ -17,8 +17,9 @@ copies of, and skips those: exact, as the MERGE is (:func:`copy_changes`).
 
 It applies where the MERGE's result is this by construction (:func:`multiset_ineligible`): the
 batch facts hold (no TRUNCATE, nothing before the table's position), no column is a float
-(equality deletes compare ``-0.0`` and ``0.0`` apart) or an array (equality deletes take
-primitive columns only), no TOAST value was left out, and the table is numbered, unpartitioned,
+(equality deletes compare ``-0.0`` and ``0.0`` apart), an array (equality deletes take
+primitive columns only) or binary (Iceberg 1.9 loses equality deletes on binary columns,
+apache/iceberg#11239), no TOAST value was left out, and the table is numbered, unpartitioned,
 format 2 and merge-on-read. Everything else is MERGEd (``multisets.py``).
 """
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from airflow_provider_pglogical.spark.identifiers import col
 from airflow_provider_pglogical.spark.lakehouse_tables import NUMBERED_PROPERTY
 from airflow_provider_pglogical.spark.row_deltas import (
+    BINARY_EQUALITY,
     FLOAT_TYPES,
     RowDeltas,
     batch_ineligible,
@@ -61,6 +63,8 @@ def multiset_ineligible(manifest: dict, types: dict[str, str], position: int) ->
         return reason
     if any(kind in FLOAT_TYPES or kind.startswith("array<") for kind in values.values()):
         return "a column is a float or an array (equality deletes compare them otherwise)"
+    if "binary" in values.values():
+        return BINARY_EQUALITY
     if manifest["details"][CHANGE_FACTS]["unchanged"]:
         return "a row left a TOAST value out"
     return None

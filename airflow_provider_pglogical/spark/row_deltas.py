@@ -21,7 +21,8 @@ It applies only where the result is the MERGE's by construction (:func:`ineligib
 :meth:`RowDeltas.table_ineligible` say why not): the pull's facts describe the batch (no
 TRUNCATE, nothing before the table's position), the table is unpartitioned, format 2,
 merge-on-read, its columns are the batch's with the batch's types, none needs a cast, no key is a
-float (NaN) or an array, and kept values sit under a one-column key that reads back exactly. The
+float (NaN), an array or binary (Iceberg 1.9 loses equality deletes on binary columns), and kept
+values sit under a one-column key that reads back exactly. The
 rows pass through the driver, so the batch must be small and pyarrow importable there. Everything
 else is MERGEd (``keyed.py``). Equality deletes cost readers until maintenance's
 ``rewrite_data_files`` folds them in; ``dead_deletes.py`` then removes the delete files.
@@ -58,6 +59,11 @@ ROW_DELTA_MAX_ROWS = 20_000
 _SIMPLE_TYPES = {"boolean", "int", "bigint", "float", "double", "string", "binary", "date", "timestamp",
                  "timestamp_ntz"}
 FLOAT_TYPES = {"float", "double"}
+#: Iceberg 1.9's reader loses equality deletes on a binary column: it reuses one buffer for every
+#: binary value of a delete file it loads, so a shorter value read later overwrites the earlier
+#: ones (apache/iceberg#11239; fixed after 1.9 by apache/iceberg#12855)
+BINARY_EQUALITY = ("a binary column would be in the equality deletes, which Iceberg 1.9 loses "
+                   "(apache/iceberg#11239)")
 _WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
 #: parquet-mr's footer parser, as the Iceberg Spark runtime shades it
 _PARQUET_METADATA_CONVERTER = "org.apache.iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter"
@@ -78,6 +84,8 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
         return reason
     if any(types[key] in FLOAT_TYPES or types[key].startswith("array<") for key in manifest["key"]):
         return "a key column is a float or an array"
+    if any(types[key] == "binary" for key in manifest["key"]):
+        return BINARY_EQUALITY
     facts = manifest["details"][CHANGE_FACTS]
     if facts["unchanged"]:  # values kept from the lakehouse: looked up by key (RowDeltas._lakehouse_values)
         if len(manifest["key"]) != 1 or not lookup_type(types[manifest["key"][0]]):

@@ -1,8 +1,9 @@
 """Small change batches are applied as Iceberg row deltas (an equality delete file and a data file
-in one commit; no Spark query, or one that looks up the TOAST values a batch keeps), and the
-lakehouse ends exactly as a MERGE leaves it: every supported type, composite keys, key-change
-chains, a key deleted and inserted again, kept TOAST values, a step applied twice (a crash before
-its state commit), and maintenance folding the equality deletes in.
+in one commit; no Spark query, or one that looks up the TOAST values a batch keeps or a keyless
+table's copies), and the lakehouse ends exactly as a MERGE leaves it: every supported type,
+composite keys, key-change chains, a key deleted and inserted again, kept TOAST values, a keyless
+table's duplicates and all-NULL rows, a step applied twice (a crash before its state commit), and
+maintenance folding the equality deletes in.
 
 A real pull stages the batches; the job runs in-process over them twice, with and without row
 deltas, into two namespaces of one warehouse.
@@ -18,6 +19,7 @@ import pytest
 from airflow_provider_pglogical.spark import apply_changes, maintenance
 from airflow_provider_pglogical.spark.hadoop_files import Staging
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas
 from airflow_provider_pglogical.spark.plan import Batch
 from airflow_provider_pglogical.spark.row_deltas import RowDeltas
 from airflow_provider_pglogical.staging import contract
@@ -31,6 +33,17 @@ CREATE TABLE kinds (id bigint PRIMARY KEY, flag bool, small int2, n int4, f4 rea
 CREATE TABLE lines (order_id int, line text, qty int, PRIMARY KEY (order_id, line));
 CREATE TABLE docs (id int PRIMARY KEY, qty int, doc text);
 ALTER TABLE docs ALTER COLUMN doc SET STORAGE EXTERNAL;
+CREATE TABLE bag (flag bool, big bigint, day date, at timestamp, at_tz timestamptz, amount numeric(12,2), note text);
+ALTER TABLE bag REPLICA IDENTITY FULL;
+CREATE TABLE blobs (raw bytea, n int);
+ALTER TABLE blobs REPLICA IDENTITY FULL;
+INSERT INTO blobs SELECT decode(md5((g % 3)::text), 'hex'), g % 2 FROM generate_series(1, 12) g;
+INSERT INTO bag SELECT g % 2 = 0, g % 3, date '2020-01-01' + g % 3,
+                       timestamp '2020-01-01' + (g % 3) * interval '1 hour',
+                       timestamptz '1850-01-01 00:00+00' + (g % 3) * interval '1 day', (g % 3) * 1.5,
+                       CASE WHEN g % 3 > 0 THEN 'b' || (g % 3) END
+                FROM generate_series(1, 12) g;
+INSERT INTO bag VALUES (NULL, NULL, NULL, NULL, NULL, NULL, NULL), (NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 INSERT INTO kinds SELECT g, g % 2 = 0, g, g * 10, g / 4.0, g / 3.0, 'n' || g, decode(md5(g::text), 'hex'),
                          date '2020-01-01' + g, timestamp '2020-01-01 00:00' + g * interval '1 hour',
                          timestamptz '2020-01-01 00:00+00' + g * interval '1 minute', g * 1.25, ARRAY[g, g + 1],
@@ -57,17 +70,30 @@ UPDATE docs SET qty = -qty WHERE id <= 3;
 UPDATE docs SET id = id + 100 WHERE id IN (4, 5);
 UPDATE docs SET id = 205 WHERE id = 105;
 UPDATE docs SET qty = 0 WHERE id = 205;
+INSERT INTO bag SELECT * FROM bag WHERE big = 1;
+DELETE FROM bag WHERE ctid = (SELECT ctid FROM bag WHERE big = 2 LIMIT 1);
+UPDATE bag SET note = 'changed' WHERE ctid = (SELECT ctid FROM bag WHERE big = 0 LIMIT 1);
+DELETE FROM bag WHERE ctid = (SELECT ctid FROM bag WHERE big IS NULL LIMIT 1);
+DELETE FROM bag WHERE big = 2 AND flag;
+INSERT INTO bag (note) VALUES ('x'), ('x');
+DELETE FROM blobs WHERE raw = decode(md5('2'), 'hex') AND n = 0;
+DELETE FROM blobs WHERE ctid = (SELECT ctid FROM blobs WHERE raw = decode(md5('0'), 'hex') LIMIT 1);
 """
-SECOND = "UPDATE kinds SET note = 'late' WHERE id IN (1, 207); UPDATE lines SET order_id = 9 WHERE order_id = 4"
+SECOND = ("UPDATE kinds SET note = 'late' WHERE id IN (1, 207); UPDATE lines SET order_id = 9 WHERE order_id = 4;"
+          "UPDATE bag SET big = 5 WHERE ctid = (SELECT ctid FROM bag WHERE note = 'x' LIMIT 1);"
+          "INSERT INTO bag (note) VALUES (NULL)")
 THIRD = "UPDATE kinds SET n = 0 WHERE id = 2"
 COLUMNS = {
     "kinds": "id, flag, small, n, f4::float8, f8, note, raw, day, at::text, "
              "(extract(epoch FROM at_tz) * 1000000)::bigint, amount, tags, words",
     "lines": "order_id, line, qty",
     "docs": "id, qty, md5(doc)",
+    "bag": "flag, big, day, at::text, (extract(epoch FROM at_tz) * 1000000)::bigint, amount, note",
+    "blobs": "raw, n",
 }
 LAKE_COLUMNS = {**COLUMNS, "kinds": "id, flag, small, n, cast(f4 AS double), f8, note, raw, day, "
-                                    "cast(at AS string), unix_micros(at_tz), amount, tags, words"}
+                                    "cast(at AS string), unix_micros(at_tz), amount, tags, words",
+                "bag": "flag, big, day, cast(at AS string), unix_micros(at_tz), amount, note"}
 
 
 def canonical(value):
@@ -128,10 +154,18 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
                 for namespace, deltas in (("delta", True), ("merge", False))}
         ways = {namespace: {(s["table"], s["batch"]): s["row_delta"] for s in result["steps"] if s["kind"] == "changes"}
                 for namespace, result in runs.items()}
-        # every change step (docs keeps TOAST values, looked up in the lakehouse by key)
-        assert all(ways["delta"].values()) and ("public.docs", first) in ways["delta"], ways
+        # every change step (docs keeps TOAST values, looked up in the lakehouse by key) but the
+        # keyless table with a binary column: Iceberg 1.9 loses equality deletes on one
+        # (apache/iceberg#11239), so it is MERGEd, and ends exact all the same
+        blobs = {step: way for step, way in ways["delta"].items() if step[0] == "public.blobs"}
+        assert blobs and not any(blobs.values()), ways
+        assert all(way for step, way in ways["delta"].items() if step[0] != "public.blobs"), ways
+        assert ("public.docs", first) in ways["delta"] and ("public.bag", first) in ways["delta"], ways
         assert not any(ways["merge"].values())
-        assert all(s["spark_jobs"] == (s["table"] == "public.docs") for s in runs["delta"]["steps"] if s["row_delta"])
+        # the only Spark work: docs' lookup of kept values, bag's aggregate of its copies
+        assert all(s["spark_jobs"] == (s["table"] == "public.docs") for s in runs["delta"]["steps"]
+                   if s["row_delta"] and s["table"] != "public.bag")
+        assert all(1 <= s["spark_jobs"] <= 2 for s in runs["delta"]["steps"] if s["table"] == "public.bag")
         for table in COLUMNS:
             assert lakehouse_rows(spark, "delta", table) == lakehouse_rows(spark, "merge", table), table
             assert lakehouse_rows(spark, "delta", table) == expected[1][table], table
@@ -155,11 +189,16 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         batch = Batch.parse(first)
         batch.manifest = staging.read_manifest(batch)
         deltas = RowDeltas(spark, staging, Lakehouse(spark, "lake", "again", "merge-on-read", None))
-        for source in ("public.kinds", "public.lines", "public.docs"):
+        copies = MultisetRowDeltas(spark, staging, Lakehouse(spark, "lake", "again", "merge-on-read", None))
+        for source in ("public.kinds", "public.lines", "public.docs", "public.bag"):
             target = contract.default_target_name(source)
             table = deltas.load(target)
             types = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.again.{target}").schema.fields}
-            deltas.apply(table, target, staging.files(batch, source), batch.manifest["tables"][source], types)
+            files, manifest = staging.files(batch, source), batch.manifest["tables"][source]
+            if source == "public.bag":
+                copies.apply(table, target, files, manifest, types, first)
+            else:
+                deltas.apply(table, target, files, manifest, types)
         for table in COLUMNS:
             assert lakehouse_rows(spark, "again", table) == expected[0][table], table
     finally:
