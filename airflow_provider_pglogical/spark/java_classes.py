@@ -14,14 +14,15 @@ import functools
 import threading
 import weakref
 
-from py4j.java_gateway import JavaClass
-
 _lock = threading.Lock()
 _classes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def java_class(spark, name: str) -> JavaClass:
-    """The Java class ``name`` (fully qualified, or a primitive such as ``int``) of ``spark``'s JVM."""
+def java_class(spark, name: str):
+    """The Java class ``name`` (fully qualified, or a primitive such as ``int``) of ``spark``'s JVM:
+    a py4j ``JavaClass`` (py4j is imported here: the job's modules import without it)."""
+    from py4j.java_gateway import JavaClass
+
     gateway = spark.sparkContext._gateway
     with _lock:
         known = _classes.setdefault(gateway, {})

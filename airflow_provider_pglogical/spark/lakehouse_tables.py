@@ -113,18 +113,48 @@ class Lakehouse:
             for row in rows
         }
 
-    def write_state(self, pipeline: str, states: dict[str, TableState]) -> None:
-        """Replace this pipeline's rows of the state table in one commit."""
+    def write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
+        """Replace this pipeline's rows of the state table in one commit.
+
+        The driver writes the rows' Parquet file and commits it itself (``RowDeltas.replace_partition``)
+        where pyarrow is importable: a Spark write costs every round 0.3-0.5 s of a small tick.
+        Else, or with ``by_driver=False``, Spark overwrites the pipeline's partition. Either way
+        it is one Iceberg commit replacing the partition's files."""
         from pyspark.sql import functions as F
 
-        schema = ("pipeline string, source_table string, target_table string, position string, "
-                  "applied_snapshots array<string>, last_batch string")
+        from airflow_provider_pglogical.spark.row_deltas import RowDeltas, pyarrow_missing
+
         rows = [
             (pipeline, source, s.target, hex16(s.position), sorted(s.snapshots), s.last_batch)
             for source, s in sorted(states.items())
         ]
+        if by_driver and pyarrow_missing() is None:
+            writer = RowDeltas(self.spark, None, self)
+            table = writer.load(STATE_TABLE)
+            writer.replace_partition(table, self._state_rows(writer, table, rows), "pipeline", pipeline)
+            return
+        schema = ("pipeline string, source_table string, target_table string, position string, "
+                  "applied_snapshots array<string>, last_batch string")
         frame = self.spark.createDataFrame(rows, schema).withColumn("updated_at", F.current_timestamp())
         frame.writeTo(self.name(STATE_TABLE)).overwrite(col("pipeline") == F.lit(pipeline))
+
+    @staticmethod
+    def _state_rows(writer, table, rows: list[tuple]):
+        """The state rows as an Arrow table with the state table's field ids, stamped now."""
+        import datetime
+
+        import pyarrow as pa
+
+        names = ["pipeline", "source_table", "target_table", "position", "applied_snapshots", "last_batch"]
+        kinds = [pa.string(), pa.string(), pa.string(), pa.string(), pa.list_(pa.string()), pa.string()]
+        schema = table.schema()
+        fields = [writer.arrow_field(schema, name, kind) for name, kind in zip(names, kinds)]
+        arrays = [pa.array([row[i] for row in rows], type=kind) for i, kind in enumerate(kinds)]
+        now = datetime.datetime.now(datetime.timezone.utc)
+        fields.append(writer.arrow_field(schema, "updated_at", pa.timestamp("us", "UTC")))
+        arrays.append(pa.array([now] * len(rows), type=pa.timestamp("us", "UTC")))
+        return pa.Table.from_arrays([array.cast(field.type) for array, field in zip(arrays, fields)],
+                                    schema=pa.schema(fields))
 
     # tables --------------------------------------------------------------------------------
     def ensure_table(self, table: str, manifest: dict) -> dict[str, str]:

@@ -214,11 +214,11 @@ class MultisetRowDeltas(RowDeltas):
             column = [value[position] for value, _ in copies]
             array = (pa.array(column, type=pa.int64()).cast(kind) if pa.types.is_timestamp(kind)
                      else pa.array(column, type=kind))
-            fields.append(self._field(schema, name, kind))
+            fields.append(self.arrow_field(schema, name, kind))
             arrays.append(array)
-        fields.append(self._field(schema, OCCURRENCE, pa.int32()))
+        fields.append(self.arrow_field(schema, OCCURRENCE, pa.int32()))
         arrays.append(pa.array([occurrence for _, occurrence in copies], type=pa.int32()))
         if batch is not None:
-            fields.append(self._field(schema, WRITTEN_BY, pa.string()))
+            fields.append(self.arrow_field(schema, WRITTEN_BY, pa.string()))
             arrays.append(pa.array([batch] * len(copies), type=pa.string()))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))

@@ -98,10 +98,9 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
 def batch_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
     """Why the driver cannot reduce a table's change batch itself, for a table of any kind: no
     pyarrow, no change facts, too many rows, or columns the lakehouse holds otherwise."""
-    if importlib.util.find_spec("pyarrow") is None:
-        return "pyarrow is not installed where the driver runs"
-    if int(importlib.metadata.version("pyarrow").split(".")[0]) < MIN_PYARROW:
-        return f"pyarrow where the driver runs is older than {MIN_PYARROW}"
+    reason = pyarrow_missing()
+    if reason is not None:
+        return reason
     details = manifest.get("details", {})
     facts = details.get(CHANGE_FACTS)
     if not facts or details.get("truncated"):
@@ -115,6 +114,15 @@ def batch_ineligible(manifest: dict, types: dict[str, str], position: int) -> st
         return "the table's columns or types differ from the batch's"
     if not all(_plain_type(kind) for kind in types.values()):
         return "a column's type needs a cast"
+    return None
+
+
+def pyarrow_missing() -> str | None:
+    """Why the driver cannot write Parquet files itself (no pyarrow, or too old); None when it can."""
+    if importlib.util.find_spec("pyarrow") is None:
+        return "pyarrow is not installed where the driver runs"
+    if int(importlib.metadata.version("pyarrow").split(".")[0]) < MIN_PYARROW:
+        return f"pyarrow where the driver runs is older than {MIN_PYARROW}"
     return None
 
 
@@ -257,6 +265,18 @@ class RowDeltas:
         if data.num_rows or deletes.num_rows:
             delta.commit()
 
+    def replace_partition(self, table, data, column: str, value: str) -> None:
+        """Replace the rows of identity partition ``column`` = ``value`` with ``data`` (an Arrow
+        table with field ids), in one ``OverwriteFiles`` commit."""
+        metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
+        path, size, footer = self._write(table, data, "data")
+        written = (java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
+                   .withPath(path).withFileSizeInBytes(size)
+                   .withFormat(java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET)
+                   .withPartitionValues([value]).withMetrics(self._metrics(footer, metrics)).build())
+        matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal(column, value)
+        table.newOverwrite().overwriteByRowFilter(matching).addFile(written).commit()
+
     # files -------------------------------------------------------------------------------------
     def _read_parquet(self, uri: str):
         import pyarrow as pa
@@ -308,7 +328,7 @@ class RowDeltas:
             staged = staged_name(name)
             if staged not in rows.column_names:
                 continue
-            field = self._field(schema, name, rows[staged].type)
+            field = self.arrow_field(schema, name, rows[staged].type)
             if name in reduction.sources:
                 sources = reduction.sources[name]
                 array = rows[staged].take(pa.array(sources, type=pa.int64()))
@@ -356,11 +376,11 @@ class RowDeltas:
         fields, arrays = [], []
         for i, key in enumerate(keys):
             kind = rows[staged_name(key)].type
-            fields.append(self._field(schema, key, kind))
+            fields.append(self.arrow_field(schema, key, kind))
             arrays.append(pa.array([values[i] for values in touched], type=kind))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    def _field(self, schema, name: str, kind):
+    def arrow_field(self, schema, name: str, kind):
         """The Arrow field of Iceberg column ``name``: its field id (and its list element's), required or not."""
         import pyarrow as pa
 

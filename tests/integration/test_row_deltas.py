@@ -201,5 +201,16 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
                 deltas.apply(table, target, files, manifest, types)
         for table in COLUMNS:
             assert lakehouse_rows(spark, "again", table) == expected[0][table], table
+
+        # the state commit: written by the driver (pyarrow here), or by Spark where the driver
+        # has no pyarrow; either replaces the pipeline's partition in one commit, and reads back
+        lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
+        states = lakehouse.read_state("p")
+        assert set(states) == {f"public.{table}" for table in COLUMNS}
+        for by_driver in (False, True, True):
+            lakehouse.write_state("p", states, by_driver=by_driver)
+            assert {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in lakehouse.read_state("p").items()} \
+                == {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in states.items()}
+            assert spark.sql("SELECT count(*) AS n FROM lake.delta._pglogical_state.files").first().n == 1
     finally:
         spark.stop()
