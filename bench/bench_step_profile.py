@@ -1,6 +1,6 @@
 """Where one table's step goes in a warm Spark session: the job's parts and each Spark job.
 
-    python bench/bench_step_profile.py [--tables 1] [--ticks 4] [--conf KEY=VALUE ...]
+    python bench/bench_step_profile.py [--tables 1] [--ticks 4] [--conf KEY=VALUE ...] [--cpu]
 
 A pipeline of N tables (``bench_tick``'s: 1,000 rows, half with an 8 kB value left unchanged, 100
 changes per table per tick with key changes) applied by ``apply_changes.run`` in one long-lived
@@ -8,7 +8,9 @@ session (what a standing driver runs). From the third tick on it prints, per tic
 spent in the job's parts (the reduction with its aggregate, the MERGE statement, the state read
 and commit, DataFrame calls) and every Spark job the tick ran, with its duration, stages and
 tasks (from Spark's status REST API). ``--conf`` sets Spark properties on the session, for an
-A/B against a run without them.
+A/B against a run without them. ``--cpu`` prints, per tick, the CPU seconds of the driver JVM
+and of this process, and the JVM's by thread name (threads that ended during the tick, such as
+py4j's per-thread connections, are in the JVM's total only).
 """
 
 from __future__ import annotations
@@ -91,11 +93,35 @@ def seconds(job: dict) -> float:
     return (parse(job["completionTime"]) - parse(job["submissionTime"])).total_seconds()
 
 
+def jvm_process():
+    """The driver JVM this process started (local mode: its child)."""
+    import psutil
+
+    return next(p for p in psutil.Process().children(recursive=True) if "java" in p.name())
+
+
+def thread_cpu(pid: int) -> collections.Counter:
+    """CPU seconds so far of each live thread of ``pid``, summed by name (digits folded)."""
+    import os
+    import re
+
+    seconds = collections.Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        seconds[re.sub(r"\d+", "#", name)] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tables", type=int, default=1)
     parser.add_argument("--ticks", type=int, default=4)
     parser.add_argument("--conf", action="append", default=[], help="a Spark property KEY=VALUE (repeatable)")
+    parser.add_argument("--cpu", action="store_true", help="print each tick's CPU seconds by process and JVM thread")
     args = parser.parse_args()
     conf = dict(item.split("=", 1) for item in args.conf)
     quiet_logs()
@@ -114,10 +140,19 @@ def main() -> None:
             pipeline.pull()
             seen = {job["jobId"] for job in spark_jobs(spark)}
             TIMES.clear()
+            if args.cpu:
+                jvm = jvm_process()
+                cpu_before = (sum(jvm.cpu_times()[:2]), time.process_time(), thread_cpu(jvm.pid))
             started = time.perf_counter()
             result = apply_changes.run(spark, staging, "p", namespace="bench")
             wall = time.perf_counter() - started
             print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}", flush=True)
+            if args.cpu:
+                threads = thread_cpu(jvm.pid)
+                threads.subtract(cpu_before[2])
+                print(f"   CPU: driver JVM {sum(jvm.cpu_times()[:2]) - cpu_before[0]:.2f} s, this process "
+                      f"{time.process_time() - cpu_before[1]:.2f} s; JVM threads: "
+                      + ", ".join(f"{name} {seconds:.2f}" for name, seconds in threads.most_common(5)), flush=True)
             if tick < 3:  # the session's first changes: cold
                 continue
             for part, runs in sorted(TIMES.items()):
