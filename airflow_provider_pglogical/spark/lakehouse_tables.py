@@ -116,20 +116,20 @@ class Lakehouse:
     def write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
         """Replace this pipeline's rows of the state table in one commit.
 
-        The driver writes the rows' Parquet file and commits it itself (``RowDeltas.replace_partition``)
-        where pyarrow is importable: a Spark write costs every round 0.3-0.5 s of a small tick.
+        The driver writes the rows' Parquet file and commits it itself (``DriverCommits.replace_partition``)
+        where pyarrow is importable (``driver_commits.py``): a Spark write cost every round 0.3-0.5 s of a small tick.
         Else, or with ``by_driver=False``, Spark overwrites the pipeline's partition. Either way
         it is one Iceberg commit replacing the partition's files."""
         from pyspark.sql import functions as F
 
-        from airflow_provider_pglogical.spark.row_deltas import RowDeltas, pyarrow_missing
+        from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
 
         rows = [
             (pipeline, source, s.target, hex16(s.position), sorted(s.snapshots), s.last_batch)
             for source, s in sorted(states.items())
         ]
         if by_driver and pyarrow_missing() is None:
-            writer = RowDeltas(self.spark, None, self)
+            writer = DriverCommits(self.spark, self)
             table = writer.load(STATE_TABLE)
             writer.replace_partition(table, self._state_rows(writer, table, rows), "pipeline", pipeline)
             return

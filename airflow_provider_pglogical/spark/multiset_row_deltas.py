@@ -164,7 +164,7 @@ class MultisetRowDeltas(RowDeltas):
             kinds = {name: rows[staged_name(name)].type for name in values}
             data = self._copies_table(changes.written, values, kinds, schema, batch)
             deletes = self._copies_table(changes.deleted, values, kinds, schema, None)
-            self.commit(table, data, deletes, [*values, OCCURRENCE])
+            self.row_delta(table, data, deletes, [*values, OCCURRENCE])
         return rows.num_rows
 
     def _copies(self, target: str, values: list[str], types: dict[str, str], touched: list[tuple],

@@ -30,12 +30,10 @@ else is MERGEd (``keyed.py``). Equality deletes cost readers until maintenance's
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import logging
-import uuid
 from dataclasses import dataclass, field
 
+from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
 from airflow_provider_pglogical.spark.identifiers import col
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.staging.contract import (
@@ -51,8 +49,6 @@ from airflow_provider_pglogical.staging.contract import (
 
 log = logging.getLogger("pglogical.apply")
 
-#: the oldest pyarrow the driver's reduction runs on (``concat_tables(promote_options=…)``)
-MIN_PYARROW = 14
 #: the most change rows a batch may hold to be applied by the driver (its rows pass through Python)
 ROW_DELTA_MAX_ROWS = 20_000
 #: lakehouse types whose staged Arrow values are the Iceberg values as they are (no cast)
@@ -65,8 +61,6 @@ FLOAT_TYPES = {"float", "double"}
 BINARY_EQUALITY = ("a binary column would be in the equality deletes, which Iceberg 1.9 loses "
                    "(apache/iceberg#11239)")
 _WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
-#: parquet-mr's footer parser, as the Iceberg Spark runtime shades it
-_PARQUET_METADATA_CONVERTER = "org.apache.iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter"
 
 
 def _plain_type(kind: str) -> bool:
@@ -114,15 +108,6 @@ def batch_ineligible(manifest: dict, types: dict[str, str], position: int) -> st
         return "the table's columns or types differ from the batch's"
     if not all(_plain_type(kind) for kind in types.values()):
         return "a column's type needs a cast"
-    return None
-
-
-def pyarrow_missing() -> str | None:
-    """Why the driver cannot write Parquet files itself (no pyarrow, or too old); None when it can."""
-    if importlib.util.find_spec("pyarrow") is None:
-        return "pyarrow is not installed where the driver runs"
-    if int(importlib.metadata.version("pyarrow").split(".")[0]) < MIN_PYARROW:
-        return f"pyarrow where the driver runs is older than {MIN_PYARROW}"
     return None
 
 
@@ -201,19 +186,12 @@ def last_change_per_key(rows, keys: list[str], values: list[str] = ()) -> Reduct
     return reduction
 
 
-class RowDeltas:
+class RowDeltas(DriverCommits):
     """Applies eligible change batches of keyed tables as Iceberg row deltas (see the module)."""
 
     def __init__(self, spark, staging, lakehouse) -> None:
-        self.spark = spark
+        super().__init__(spark, lakehouse)
         self.staging = staging
-        self.lakehouse = lakehouse
-        self._gateway = spark.sparkContext._gateway
-
-    def load(self, target: str):
-        """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
-        return java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
-            self.spark._jsparkSession, self.lakehouse.name(target))
 
     def table_ineligible(self, table) -> str | None:
         """Why the Iceberg table takes no row delta; None when it does."""
@@ -239,43 +217,8 @@ class RowDeltas:
         schema = table.schema()
         data = self._data_table(rows, reduction, target, keys, schema, types)
         deletes = self._key_table(rows, reduction.touched, keys, schema)
-        self.commit(table, data, deletes, keys)
+        self.row_delta(table, data, deletes, keys)
         return rows.num_rows
-
-    def commit(self, table, data, deletes, delete_columns: list[str]) -> None:
-        """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
-        equality delete file on ``delete_columns``, in one ``RowDelta``; an empty one is left out."""
-        schema = table.schema()
-        metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
-        parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
-        delta = table.newRowDelta()
-        if data.num_rows:
-            path, size, footer = self._write(table, data, "data")
-            delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
-                          .withPath(path).withFileSizeInBytes(size).withFormat(parquet)
-                          .withMetrics(self._metrics(footer, metrics)).build())
-        if deletes.num_rows:
-            path, size, footer = self._write(table, deletes, "deletes")
-            ids = self._gateway.new_array(java_class(self.spark, "int"), len(delete_columns))
-            for i, name in enumerate(delete_columns):
-                ids[i] = schema.findField(name).fieldId()
-            delta.addDeletes(java_class(self.spark, "org.apache.iceberg.FileMetadata").deleteFileBuilder(table.spec())
-                             .ofEqualityDeletes(ids).withPath(path).withFileSizeInBytes(size).withFormat(parquet)
-                             .withMetrics(self._metrics(footer, metrics)).build())
-        if data.num_rows or deletes.num_rows:
-            delta.commit()
-
-    def replace_partition(self, table, data, column: str, value: str) -> None:
-        """Replace the rows of identity partition ``column`` = ``value`` with ``data`` (an Arrow
-        table with field ids), in one ``OverwriteFiles`` commit."""
-        metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
-        path, size, footer = self._write(table, data, "data")
-        written = (java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
-                   .withPath(path).withFileSizeInBytes(size)
-                   .withFormat(java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET)
-                   .withPartitionValues([value]).withMetrics(self._metrics(footer, metrics)).build())
-        matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal(column, value)
-        table.newOverwrite().overwriteByRowFilter(matching).addFile(written).commit()
 
     # files -------------------------------------------------------------------------------------
     def _read_parquet(self, uri: str):
@@ -283,34 +226,6 @@ class RowDeltas:
         import pyarrow.parquet as pq
 
         return pq.read_table(pa.BufferReader(self.staging.read_bytes(uri)))
-
-    def _write(self, table, frame, kind: str) -> tuple[str, int, bytes]:
-        """Write ``frame`` as a Parquet file where the table keeps its data; returns its location,
-        its size and its footer (the file's metadata)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        sink = pa.BufferOutputStream()
-        pq.write_table(frame, sink, compression="zstd")
-        written = sink.getvalue().to_pybytes()
-        path = table.locationProvider().newDataLocation(f"pglogical-{uuid.uuid4().hex}-{kind}.parquet")
-        out = table.io().newOutputFile(path).create()
-        try:
-            out.write(bytearray(written))
-        finally:
-            out.close()
-        footer_length = int.from_bytes(written[-8:-4], "little")  # a Parquet file ends <footer><length>PAR1
-        return path, len(written), written[-8 - footer_length:-8]
-
-    def _metrics(self, footer: bytes, config):
-        """Column bounds and counts from the file's footer, as Iceberg's own import computes them
-        (``ParquetUtil.footerMetrics``). The footer is parsed from the bytes just written:
-        ``ParquetUtil.fileMetrics`` would read the file back and build a new Hadoop configuration
-        for it, about 10 ms of the driver's CPU per file."""
-        metadata = java_class(self.spark, _PARQUET_METADATA_CONVERTER)().readParquetMetadata(
-            java_class(self.spark, "java.io.ByteArrayInputStream")(bytearray(footer)))
-        return java_class(self.spark, "org.apache.iceberg.parquet.ParquetUtil").footerMetrics(
-            metadata, java_class(self.spark, "java.util.stream.Stream").empty(), config)
 
     # Arrow tables with Iceberg's field ids ------------------------------------------------------
     def _data_table(self, rows, reduction: Reduction, target: str, keys: list[str], schema, types: dict[str, str]):
@@ -379,17 +294,6 @@ class RowDeltas:
             fields.append(self.arrow_field(schema, key, kind))
             arrays.append(pa.array([values[i] for values in touched], type=kind))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-
-    def arrow_field(self, schema, name: str, kind):
-        """The Arrow field of Iceberg column ``name``: its field id (and its list element's), required or not."""
-        import pyarrow as pa
-
-        field = schema.findField(name)
-        if pa.types.is_list(kind):
-            element_id = field.type().asListType().elementId()
-            kind = pa.list_(pa.field("element", kind.value_type, metadata={b"PARQUET:field_id": str(element_id).encode()}))
-        return pa.field(name, kind, nullable=field.isOptional(),
-                        metadata={b"PARQUET:field_id": str(field.fieldId()).encode()})
 
 
 def readable(name: str, kind: str):
