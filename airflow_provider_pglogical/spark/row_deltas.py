@@ -112,7 +112,8 @@ def batch_ineligible(manifest: dict, types: dict[str, str], position: int) -> st
 
 
 def lookup_type(kind: str) -> bool:
-    """A key type whose values read back from Spark equal the staged ones (no time zone, hashable)."""
+    """A type whose values read back from Spark equal the staged ones (no time zone, hashable):
+    a key the kept values are looked up by, or a keyless table's column its copies are narrowed by."""
     return kind in ("int", "bigint", "string", "date") or kind.startswith("decimal(")
 
 
