@@ -1,6 +1,6 @@
 """Where one table's step goes in a warm Spark session: the job's parts and each Spark job.
 
-    python bench/bench_step_profile.py [--tables 1] [--ticks 4] [--conf KEY=VALUE ...] [--cpu]
+    python bench/bench_step_profile.py [--tables 1] [--ticks 4] [--concurrency 4] [--conf KEY=VALUE ...] [--cpu]
 
 A pipeline of N tables (``bench_tick``'s: 1,000 rows, half with an 8 kB value left unchanged, 100
 changes per table per tick with key changes) applied by ``apply_changes.run`` in one long-lived
@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
-from airflow_provider_pglogical.spark import apply_changes, keyed, lakehouse_tables, steps  # noqa: E402
+from airflow_provider_pglogical.spark import (  # noqa: E402
+    apply_changes, driver_commits, hadoop_files, keyed, lakehouse_tables, row_deltas, steps)
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
@@ -62,6 +63,13 @@ def instrument() -> None:
     timed(keyed, "reduce_changes")
     timed(keyed.KeyedTables, "_fetch_moved")
     timed(dataframe.DataFrame, "first", "DataFrame.first (the batch's aggregate)")
+    timed(row_deltas.RowDeltas, "apply", "row delta: whole step")
+    timed(row_deltas.RowDeltas, "_read_parquet", "row delta: read staged files")
+    timed(row_deltas.RowDeltas, "_lakehouse_values", "row delta: lakehouse lookup")
+    timed(hadoop_files.Staging, "read_bytes", "staging: read a file's bytes")
+    timed(driver_commits.DriverCommits, "load", "row delta: load the table")
+    timed(driver_commits.DriverCommits, "_write", "row delta: write a file")
+    timed(driver_commits.DriverCommits, "row_delta", "row delta: write and commit")
     sql = session.SparkSession.sql
 
     def statement(self, query, *args, **kwargs):
@@ -121,6 +129,8 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=1)
     parser.add_argument("--ticks", type=int, default=4)
     parser.add_argument("--conf", action="append", default=[], help="a Spark property KEY=VALUE (repeatable)")
+    parser.add_argument("--concurrency", type=int, default=apply_changes.DEFAULT_CONCURRENCY,
+                        help="tables applied at once (1: the parts' times add up to the step's)")
     parser.add_argument("--cpu", action="store_true", help="print each tick's CPU seconds by process and JVM thread")
     args = parser.parse_args()
     conf = dict(item.split("=", 1) for item in args.conf)
@@ -144,7 +154,7 @@ def main() -> None:
                 jvm = jvm_process()
                 cpu_before = (sum(jvm.cpu_times()[:2]), time.process_time(), thread_cpu(jvm.pid))
             started = time.perf_counter()
-            result = apply_changes.run(spark, staging, "p", namespace="bench")
+            result = apply_changes.run(spark, staging, "p", namespace="bench", concurrency=args.concurrency)
             wall = time.perf_counter() - started
             print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}", flush=True)
             if args.cpu:

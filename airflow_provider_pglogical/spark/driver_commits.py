@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import uuid
 
+from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.java_classes import java_class
 
 #: the oldest pyarrow the driver's files are written with (``concat_tables(promote_options=…)``)
@@ -49,7 +51,7 @@ class DriverCommits:
         schema = table.schema()
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
-        delta = table.newRowDelta()
+        delta = table.newRowDelta().scanManifestsWith(self._same_thread())
         if data.num_rows:
             path, size, footer = self._write(table, data, "data")
             delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
@@ -76,7 +78,13 @@ class DriverCommits:
                    .withFormat(java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET)
                    .withPartitionValues([value]).withMetrics(self._metrics(footer, metrics)).build())
         matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal(column, value)
-        table.newOverwrite().overwriteByRowFilter(matching).addFile(written).commit()
+        table.newOverwrite().scanManifestsWith(self._same_thread()).overwriteByRowFilter(matching).addFile(written).commit()
+
+    def _same_thread(self):
+        """An executor that runs each task in the committing thread. Iceberg's worker pool would
+        run a commit's few manifest reads and writes on other threads and poll them every 10 ms
+        (``Tasks.waitFor``): most of a small commit's time."""
+        return java_class(self.spark, "org.apache.spark.util.ThreadUtils").sameThreadExecutorService()
 
     # files -------------------------------------------------------------------------------------
     def _write(self, table, frame, kind: str) -> tuple[str, int, bytes]:
@@ -89,11 +97,17 @@ class DriverCommits:
         pq.write_table(frame, sink, compression="zstd")
         written = sink.getvalue().to_pybytes()
         path = table.locationProvider().newDataLocation(f"pglogical-{uuid.uuid4().hex}-{kind}.parquet")
-        out = table.io().newOutputFile(path).create()
-        try:
-            out.write(bytearray(written))
-        finally:
-            out.close()
+        local = local_path(self.spark, path)
+        if local is not None:  # see hadoop_files: py4j's byte[] and Hadoop's chmod forks cost more
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "xb") as file:  # a new name: never replaces a file
+                file.write(written)
+        else:
+            out = table.io().newOutputFile(path).create()
+            try:
+                out.write(bytearray(written))
+            finally:
+                out.close()
         footer_length = int.from_bytes(written[-8:-4], "little")  # a Parquet file ends <footer><length>PAR1
         return path, len(written), written[-8 - footer_length:-8]
 

@@ -1,7 +1,10 @@
 """Files the jobs read and write through Spark's Hadoop FileSystem (file://, s3a://, gs://, hdfs://).
 
 The job reads staging where the executors can: a driver in a cluster has no local copy, so
-listing and manifests go through the same FileSystem the Parquet reader uses.
+listing and manifests go through the same FileSystem the Parquet reader uses. A whole file the
+driver reads or writes itself on a ``file:`` location is read or written by Python: py4j carries
+a ``byte[]`` at about 1.7 MB/s (51 ms for an 87 kB file here), and Hadoop's local file system
+forks ``chmod`` for each file it creates where it has no native library.
 """
 
 from __future__ import annotations
@@ -11,6 +14,16 @@ import json
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import Batch
 from airflow_provider_pglogical.staging.contract import MANIFEST, RESULT_CONF
+
+
+def local_path(spark, uri: str) -> str | None:
+    """The path on this machine of ``uri`` when Hadoop reads it from the local file system (the
+    ``file`` scheme, no authority), else None. Hadoop's own ``Path`` parses the URI, so Python
+    opens exactly the file Hadoop would."""
+    parsed = java_class(spark, "org.apache.hadoop.fs.Path")(uri).toUri()
+    if parsed.getScheme() != "file" or parsed.getAuthority():
+        return None
+    return parsed.getPath()
 
 
 class Staging:
@@ -77,6 +90,10 @@ class Staging:
         return self._bytes(path).decode("utf-8")
 
     def _bytes(self, path) -> bytes:
+        local = local_path(self.spark, path.toString())
+        if local is not None:
+            with open(local, "rb") as file:
+                return file.read()
         stream = self._fs.open(path)
         try:
             return bytes(java_class(self.spark, "org.apache.commons.io.IOUtils").toByteArray(stream))

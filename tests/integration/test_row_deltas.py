@@ -16,8 +16,8 @@ import shutil
 from collections import Counter
 
 import pytest
-from airflow_provider_pglogical.spark import apply_changes, maintenance
-from airflow_provider_pglogical.spark.hadoop_files import Staging
+from airflow_provider_pglogical.spark import apply_changes, driver_commits, hadoop_files, maintenance
+from airflow_provider_pglogical.spark.hadoop_files import Staging, local_path
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas
 from airflow_provider_pglogical.spark.plan import Batch
@@ -133,7 +133,7 @@ def source_rows(publisher, table: str) -> Counter:
 
 
 @pytest.mark.spark
-def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hook, tmp_path):
+def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hook, tmp_path, monkeypatch):
     root = tmp_path / "staging"
     storage = synced(publisher, publisher_hook, root, SOURCE, COLUMNS)
     batches, expected = [], []
@@ -183,8 +183,14 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")
         assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
 
-        # a step applied again (the data committed, the state not): the same rows, none twice
+        # a step applied again (the data committed, the state not): the same rows, none twice.
+        # The first run reads staging and writes its files with Python (a file: location); the
+        # second through Hadoop's FileSystem and Iceberg's FileIO, as on any other location
+        assert local_path(spark, "file:///w/a b/f.parquet") == local_path(spark, "file:/w/a b/f.parquet") == "/w/a b/f.parquet"
+        assert [local_path(spark, uri) for uri in ("s3a://bucket/w/f", "hdfs://nn:8020/w/f", "/w/f")] == [None] * 3
         apply_changes.run(spark, partial.as_uri(), "p", "lake", "again", row_deltas=True)
+        monkeypatch.setattr(hadoop_files, "local_path", lambda spark, uri: None)
+        monkeypatch.setattr(driver_commits, "local_path", lambda spark, uri: None)
         staging = Staging(spark, partial.as_uri(), "p")
         batch = Batch.parse(first)
         batch.manifest = staging.read_manifest(batch)
@@ -201,6 +207,7 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
                 deltas.apply(table, target, files, manifest, types)
         for table in COLUMNS:
             assert lakehouse_rows(spark, "again", table) == expected[0][table], table
+        monkeypatch.undo()
 
         # the state commit: written by the driver (pyarrow here), or by Spark where the driver
         # has no pyarrow; either replaces the pipeline's partition in one commit, and reads back
