@@ -34,7 +34,7 @@ from airflow_provider_pglogical.spark.row_deltas import (
     FLOAT_TYPES,
     RowDeltas,
     batch_ineligible,
-    literal_columns,
+    is_in,
     lookup_type,
     plain_value,
     readable,
@@ -183,7 +183,7 @@ class MultisetRowDeltas(RowDeltas):
             present = sorted(value for value in wanted if value is not None)
             if len(present) > MAX_FILTER_VALUES:
                 continue
-            narrowed = col(name).isin(*literal_columns(self.spark, present)) if present else F.lit(False)
+            narrowed = is_in(name, present) if present else F.lit(False)
             if None in wanted:
                 narrowed = narrowed | col(name).isNull()
             condition = narrowed if condition is None else condition & narrowed
