@@ -162,7 +162,7 @@ def main() -> None:
                 threads.subtract(cpu_before[2])
                 print(f"   CPU: driver JVM {sum(jvm.cpu_times()[:2]) - cpu_before[0]:.2f} s, this process "
                       f"{time.process_time() - cpu_before[1]:.2f} s; JVM threads: "
-                      + ", ".join(f"{name} {seconds:.2f}" for name, seconds in threads.most_common(5)), flush=True)
+                      + ", ".join(f"{name} {seconds:.2f}" for name, seconds in threads.most_common(12)), flush=True)
             if tick < 3:  # the session's first changes: cold
                 continue
             for part, runs in sorted(TIMES.items()):

@@ -45,9 +45,10 @@ class DriverCommits:
         return java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
             self.spark._jsparkSession, self.lakehouse.name(target))
 
-    def row_delta(self, table, data, deletes, delete_columns: list[str]) -> None:
+    def row_delta(self, table, data, deletes, delete_columns: list[str]) -> int | None:
         """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
-        equality delete file on ``delete_columns``, in one ``RowDelta``; an empty one is left out."""
+        equality delete file on ``delete_columns``, in one ``RowDelta``; an empty one is left out.
+        Returns the snapshot committed, or None when both are empty (nothing is committed)."""
         schema = table.schema()
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
@@ -65,8 +66,10 @@ class DriverCommits:
             delta.addDeletes(java_class(self.spark, "org.apache.iceberg.FileMetadata").deleteFileBuilder(table.spec())
                              .ofEqualityDeletes(ids).withPath(path).withFileSizeInBytes(size).withFormat(parquet)
                              .withMetrics(self._metrics(footer, metrics)).build())
-        if data.num_rows or deletes.num_rows:
-            delta.commit()
+        if not (data.num_rows or deletes.num_rows):
+            return None
+        delta.commit()
+        return delta.updateEvent().snapshotId()  # this commit's, whatever committed after it
 
     def replace_partition(self, table, data, column: str, value: str) -> None:
         """Replace the rows of identity partition ``column`` = ``value`` with ``data`` (an Arrow

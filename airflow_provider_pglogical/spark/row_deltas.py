@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
 from airflow_provider_pglogical.spark.identifiers import col
+from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     COMMIT_LSN,
@@ -192,6 +193,7 @@ class RowDeltas(DriverCommits):
     def __init__(self, spark, staging, lakehouse) -> None:
         super().__init__(spark, lakehouse)
         self.staging = staging
+        self.kept = kept_values(spark)
 
     def table_ineligible(self, table) -> str | None:
         """Why the Iceberg table takes no row delta; None when it does."""
@@ -215,10 +217,35 @@ class RowDeltas(DriverCommits):
         keys = list(manifest["key"])
         reduction = last_change_per_key(rows, keys, [name for name in types if name not in keys])
         schema = table.schema()
-        data = self._data_table(rows, reduction, target, keys, schema, types)
+        name = self.lakehouse.name(target)
+        snapshot = table.currentSnapshot()
+        base = snapshot.snapshotId() if snapshot is not None else None
+        data = self._data_table(rows, reduction, target, keys, schema, types, base)
         deletes = self._key_table(rows, reduction.touched, keys, schema)
-        self.row_delta(table, data, deletes, keys)
+        try:
+            committed = self.row_delta(table, data, deletes, keys)
+        except BaseException:
+            self.kept.forget(name)
+            raise
+        if committed is not None and len(keys) == 1:  # a composite key is never looked up
+            self._remember(table, name, reduction, data, committed)
         return rows.num_rows
+
+    def _remember(self, table, name: str, reduction: Reduction, data, committed: int) -> None:
+        """Keep what snapshot ``committed`` wrote (``kept_values``): the columns this batch or the
+        table's entry keeps unchanged, as a lookup reads them (timestamps as microseconds)."""
+        import pyarrow as pa
+
+        columns = tuple(n for n in data.column_names if n in reduction.sources) or self.kept.columns(name)
+        columns = tuple(n for n in columns if n in data.column_names)
+        if not columns:
+            return
+        arrays = [data[n].cast(pa.int64()) if pa.types.is_timestamp(data[n].type) else data[n] for n in columns]
+        values = list(zip(*(array.to_pylist() for array in arrays))) if data.num_rows else []
+        written = {key[0]: row for key, row in zip(reduction.present, values)}
+        present = set(reduction.present)
+        self.kept.committed(name, committed, table.snapshot(committed).parentId(), columns, written,
+                            [key[0] for key in reduction.touched if key not in present])
 
     # files -------------------------------------------------------------------------------------
     def _read_parquet(self, uri: str):
@@ -228,7 +255,8 @@ class RowDeltas(DriverCommits):
         return pq.read_table(pa.BufferReader(self.staging.read_bytes(uri)))
 
     # Arrow tables with Iceberg's field ids ------------------------------------------------------
-    def _data_table(self, rows, reduction: Reduction, target: str, keys: list[str], schema, types: dict[str, str]):
+    def _data_table(self, rows, reduction: Reduction, target: str, keys: list[str], schema, types: dict[str, str],
+                    snapshot: int | None):
         """The present keys' rows: each column from the key's last row, or for a column some row
         left unchanged, from the row that last sent it, else from the lakehouse. Each column keeps
         the Arrow type the pull staged it in (the lakehouse type, ``ineligible``); a column no
@@ -237,7 +265,7 @@ class RowDeltas(DriverCommits):
         import pyarrow.compute as pc
 
         last = rows.take(pa.array(reduction.last_rows, type=pa.int64()))
-        kept = self._lakehouse_values(rows, target, keys[0], reduction, types) if reduction.sources else {}
+        kept = self._lakehouse_values(rows, target, keys[0], reduction, types, snapshot) if reduction.sources else {}
         fields, arrays = [], []
         for name in types:
             staged = staged_name(name)
@@ -255,11 +283,14 @@ class RowDeltas(DriverCommits):
             arrays.append(array.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    def _lakehouse_values(self, rows, target: str, key: str, reduction: Reduction, types: dict[str, str]) -> dict:
+    def _lakehouse_values(self, rows, target: str, key: str, reduction: Reduction, types: dict[str, str],
+                          snapshot: int | None) -> dict:
         """Per column no row of the batch sent for some present key, the lakehouse's values (an Arrow
         array over the present keys): the row of the key's origin, else of the key itself (a step
         applied again: the origin's row is gone, the key's row holds what the first run kept).
-        One Spark query; timestamps travel as microseconds, so no time zone touches them."""
+        Keys the driver's last commit of the table (at ``snapshot``) wrote or deleted are answered
+        by ``kept_values``; the rest by one Spark query. Timestamps travel as microseconds, so no
+        time zone touches them."""
         import pyarrow as pa
 
         missing = [name for name, sources in reduction.sources.items() if None in sources]
@@ -269,8 +300,13 @@ class RowDeltas(DriverCommits):
                    if any(reduction.sources[name][i] is None for name in missing)]
         wanted = sorted({reduction.present[i][0] for i in needing} | {reduction.origins[i][0] for i in needing})
 
-        found = {row[0]: row[1:] for row in self.spark.table(self.lakehouse.name(target))
-                 .where(is_in(key, wanted)).select(col(key), *[readable(n, types[n]).alias(n) for n in missing]).collect()}
+        found = self.kept.lookup(self.lakehouse.name(target), snapshot, missing, wanted)
+        unknown = [value for value in wanted if value not in found]
+        if unknown:
+            found.update({row[0]: row[1:] for row in self.spark.table(self.lakehouse.name(target))
+                          .where(is_in(key, unknown)).select(col(key), *[readable(n, types[n]).alias(n) for n in missing])
+                          .collect()})
+        found = {value: row for value, row in found.items() if row is not ABSENT}
         values = {}
         for position, name in enumerate(missing):
             column = []

@@ -82,7 +82,9 @@ DELETE FROM blobs WHERE ctid = (SELECT ctid FROM blobs WHERE raw = decode(md5('0
 SECOND = ("UPDATE kinds SET note = 'late' WHERE id IN (1, 207); UPDATE lines SET order_id = 9 WHERE order_id = 4;"
           "UPDATE bag SET big = 5 WHERE ctid = (SELECT ctid FROM bag WHERE note = 'x' LIMIT 1);"
           "INSERT INTO bag (note) VALUES (NULL)")
-THIRD = "UPDATE kinds SET n = 0 WHERE id = 2"
+THIRD = "UPDATE kinds SET n = 0 WHERE id = 2; UPDATE docs SET qty = qty + 1 WHERE id IN (1, 2, 205)"
+DOCS_CHANGED = "UPDATE docs SET doc = repeat(md5('changed'), 300) WHERE id = 1"
+DOCS_KEPT = "UPDATE docs SET qty = qty + 1 WHERE id = 1"
 COLUMNS = {
     "kinds": "id, flag, small, n, f4::float8, f8, note, raw, day, at::text, "
              "(extract(epoch FROM at_tz) * 1000000)::bigint, amount, tags, words",
@@ -180,8 +182,22 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
             assert lakehouse_rows(spark, "delta", table) == expected[1][table], table
         publisher.execute(THIRD)
         pull(publisher_hook, storage)
-        apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")
+        third = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")
         assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
+        # docs' kept values come from what the driver's last commit of it wrote (kept_values): no
+        # Spark query. After another commit (a MERGE that changes a kept value), they are read
+        # from the table again
+        docs = [s for s in third["steps"] if s["table"] == "public.docs"]
+        assert [(s["row_delta"], s["spark_jobs"]) for s in docs] == [(True, 0)], docs
+        assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+        for statement, deltas in ((DOCS_CHANGED, False), (DOCS_KEPT, True)):
+            publisher.execute(statement)
+            pull(publisher_hook, storage)
+            steps = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta", row_deltas=deltas)["steps"]
+            docs = [s for s in steps if s["table"] == "public.docs"]
+            assert [s["row_delta"] for s in docs] == [deltas], docs
+            assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+        assert docs[0]["spark_jobs"] == 1, docs  # the MERGE's snapshot is not the driver's: read again
 
         # a step applied again (the data committed, the state not): the same rows, none twice.
         # The first run reads staging and writes its files with Python (a file: location); the
