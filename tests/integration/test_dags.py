@@ -109,10 +109,12 @@ def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_
     states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T00:00:00+00:00")
     assert states["apply"] == states["maintenance_due"] == states["maintenance"] == "success", states
     demo.workload(publisher.cluster, publisher.name, rng, 1)
-    # Injected failure: Spark is unreachable for this run, so the apply fails after the pull
-    # staged the batch and advanced the slot. Without retries: each attempt waits a minute for the
-    # unreachable master, and Airflow's retries are not what this test is about.
-    broken = {**env, "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:9"}),
+    # Injected failure: Spark cannot run for this run (a YARN master without YARN's configuration:
+    # spark-submit gives up at once, where an unreachable standalone master costs a minute of
+    # registration retries), so the apply fails after the pull staged the batch and advanced the
+    # slot. Without retries: Airflow's retries are not what this test is about.
+    broken = {**{k: v for k, v in env.items() if k not in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")},
+              "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "yarn"}),
               "PGLOGICAL_TASK_RETRIES": "0"}
     staged_before = _committed_batches(env)
     failed = _run(broken, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00", expect_ok=False)
@@ -120,9 +122,8 @@ def test_lakehouse_sync_with_an_injected_failure_then_backfill_verifies(airflow_
     states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T00:10:00+00:00")
     assert states["pull"] == "success" and states["apply"] == "failed", states
     assert states["maintenance_due"] == states["maintenance"] == "upstream_failed", states
-    # it failed for the injected reason: spark-submit could not reach the master, and said so
-    assert re.search(r"Cannot execute: spark-submit --master spark://127\.0\.0\.1:9 .*Error code is: 1",
-                     failed.stdout), failed.stdout[-4000:]
+    # it failed for the injected reason: spark-submit could not use the master, and said so
+    assert re.search(r"Cannot execute: spark-submit --master yarn .*Error code is: 1", failed.stdout), failed.stdout[-4000:]
     # what the pull staged stays committed for the next apply
     assert len(_committed_batches(env)) == len(staged_before) + 1
     # The retry (next run) applies what the failed run staged; nothing is lost or doubled.
