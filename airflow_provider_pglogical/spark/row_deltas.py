@@ -236,8 +236,8 @@ class RowDeltas(DriverCommits):
         table's entry keeps unchanged, as a lookup reads them (timestamps as microseconds)."""
         import pyarrow as pa
 
-        columns = tuple(n for n in data.column_names if n in reduction.sources) or self.kept.columns(name)
-        columns = tuple(n for n in columns if n in data.column_names)
+        columns = tuple(n for n in data.column_names if n in reduction.sources) \
+            or tuple(n for n in self.kept.columns(name) if n in data.column_names)
         if not columns:
             return
         arrays = [data[n].cast(pa.int64()) if pa.types.is_timestamp(data[n].type) else data[n] for n in columns]
@@ -300,10 +300,11 @@ class RowDeltas(DriverCommits):
                    if any(reduction.sources[name][i] is None for name in missing)]
         wanted = sorted({reduction.present[i][0] for i in needing} | {reduction.origins[i][0] for i in needing})
 
-        found = self.kept.lookup(self.lakehouse.name(target), snapshot, missing, wanted)
+        table_name = self.lakehouse.name(target)
+        found = self.kept.lookup(table_name, snapshot, missing, wanted)
         unknown = [value for value in wanted if value not in found]
         if unknown:
-            found.update({row[0]: row[1:] for row in self.spark.table(self.lakehouse.name(target))
+            found.update({row[0]: row[1:] for row in self.spark.table(table_name)
                           .where(is_in(key, unknown)).select(col(key), *[readable(n, types[n]).alias(n) for n in missing])
                           .collect()})
         found = {value: row for value, row in found.items() if row is not ABSENT}
