@@ -32,6 +32,13 @@ def pyarrow_missing() -> str | None:
     return None
 
 
+def same_thread_executor(spark):
+    """An executor that runs each task in the calling thread. Iceberg's worker pool would run a
+    commit's (or a small scan's) few manifest reads and writes on other threads and poll them
+    every 10 ms (``Tasks.waitFor``): most of a small commit's time."""
+    return java_class(spark, "org.apache.spark.util.ThreadUtils").sameThreadExecutorService()
+
+
 class DriverCommits:
     """Writes Parquet files into a lakehouse table and commits them from the driver."""
 
@@ -42,8 +49,7 @@ class DriverCommits:
 
     def load(self, target: str):
         """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
-        return java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
-            self.spark._jsparkSession, self.lakehouse.name(target))
+        return self.lakehouse.iceberg_table(target)
 
     def row_delta(self, table, data, deletes, delete_columns: list[str]) -> int | None:
         """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
@@ -84,10 +90,7 @@ class DriverCommits:
         table.newOverwrite().scanManifestsWith(self._same_thread()).overwriteByRowFilter(matching).addFile(written).commit()
 
     def _same_thread(self):
-        """An executor that runs each task in the committing thread. Iceberg's worker pool would
-        run a commit's few manifest reads and writes on other threads and poll them every 10 ms
-        (``Tasks.waitFor``): most of a small commit's time."""
-        return java_class(self.spark, "org.apache.spark.util.ThreadUtils").sameThreadExecutorService()
+        return same_thread_executor(self.spark)
 
     # files -------------------------------------------------------------------------------------
     def _write(self, table, frame, kind: str) -> tuple[str, int, bytes]:

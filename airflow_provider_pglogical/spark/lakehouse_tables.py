@@ -7,6 +7,7 @@ import logging
 import re
 from typing import NamedTuple
 
+from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, sql_string
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import ApplyError, TableState
@@ -46,6 +47,8 @@ class TableSize(NamedTuple):
 #: table property of a keyless table whose every row has its copy number (set once that is so)
 NUMBERED_PROPERTY = "pglogical.multiset-numbered"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
+#: the state table's columns a run reads, in ``TableState``'s order after the source table
+_STATE_COLUMNS = ("source_table", "target_table", "position", "applied_snapshots", "last_batch")
 
 
 class Lakehouse:
@@ -57,7 +60,21 @@ class Lakehouse:
         self.namespace = namespace
         self.write_mode = write_mode
         self.bucket_count = bucket_count
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
+        if not self._namespace_exists():
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
+
+    def _namespace_exists(self) -> bool:
+        """Asks the catalog itself: in a fresh JVM, the first SQL statement costs about a second
+        of parsing, which a run whose namespace exists need not pay."""
+        from py4j.protocol import Py4JError
+
+        catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog)
+        names = self.spark.sparkContext._gateway.new_array(java_class(self.spark, "java.lang.String"), 1)
+        names[0] = self.namespace
+        try:
+            return bool(catalog.namespaceExists(names))
+        except Py4JError:  # a catalog without namespaces: CREATE NAMESPACE IF NOT EXISTS decides
+            return False
 
     def name(self, table: str) -> str:
         return qualified(self.catalog, self.namespace, table)
@@ -68,9 +85,7 @@ class Lakehouse:
     def size(self, table: str) -> TableSize:
         """The table's rows and bytes of files by its current snapshot's summary (Iceberg
         metadata: no Spark job); zeros for a table without a snapshot."""
-        loaded = java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
-            self.spark._jsparkSession, self.name(table))
-        snapshot = loaded.currentSnapshot()
+        snapshot = self.iceberg_table(table).currentSnapshot()
         summary = snapshot.summary() if snapshot is not None else None
 
         def total(key: str) -> int:
@@ -96,22 +111,76 @@ class Lakehouse:
 
     # state ---------------------------------------------------------------------------------
     def read_state(self, pipeline: str) -> dict[str, TableState]:
-        state_table = self.name(STATE_TABLE)
+        """This pipeline's rows of the state table (created when missing).
+
+        The driver reads the rows' Parquet files itself where it can (``_state_rows_by_driver``):
+        in a fresh JVM a Spark query of the table costs 2-3 s, most of a small tick's job."""
+        table = self._state_table()
+        rows = self._state_rows_by_driver(table, pipeline)
+        if rows is None:
+            rows = [tuple(row) for row in self.spark.table(self.name(STATE_TABLE))
+                    .where(col("pipeline") == pipeline).select(*_STATE_COLUMNS).collect()]
+        return {
+            source: TableState(target, int(position, 16), set(snapshots or ()), last_batch)
+            for source, target, position, snapshots, last_batch in rows
+        }
+
+    def _state_table(self):
+        """The state table (Iceberg's Java table), created on first use."""
+        from pyspark.errors import AnalysisException
+
+        try:
+            return self.iceberg_table(STATE_TABLE)
+        except AnalysisException as error:  # Spark's NoSuchTableException
+            if error.getErrorClass() != "TABLE_OR_VIEW_NOT_FOUND":
+                raise
         self.spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {state_table} (pipeline string NOT NULL, source_table string NOT NULL, "
-            "target_table string, position string, applied_snapshots array<string>, last_batch string, "
-            "updated_at timestamp) USING iceberg PARTITIONED BY (pipeline) "
+            f"CREATE TABLE IF NOT EXISTS {self.name(STATE_TABLE)} (pipeline string NOT NULL, "
+            "source_table string NOT NULL, target_table string, position string, applied_snapshots array<string>, "
+            "last_batch string, updated_at timestamp) USING iceberg PARTITIONED BY (pipeline) "
             "TBLPROPERTIES ('format-version'='2', 'write.update.mode'='copy-on-write', "
             "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write'"
             + _metadata_properties() + ")"
         )
-        rows = self.spark.table(state_table).where(col("pipeline") == pipeline).collect()
-        return {
-            row.source_table: TableState(
-                row.target_table, int(row.position, 16), set(row.applied_snapshots or ()), row.last_batch
-            )
-            for row in rows
-        }
+        return self.iceberg_table(STATE_TABLE)
+
+    def iceberg_table(self, table: str):
+        """The Iceberg table (Java) as Spark's catalog holds it: a commit to it is what Spark reads next."""
+        return java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
+            self.spark._jsparkSession, self.name(table))
+
+    def _state_rows_by_driver(self, table, pipeline: str) -> list[tuple] | None:
+        """The pipeline's state rows read by pyarrow from the files of the table's current
+        snapshot (Iceberg plans them: the pipeline's partition); None when Spark has to read
+        them: no pyarrow, a file not on this machine's file system, or a delete file."""
+        from airflow_provider_pglogical.spark.driver_commits import pyarrow_missing, same_thread_executor
+
+        if pyarrow_missing() is not None:
+            return None
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal("pipeline", pipeline)
+        tasks = table.newScan().filter(matching).planWith(same_thread_executor(self.spark)).planFiles()
+        paths = []
+        try:
+            found = tasks.iterator()
+            while found.hasNext():
+                task = found.next()
+                path = local_path(self.spark, task.file().location())
+                if path is None or not task.deletes().isEmpty():
+                    return None
+                paths.append(path)
+        finally:
+            tasks.close()
+        rows: list[tuple] = []
+        for path in paths:
+            read = pq.read_table(path)
+            if not {"pipeline", *_STATE_COLUMNS} <= set(read.column_names):
+                return None  # a file of another layout: Spark maps it by Iceberg's field ids
+            read = read.filter(pc.equal(read["pipeline"], pipeline))
+            rows.extend(zip(*(read[name].to_pylist() for name in _STATE_COLUMNS)))
+        return rows
 
     def write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
         """Replace this pipeline's rows of the state table in one commit.

@@ -20,7 +20,7 @@ from airflow_provider_pglogical.spark import apply_changes, driver_commits, hado
 from airflow_provider_pglogical.spark.hadoop_files import Staging, local_path
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas
-from airflow_provider_pglogical.spark.plan import Batch
+from airflow_provider_pglogical.spark.plan import Batch, TableState
 from airflow_provider_pglogical.spark.row_deltas import RowDeltas
 from airflow_provider_pglogical.staging import contract
 from tests.integration.sync_helpers import pull, synced
@@ -230,10 +230,29 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
         states = lakehouse.read_state("p")
         assert set(states) == {f"public.{table}" for table in COLUMNS}
+        def facts(read: dict) -> dict:
+            return {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in read.items()}
+
+        state_table = lakehouse._state_table()
         for by_driver in (False, True, True):
             lakehouse.write_state("p", states, by_driver=by_driver)
-            assert {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in lakehouse.read_state("p").items()} \
-                == {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in states.items()}
+            assert facts(lakehouse.read_state("p")) == facts(states)
             assert spark.sql("SELECT count(*) AS n FROM lake.delta._pglogical_state.files").first().n == 1
+            # the driver read those rows itself, whoever wrote them (no Spark query)
+            state_table.refresh()
+            assert lakehouse._state_rows_by_driver(state_table, "p") is not None
+        # another pipeline's rows are another partition: neither read sees the other's
+        lakehouse.write_state("q", {"public.other": TableState("public__other", 7, {"s"}, "b")})
+        assert facts(lakehouse.read_state("p")) == facts(states)
+        assert facts(lakehouse.read_state("q")) == {"public.other": ("public__other", 7, {"s"}, "b")}
+        # a delete file (another writer's merge-on-read DELETE): the driver leaves the read to
+        # Spark, which applies it; the next state commit replaces the partition's files
+        spark.sql("ALTER TABLE lake.delta._pglogical_state SET TBLPROPERTIES ('write.delete.mode'='merge-on-read')")
+        spark.sql("DELETE FROM lake.delta._pglogical_state WHERE pipeline = 'p' AND source_table = 'public.bag'")
+        state_table.refresh()
+        assert lakehouse._state_rows_by_driver(state_table, "p") is None
+        assert facts(lakehouse.read_state("p")) == {s: f for s, f in facts(states).items() if s != "public.bag"}
+        lakehouse.write_state("p", states)
+        assert facts(lakehouse.read_state("p")) == facts(states)
     finally:
         spark.stop()
