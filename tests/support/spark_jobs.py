@@ -31,6 +31,11 @@ def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = N
     return command + ["--py-files", str(job_bundle()), str(job), *args]
 
 
+def driver_java_conf() -> dict[str, str]:
+    """The same options for an in-process session's JVM (``SparkSession.builder.config``)."""
+    return {"spark.driver.extraJavaOptions": " ".join(driver_options())}
+
+
 def driver_options() -> tuple[str, ...]:
     """C1 only (``QUICK_JIT_OPTIONS``) and, when this installation's archive exists, its mapping."""
     env = subprocess_env()
@@ -78,7 +83,8 @@ def bare_spark_submit_seconds(directory: Path, master: str = "local[2]") -> floa
 
 def reading_session(warehouse: Path, app_name: str, extra: dict[str, str] | None = None):
     """An in-process Spark session (``local[1]``) that reads the Iceberg warehouse a test's jobs
-    write, with the catalog's cache off so it sees every commit. Stop it when done."""
+    write, with the catalog's cache off so it sees every commit, and the driver options of
+    ``submit_command``. Stop it when done."""
     import logging
     import os
 
@@ -87,7 +93,7 @@ def reading_session(warehouse: Path, app_name: str, extra: dict[str, str] | None
     builder = SparkSession.builder.master("local[1]").appName(app_name)
     conf = IcebergConfig(warehouse=warehouse.as_uri(), extra_conf={"spark.sql.catalog.lake.cache-enabled": "false"})
     for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
-                       "spark.sql.shuffle.partitions": "2", **(extra or {})}.items():
+                       "spark.sql.shuffle.partitions": "2", **driver_java_conf(), **(extra or {})}.items():
         builder = builder.config(key, value)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     logging.getLogger("py4j").setLevel(logging.WARNING)
