@@ -230,6 +230,7 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
         states = lakehouse.read_state("p")
         assert set(states) == {f"public.{table}" for table in COLUMNS}
+
         def facts(read: dict) -> dict:
             return {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in read.items()}
 
