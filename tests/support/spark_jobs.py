@@ -20,12 +20,15 @@ from tests.support.environment import subprocess_env
 
 
 def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = None, *, master: str = "local[2]",
-                   driver_memory: str = "2g", conf: dict[str, str] | None = None) -> list[str]:
+                   driver_memory: str = "2g", conf: dict[str, str] | None = None,
+                   small_tick_options: bool = True) -> list[str]:
     """The spark-submit command line of ``job`` with ``args``: with the driver JVM options the
     operator gives a small tick (the quick JIT, and the class archive once an operator run wrote
-    it). These jobs are killed on purpose, so they only read an archive, never write one."""
+    it; ``small_tick_options=False`` leaves the JVM's defaults, as a benchmark's baseline may).
+    These jobs are killed on purpose, so they only read an archive, never write one."""
     command = ["spark-submit", "--master", master, "--driver-memory", driver_memory, "--conf", "spark.ui.enabled=false"]
-    merged = with_java_options({**(iceberg.spark_conf() if iceberg else {}), **(conf or {})}, driver_options())
+    merged = with_java_options({**(iceberg.spark_conf() if iceberg else {}), **(conf or {})},
+                               driver_options() if small_tick_options else ())
     for key, value in merged.items():
         command += ["--conf", f"{key}={value}"]
     return command + ["--py-files", str(job_bundle()), str(job), *args]
