@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-#: HotSpot's C1 compiler only (tiered compilation stops at level 1)
-QUICK_JIT_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+#: HotSpot's C1 compiler only (tiered compilation stops at level 1), with the code cache tiered
+#: compilation has: stopped at level 1, HotSpot (17) reserves 48 MB, which a long-lived JVM fills
+#: (Spark generates classes for every query); the JVM then stops compiling and fails method
+#: handle calls ("Out of space in CodeCache"), as a 16-minute test session did
+QUICK_JIT_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
 #: the largest pending work measured no slower in a fresh JVM with C1 only (one 100k-change batch)
 DEFAULT_QUICK_JIT_MAX_ROWS = 100_000
 #: JVM options by which a user has chosen the JIT already: theirs stand
-_USER_JIT_FLAGS = ("TieredStopAtLevel", "TieredCompilation", "-Xint", "-Xcomp", "CICompilerCount")
+_USER_JIT_FLAGS = ("TieredStopAtLevel", "TieredCompilation", "-Xint", "-Xcomp", "CICompilerCount",
+                   "ReservedCodeCacheSize")
 
 
 def user_chose_jit(conf: Mapping[str, object]) -> bool:

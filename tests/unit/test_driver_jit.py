@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+
 import pytest
 
 from airflow_provider_pglogical.lakehouse.driver_jit import (
@@ -25,6 +29,7 @@ def test_quick_jit_only_for_small_known_work(pending, limit, expected):
 
 @pytest.mark.parametrize("given", [
     "-XX:TieredStopAtLevel=4", "-XX:-TieredCompilation", "-Xint", "-Xmx1g -XX:CICompilerCount=2",
+    "-XX:ReservedCodeCacheSize=64m",
 ])
 def test_a_jit_option_of_the_users_stands(given):
     conf = {"spark.driver.extraJavaOptions": given}
@@ -42,3 +47,16 @@ def test_a_standing_driver_compiles_with_c1_only_unless_turned_off_or_set_by_the
     assert standing_driver_jit_options(100_000, {}) == QUICK_JIT_OPTIONS  # whatever the next tick's size
     assert standing_driver_jit_options(None, {}) == ()
     assert standing_driver_jit_options(100_000, {"spark.driver.extraJavaOptions": "-XX:CICompilerCount=4"}) == ()
+
+
+def _code_cache_bytes(options: tuple[str, ...]) -> int:
+    flags = subprocess.run([shutil.which("java"), *options, "-XX:+PrintFlagsFinal", "-version"],
+                           capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"\bReservedCodeCacheSize\s*=\s*(\d+)", flags).group(1))
+
+
+def test_c1_only_keeps_the_code_cache_of_tiered_compilation():
+    # the JVM itself says: stopped at level 1 alone it reserves 48 MB, which a standing driver
+    # (or a long test session) fills, and then fails; the options keep tiered compilation's size
+    assert _code_cache_bytes(("-XX:TieredStopAtLevel=1",)) < 64 * 2**20
+    assert _code_cache_bytes(QUICK_JIT_OPTIONS) >= _code_cache_bytes(()) >= 240 * 2**20
