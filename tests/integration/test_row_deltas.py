@@ -255,5 +255,7 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         assert facts(lakehouse.read_state("p")) == {s: f for s, f in facts(states).items() if s != "public.bag"}
         lakehouse.write_state("p", states)
         assert facts(lakehouse.read_state("p")) == facts(states)
+        state_table.refresh()  # the delete applied to files that are gone: the driver reads again
+        assert lakehouse._state_rows_by_driver(state_table, "p") is not None
     finally:
         spark.stop()
