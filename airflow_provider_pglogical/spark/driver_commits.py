@@ -51,14 +51,18 @@ class DriverCommits:
         """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
         return self.lakehouse.iceberg_table(target)
 
-    def row_delta(self, table, data, deletes, delete_columns: list[str]) -> int | None:
+    def row_delta(self, table, data, deletes, delete_columns: list[str],
+                  summary: dict[str, str] | None = None) -> int | None:
         """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
-        equality delete file on ``delete_columns``, in one ``RowDelta``; an empty one is left out.
-        Returns the snapshot committed, or None when both are empty (nothing is committed)."""
+        equality delete file on ``delete_columns``, in one ``RowDelta`` whose snapshot summary
+        also holds ``summary``; an empty file is left out. Returns the snapshot committed, or
+        None when both are empty (nothing is committed)."""
         schema = table.schema()
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
         delta = table.newRowDelta().scanManifestsWith(self._same_thread())
+        for name, value in (summary or {}).items():
+            delta.set(name, value)
         if data.num_rows:
             path, size, footer = self._write(table, data, "data")
             delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())

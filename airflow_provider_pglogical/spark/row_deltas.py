@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
 from airflow_provider_pglogical.spark.identifiers import col
 from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
+from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, ROW_DELTA_PROPERTY, written_values
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     COMMIT_LSN,
@@ -220,10 +221,10 @@ class RowDeltas(DriverCommits):
         name = self.lakehouse.name(target)
         snapshot = table.currentSnapshot()
         base = snapshot.snapshotId() if snapshot is not None else None
-        data = self._data_table(rows, reduction, target, keys, schema, types, base)
+        data = self._data_table(rows, reduction, table, target, keys, types, base)
         deletes = self._key_table(rows, reduction.touched, keys, schema)
         try:
-            committed = self.row_delta(table, data, deletes, keys)
+            committed = self.row_delta(table, data, deletes, keys, {ROW_DELTA_PROPERTY: ROW_DELTA_KEYED})
         except BaseException:
             self.kept.forget(name)
             raise
@@ -255,7 +256,7 @@ class RowDeltas(DriverCommits):
         return pq.read_table(pa.BufferReader(self.staging.read_bytes(uri)))
 
     # Arrow tables with Iceberg's field ids ------------------------------------------------------
-    def _data_table(self, rows, reduction: Reduction, target: str, keys: list[str], schema, types: dict[str, str],
+    def _data_table(self, rows, reduction: Reduction, table, target: str, keys: list[str], types: dict[str, str],
                     snapshot: int | None):
         """The present keys' rows: each column from the key's last row, or for a column some row
         left unchanged, from the row that last sent it, else from the lakehouse. Each column keeps
@@ -265,7 +266,9 @@ class RowDeltas(DriverCommits):
         import pyarrow.compute as pc
 
         last = rows.take(pa.array(reduction.last_rows, type=pa.int64()))
-        kept = self._lakehouse_values(rows, target, keys[0], reduction, types, snapshot) if reduction.sources else {}
+        kept = self._lakehouse_values(rows, table, target, keys[0], reduction, types, snapshot) \
+            if reduction.sources else {}
+        schema = table.schema()
         fields, arrays = [], []
         for name in types:
             staged = staged_name(name)
@@ -283,14 +286,15 @@ class RowDeltas(DriverCommits):
             arrays.append(array.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    def _lakehouse_values(self, rows, target: str, key: str, reduction: Reduction, types: dict[str, str],
+    def _lakehouse_values(self, rows, table, target: str, key: str, reduction: Reduction, types: dict[str, str],
                           snapshot: int | None) -> dict:
         """Per column no row of the batch sent for some present key, the lakehouse's values (an Arrow
         array over the present keys): the row of the key's origin, else of the key itself (a step
         applied again: the origin's row is gone, the key's row holds what the first run kept).
         Keys the driver's last commit of the table (at ``snapshot``) wrote or deleted are answered
-        by ``kept_values``; the rest by one Spark query. Timestamps travel as microseconds, so no
-        time zone touches them."""
+        by ``kept_values`` in the JVM that committed it, else from that commit's own files
+        (``snapshot_values``); the rest by one Spark query. Timestamps travel as microseconds, so
+        no time zone touches them."""
         import pyarrow as pa
 
         missing = [name for name, sources in reduction.sources.items() if None in sources]
@@ -303,6 +307,9 @@ class RowDeltas(DriverCommits):
         table_name = self.lakehouse.name(target)
         found = self.kept.lookup(table_name, snapshot, missing, wanted)
         unknown = [value for value in wanted if value not in found]
+        if unknown:
+            found.update(written_values(self.spark, table, snapshot, key, missing, unknown))
+            unknown = [value for value in unknown if value not in found]
         if unknown:
             found.update({row[0]: row[1:] for row in self.spark.table(table_name)
                           .where(is_in(key, unknown)).select(col(key), *[readable(n, types[n]).alias(n) for n in missing])

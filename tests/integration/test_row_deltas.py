@@ -18,10 +18,12 @@ from collections import Counter
 import pytest
 from airflow_provider_pglogical.spark import apply_changes, driver_commits, hadoop_files, maintenance
 from airflow_provider_pglogical.spark.hadoop_files import Staging, local_path
+from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas
 from airflow_provider_pglogical.spark.plan import Batch, TableState
 from airflow_provider_pglogical.spark.row_deltas import RowDeltas
+from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, ROW_DELTA_PROPERTY, written_values
 from airflow_provider_pglogical.staging import contract
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
@@ -190,6 +192,30 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         docs = [s for s in third["steps"] if s["table"] == "public.docs"]
         assert [(s["row_delta"], s["spark_jobs"]) for s in docs] == [(True, 0)], docs
         assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+        # a new JVM keeps nothing in memory: while the table's current snapshot is the driver's
+        # row delta, its own files answer for the keys it touched (snapshot_values), and only
+        # the others are read by Spark
+        lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
+        docs_name, docs_table = lakehouse.name("public__docs"), lakehouse.iceberg_table("public__docs")
+        current = docs_table.currentSnapshot()
+        assert current.summary().get(ROW_DELTA_PROPERTY) == ROW_DELTA_KEYED
+        kept_values(spark).forget(docs_name)
+        for statement, jobs in (("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 205); DELETE FROM docs WHERE id = 2",
+                                 0),
+                                ("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 3); DELETE FROM docs WHERE id = 205", 1)):
+            kept_values(spark).forget(docs_name)
+            publisher.execute(statement)
+            pull(publisher_hook, storage)
+            steps = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")["steps"]
+            assert [(s["row_delta"], s["spark_jobs"]) for s in steps if s["table"] == "public.docs"] == [(True, jobs)]
+            assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+        docs_table.refresh()
+        snapshot = docs_table.currentSnapshot().snapshotId()
+        written = written_values(spark, docs_table, snapshot, "id", ["doc", "qty"], [1, 2, 3, 205, 999])
+        # the last delta wrote 1 and 3 and deleted 205; 2 was deleted a delta before (unknown here)
+        assert set(written) == {1, 3, 205} and written[205] is ABSENT
+        assert written[1] == tuple(spark.sql(f"SELECT doc, qty FROM {docs_name} WHERE id = 1").first())
+        assert written_values(spark, docs_table, current.snapshotId(), "id", ["doc"], [1]) == {}  # not current
         for statement, deltas in ((DOCS_CHANGED, False), (DOCS_KEPT, True)):
             publisher.execute(statement)
             pull(publisher_hook, storage)
