@@ -1,7 +1,7 @@
 """Benchmark of one sync tick by number of tables, and of freshness over a steady workload.
 
     python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4] [--class-archive off,on]
-                                     [--quick-jit off,on] [--standing-driver off,on]
+                                     [--quick-jit off,on] [--standing-driver off,on] [--updates same|spread]
     python bench/bench_tick.py freshness [--tables 5] [--ticks 20] [--standing-driver]
 
 ``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
@@ -73,13 +73,16 @@ def create_tables(pg, db: str, count: int) -> list[str]:
     return names
 
 
-def change_tables(pg, db: str, names: list[str], tick: int) -> int:
-    """100 changes per table: 70 updates (the big value unchanged), 10 key changes, 10 inserts, 10 deletes."""
+def change_tables(pg, db: str, names: list[str], tick: int, updates: str = "same") -> int:
+    """100 changes per table: 70 updates (the big value unchanged), 10 key changes, 10 inserts, 10 deletes.
+    ``updates``: ``same`` updates the same 70 rows every tick, ``spread`` 70 rows drawn anew each
+    tick (so the last tick's commit rarely holds them: their kept values are read from the table)."""
     base = 100_000 * tick
+    order = "id" if updates == "same" else f"md5(id::text || '-{tick}')"
     statements = []
     for name in names:
         statements += [
-            f"UPDATE {name} SET qty = qty + 1 WHERE id IN (SELECT id FROM {name} ORDER BY id LIMIT 70 OFFSET 100)",
+            f"UPDATE {name} SET qty = qty + 1 WHERE id IN (SELECT id FROM {name} ORDER BY {order} LIMIT 70 OFFSET 100)",
             f"UPDATE {name} SET id = id + {base} WHERE id IN (SELECT id FROM {name} WHERE id < {base} "
             f"ORDER BY id LIMIT 10 OFFSET 300)",
             f"INSERT INTO {name} (id, qty, note) SELECT {base} + 50000 + g, g, 'new' FROM generate_series(1, 10) g",
@@ -155,7 +158,7 @@ def ticks(args: argparse.Namespace) -> None:
             for _ in range(args.ticks + 1):
                 for setting in settings:  # interleaved: each setting meets the same machine state
                     tick += 1
-                    change_tables(pg, db, names, tick)
+                    change_tables(pg, db, names, tick, args.updates)
                     pipeline.pull()
                     wall, job = pipeline.apply(*setting)
                     if tick <= len(settings) and setting[4]:
@@ -296,6 +299,8 @@ def main() -> None:
                         help="ticks mode: C1 only for small pending work (quick_jit_max_rows); off,on compares both")
     parser.add_argument("--standing-driver", default="off", choices=["on", "off", "off,on", "on,off"],
                         help="ticks mode: a standing driver instead of spark-submit per tick; freshness mode: on or off")
+    parser.add_argument("--updates", default="same", choices=["same", "spread"],
+                        help="ticks mode: the 70 updates per table hit the same rows every tick, or rows drawn anew")
     args = parser.parse_args()
     if args.mode == "ticks":
         args.tables, args.ticks = args.tables or "1,10,50,200", args.ticks or 3

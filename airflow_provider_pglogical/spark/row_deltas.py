@@ -37,6 +37,7 @@ from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarr
 from airflow_provider_pglogical.spark.identifiers import col
 from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
 from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, ROW_DELTA_PROPERTY, written_values
+from airflow_provider_pglogical.spark.table_lookup import lookup_rows
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     COMMIT_LSN,
@@ -293,7 +294,8 @@ class RowDeltas(DriverCommits):
         applied again: the origin's row is gone, the key's row holds what the first run kept).
         Keys the driver's last commit of the table (at ``snapshot``) wrote or deleted are answered
         by ``kept_values`` in the JVM that committed it, else from that commit's own files
-        (``snapshot_values``); the rest by one Spark query. Timestamps travel as microseconds, so
+        (``snapshot_values``); the rest by the driver from the table's files (``table_lookup``)
+        where it can, else by one Spark query. Timestamps travel as microseconds, so
         no time zone touches them."""
         import pyarrow as pa
 
@@ -310,6 +312,11 @@ class RowDeltas(DriverCommits):
         if unknown:
             found.update(written_values(self.spark, table, snapshot, key, missing, unknown))
             unknown = [value for value in unknown if value not in found]
+        if unknown:
+            read = lookup_rows(self.spark, table, snapshot, key, missing, unknown)
+            if read is not None:
+                found.update(read)
+                unknown = []
         if unknown:
             found.update({row[0]: row[1:] for row in self.spark.table(table_name)
                           .where(is_in(key, unknown)).select(col(key), *[readable(n, types[n]).alias(n) for n in missing])

@@ -69,7 +69,7 @@ def _column(path: str, field_id: int):
     """The column of field ``field_id`` in a Parquet file the driver wrote; None when absent."""
     import pyarrow.parquet as pq
 
-    names = _names_by_id(pq.read_schema(path))
+    names = field_names_by_id(pq.read_schema(path))
     if field_id not in names:
         return None
     return pq.read_table(path, columns=[names[field_id]])[names[field_id]]
@@ -82,7 +82,7 @@ def _rows(path: str, key_id: int, value_ids: list[int], wanted: set) -> dict | N
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    names = _names_by_id(pq.read_schema(path))
+    names = field_names_by_id(pq.read_schema(path))
     if key_id not in names or any(field_id not in names for field_id in value_ids):
         return None
     read = pq.read_table(path, columns=list(dict.fromkeys([names[key_id], *(names[i] for i in value_ids)])))
@@ -93,7 +93,7 @@ def _rows(path: str, key_id: int, value_ids: list[int], wanted: set) -> dict | N
         if read.num_rows else {}
 
 
-def _names_by_id(schema) -> dict[int, str]:
+def field_names_by_id(schema) -> dict[int, str]:
     """Top-level Parquet column names by their Iceberg field id."""
     return {int(field.metadata[_FIELD_ID]): field.name for field in schema
             if field.metadata and _FIELD_ID in field.metadata}

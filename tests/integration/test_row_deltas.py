@@ -16,14 +16,15 @@ import shutil
 from collections import Counter
 
 import pytest
-from airflow_provider_pglogical.spark import apply_changes, driver_commits, hadoop_files, maintenance
+from airflow_provider_pglogical.spark import apply_changes, driver_commits, hadoop_files, maintenance, table_lookup
 from airflow_provider_pglogical.spark.hadoop_files import Staging, local_path
 from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas
 from airflow_provider_pglogical.spark.plan import Batch, TableState
-from airflow_provider_pglogical.spark.row_deltas import RowDeltas
+from airflow_provider_pglogical.spark.row_deltas import RowDeltas, is_in, readable
 from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, ROW_DELTA_PROPERTY, written_values
+from airflow_provider_pglogical.spark.table_lookup import lookup_rows
 from airflow_provider_pglogical.staging import contract
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
@@ -136,6 +137,20 @@ def source_rows(publisher, table: str) -> Counter:
     return as_rows(publisher.query(f"SELECT {COLUMNS[table]} FROM {table}"))
 
 
+def same_lookup(spark, table, target: str, key: str, columns: list[str], keys: list) -> int:
+    """Asserts the driver's lookup of ``keys`` (``table_lookup``) returns what Spark reads from the
+    table, timestamps as microseconds; returns the number of rows found."""
+    name = f"lake.delta.{target}"
+    types = {f.name: f.dataType.simpleString() for f in spark.table(name).schema.fields}
+    read = lookup_rows(spark, table, table.currentSnapshot().snapshotId(), key, columns, keys)
+    assert read is not None
+    by_spark = {row[0]: tuple(row[1:]) for row in spark.table(name).where(is_in(key, keys))
+                .select(key, *[readable(c, types[c]).alias(c) for c in columns]).collect()}
+    canonical_rows = {k: tuple(canonical(v) for v in row) for k, row in read.items()}
+    assert canonical_rows == {k: tuple(canonical(v) for v in row) for k, row in by_spark.items()}
+    return len(read)
+
+
 @pytest.mark.spark
 def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hook, tmp_path, monkeypatch):
     root = tmp_path / "staging"
@@ -166,9 +181,9 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         assert all(way for step, way in ways["delta"].items() if step[0] != "public.blobs"), ways
         assert ("public.docs", first) in ways["delta"] and ("public.bag", first) in ways["delta"], ways
         assert not any(ways["merge"].values())
-        # the only Spark work: docs' lookup of kept values, bag's aggregate of its copies
-        assert all(s["spark_jobs"] == (s["table"] == "public.docs") for s in runs["delta"]["steps"]
-                   if s["row_delta"] and s["table"] != "public.bag")
+        # the only Spark work: bag's aggregate of its copies (docs' kept values are read by the
+        # driver from the files Spark's snapshot wrote: table_lookup)
+        assert all(s["spark_jobs"] == 0 for s in runs["delta"]["steps"] if s["row_delta"] and s["table"] != "public.bag")
         assert all(1 <= s["spark_jobs"] <= 2 for s in runs["delta"]["steps"] if s["table"] == "public.bag")
         for table in COLUMNS:
             assert lakehouse_rows(spark, "delta", table) == lakehouse_rows(spark, "merge", table), table
@@ -193,8 +208,8 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         assert [(s["row_delta"], s["spark_jobs"]) for s in docs] == [(True, 0)], docs
         assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
         # a new JVM keeps nothing in memory: while the table's current snapshot is the driver's
-        # row delta, its own files answer for the keys it touched (snapshot_values), and only
-        # the others are read by Spark
+        # row delta, its own files answer for the keys it touched (snapshot_values); the driver
+        # reads the others from the table's files (table_lookup), with no Spark query either
         lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
         docs_name, docs_table = lakehouse.name("public__docs"), lakehouse.iceberg_table("public__docs")
         current = docs_table.currentSnapshot()
@@ -202,7 +217,7 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         kept_values(spark).forget(docs_name)
         for statement, jobs in (("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 205); DELETE FROM docs WHERE id = 2",
                                  0),
-                                ("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 3); DELETE FROM docs WHERE id = 205", 1)):
+                                ("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 3); DELETE FROM docs WHERE id = 205", 0)):
             kept_values(spark).forget(docs_name)
             publisher.execute(statement)
             pull(publisher_hook, storage)
@@ -223,7 +238,30 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
             docs = [s for s in steps if s["table"] == "public.docs"]
             assert [s["row_delta"] for s in docs] == [deltas], docs
             assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-        assert docs[0]["spark_jobs"] == 1, docs  # the MERGE's snapshot is not the driver's: read again
+            if not deltas:  # after the MERGE (position deletes) and the row deltas (equality
+                # deletes), the driver's read of the table's files is Spark's
+                docs_table.refresh()
+                ids = [*range(1, 12), 104, 205, 999]
+                present = publisher.query(f"SELECT count(*) FROM docs WHERE id IN ({', '.join(map(str, ids))})")[0][0]
+                assert same_lookup(spark, docs_table, "public__docs", "id", ["doc", "qty"], ids) == present > 0
+        assert docs[0]["spark_jobs"] == 0, docs  # the MERGE's snapshot is not the driver's: read from its files
+        # where the driver cannot read the table (here: more rows than it scans), Spark reads the rows
+        monkeypatch.setattr(table_lookup, "MAX_ROWS", 0)
+        publisher.execute("UPDATE docs SET qty = qty + 1 WHERE id = 10")
+        pull(publisher_hook, storage)
+        steps = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")["steps"]
+        assert [(s["row_delta"], s["spark_jobs"]) for s in steps if s["table"] == "public.docs"] == [(True, 1)]
+        assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+        monkeypatch.undo()
+        # every type a lookup reads, after maintenance and the third batch's row delta; a keyless
+        # table's equality deletes on its values are not read by the driver
+        kinds_table = lakehouse.iceberg_table("public__kinds")
+        kinds_columns = ["flag", "small", "n", "f8", "note", "raw", "day", "at", "at_tz", "amount", "tags", "words"]
+        ids = [*range(0, 12), 207, 301]
+        present = publisher.query(f"SELECT count(*) FROM kinds WHERE id IN ({', '.join(map(str, ids))})")[0][0]
+        assert same_lookup(spark, kinds_table, "public__kinds", "id", kinds_columns, ids) == present > 0
+        bag_table = lakehouse.iceberg_table("public__bag")
+        assert lookup_rows(spark, bag_table, bag_table.currentSnapshot().snapshotId(), "big", ["note"], [0, 1]) is None
 
         # a step applied again (the data committed, the state not): the same rows, none twice.
         # The first run reads staging and writes its files with Python (a file: location); the

@@ -1,0 +1,161 @@
+"""A lookup of a few keys' rows in a lakehouse table, read by the driver from the table's own files.
+
+A row delta that keeps TOAST values looks the rows they come from up by key. As a Spark query
+that is a fresh JVM's first query, 2-2.5 s of a small spark-submit tick, and 0.1-0.5 s warm:
+analysis, planning and code generation for a few rows. Iceberg's own scan planning (in the
+calling thread) names the data files that may hold the keys and, per data file, the delete files
+that apply to it; pyarrow reads the key column of each, then only the row groups holding a
+wanted key, and drops the rows a position delete or an equality delete on the key removes.
+
+It answers only where that is the whole of Iceberg's read: Parquet files on this machine's file
+system with Iceberg field ids, position deletes, equality deletes on the key column alone, format
+version 2, and at most :data:`MAX_ROWS` rows to scan. Anything else (deletion vectors, an
+equality delete on other columns, a remote warehouse, a large table) returns None, and Spark
+reads the rows as before.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_pglogical.spark.driver_commits import pyarrow_missing, same_thread_executor
+from airflow_provider_pglogical.spark.hadoop_files import local_path
+from airflow_provider_pglogical.spark.java_classes import java_class
+from airflow_provider_pglogical.spark.snapshot_values import field_names_by_id
+
+#: the most rows (by the planned data files' record counts) the driver scans for a lookup:
+#: beyond that Spark's parallel, vectorised read is the better reader
+MAX_ROWS = 2_000_000
+_POSITION_PATH, _POSITION_POS = "file_path", "pos"
+
+
+def lookup_rows(spark, table, snapshot: int | None, key: str, columns: list[str], keys: list) -> dict | None:
+    """The rows of ``keys`` in snapshot ``snapshot`` of ``table`` (Iceberg's Java table): key -> the
+    values of ``columns`` (a tuple; timestamps as microseconds). A key the snapshot does not hold is
+    left out. None when the driver cannot read the table as Iceberg would (see the module)."""
+    if snapshot is None or not keys or pyarrow_missing() is not None \
+            or table.operations().current().formatVersion() != 2:
+        return None
+    schema = table.schema()
+    key_field = schema.findField(key)
+    fields = [schema.findField(name) for name in columns]
+    if key_field is None or None in fields:
+        return None
+    tasks = _planned(spark, table, snapshot, key, keys)
+    if tasks is None:
+        return None
+    wanted = set(keys)
+    found: dict = {}
+    for data_path, deletes in tasks:
+        rows = _live_rows(spark, data_path, deletes, key_field.fieldId(), [f.fieldId() for f in fields], wanted)
+        if rows is None:
+            return None
+        for value, row in rows:
+            if value in found:  # two live rows under one key: not a table this lookup understands
+                return None
+            found[value] = row
+    return found
+
+
+def _planned(spark, table, snapshot: int, key: str, keys: list) -> list[tuple[str, list]] | None:
+    """Per data file that may hold a key: its local path and its delete files (content, local
+    path, equality field ids). None when a file is not one the driver reads (see the module)."""
+    scan = table.newScan().useSnapshot(snapshot).planWith(same_thread_executor(spark))
+    if all(isinstance(value, (int, str)) and not isinstance(value, bool) for value in keys):
+        # files whose key bounds hold none of the keys are left out; a date or decimal key plans
+        # every file (Iceberg binds those literals by its own rules)
+        expressions = java_class(spark, "org.apache.iceberg.expressions.Expressions")
+        scan = scan.filter(getattr(expressions, "in")(key, list(keys)))
+    planned, rows = [], 0
+    tasks = scan.planFiles()
+    try:
+        found = tasks.iterator()
+        while found.hasNext():
+            task = found.next()
+            data = task.file()
+            rows += data.recordCount()
+            path = local_path(spark, data.location())
+            if rows > MAX_ROWS or path is None or data.format().toString() != "PARQUET":
+                return None
+            deletes = []
+            for delete in task.deletes():
+                kind = delete.content().toString()
+                delete_path = local_path(spark, delete.location())
+                if delete_path is None or delete.format().toString() != "PARQUET" \
+                        or kind not in ("POSITION_DELETES", "EQUALITY_DELETES"):
+                    return None
+                ids = list(delete.equalityFieldIds() or []) if kind == "EQUALITY_DELETES" else []
+                deletes.append((kind, delete_path, ids, data.location()))
+            planned.append((path, deletes))
+    finally:
+        tasks.close()
+    return planned
+
+
+def _live_rows(spark, path: str, deletes: list, key_id: int, value_ids: list[int], wanted: set) -> list | None:
+    """(key, values) of the data file's rows under a wanted key that no delete file removes; None
+    when a file lacks a field this needs or a delete is of a kind not read here."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    names = field_names_by_id(parquet.schema_arrow)
+    if key_id not in names:
+        return None
+    keys = parquet.read(columns=[names[key_id]])[names[key_id]]
+    positions = pc.indices_nonzero(pc.is_in(keys, value_set=pa.array(list(wanted), type=keys.type))).to_pylist()
+    if not positions:
+        return []
+    removed_positions, removed_keys = set(), set()
+    for kind, delete_path, ids, data_location in deletes:
+        if kind == "POSITION_DELETES":
+            read = pq.read_table(delete_path, columns=[_POSITION_PATH, _POSITION_POS])
+            read = read.filter(pc.equal(read[_POSITION_PATH], data_location))
+            removed_positions.update(read[_POSITION_POS].to_pylist())
+        elif ids == [key_id]:
+            column = _column(delete_path, key_id)
+            if column is None:
+                return None
+            removed_keys.update(column.to_pylist())
+        else:
+            return None
+    key_values = keys.take(pa.array(positions, type=pa.int64())).to_pylist()
+    live = [(p, k) for p, k in zip(positions, key_values) if p not in removed_positions and k not in removed_keys]
+    if not live:
+        return []
+    values = _values_at(parquet, names, value_ids, [p for p, _ in live])
+    return list(zip((k for _, k in live), values))
+
+
+def _values_at(parquet, names: dict[int, str], value_ids: list[int], positions: list[int]) -> list[tuple]:
+    """The values of fields ``value_ids`` at row ``positions`` of the file, reading only the row
+    groups that hold them; a field the file lacks (added after it was written) reads as NULL."""
+    import bisect
+
+    import pyarrow as pa
+
+    starts, start = [], 0
+    for group in range(parquet.metadata.num_row_groups):
+        starts.append(start)
+        start += parquet.metadata.row_group(group).num_rows
+    present = [names[i] for i in value_ids if i in names]
+    by_group: dict[int, list[int]] = {}
+    for position in positions:
+        group = bisect.bisect_right(starts, position) - 1
+        by_group.setdefault(group, []).append(position - starts[group])
+    rows: list[tuple] = []
+    for group, offsets in by_group.items():
+        read = parquet.read_row_group(group, columns=present).take(pa.array(offsets, type=pa.int64()))
+        arrays = {}
+        for name in present:
+            array = read[name]
+            arrays[name] = (array.cast(pa.int64()) if pa.types.is_timestamp(array.type) else array).to_pylist()
+        for index in range(len(offsets)):
+            rows.append(tuple(arrays[names[i]][index] if i in names else None for i in value_ids))
+    return rows
+
+
+def _column(path: str, field_id: int):
+    import pyarrow.parquet as pq
+
+    names = field_names_by_id(pq.read_schema(path))
+    return pq.read_table(path, columns=[names[field_id]])[names[field_id]] if field_id in names else None
