@@ -1,6 +1,7 @@
 """Where one table's step goes in a warm Spark session: the job's parts and each Spark job.
 
     python bench/bench_step_profile.py [--tables 1] [--ticks 4] [--concurrency 4] [--conf KEY=VALUE ...] [--cpu]
+                                       [--updates same|spread]
 
 A pipeline of N tables (``bench_tick``'s: 1,000 rows, half with an 8 kB value left unchanged, 100
 changes per table per tick with key changes) applied by ``apply_changes.run`` in one long-lived
@@ -32,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark import (  # noqa: E402
-    apply_changes, driver_commits, hadoop_files, keyed, lakehouse_tables, row_deltas, steps)
+    apply_changes, driver_commits, hadoop_files, keyed, lakehouse_tables, row_deltas, steps, table_lookup)
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
@@ -66,6 +67,10 @@ def instrument() -> None:
     timed(row_deltas.RowDeltas, "apply", "row delta: whole step")
     timed(row_deltas.RowDeltas, "_read_parquet", "row delta: read staged files")
     timed(row_deltas.RowDeltas, "_lakehouse_values", "row delta: lakehouse lookup")
+    timed(row_deltas, "written_values", "row delta: lookup in the last commit's files")
+    timed(row_deltas, "lookup_rows", "row delta: lookup in the table's files")
+    timed(table_lookup, "_planned", "row delta: lookup planning")
+    timed(table_lookup, "_live_rows", "row delta: lookup reading a data file")
     timed(hadoop_files.Staging, "read_bytes", "staging: read a file's bytes")
     timed(driver_commits.DriverCommits, "load", "row delta: load the table")
     timed(driver_commits.DriverCommits, "_write", "row delta: write a file")
@@ -131,6 +136,8 @@ def main() -> None:
     parser.add_argument("--conf", action="append", default=[], help="a Spark property KEY=VALUE (repeatable)")
     parser.add_argument("--concurrency", type=int, default=apply_changes.DEFAULT_CONCURRENCY,
                         help="tables applied at once (1: the parts' times add up to the step's)")
+    parser.add_argument("--updates", default="same", choices=["same", "spread"],
+                        help="bench_tick's workload: the same rows updated every tick, or rows drawn anew")
     parser.add_argument("--cpu", action="store_true", help="print each tick's CPU seconds by process and JVM thread")
     args = parser.parse_args()
     conf = dict(item.split("=", 1) for item in args.conf)
@@ -146,7 +153,7 @@ def main() -> None:
         staging = (tmp_path / "staging-profile").as_uri()
         apply_changes.run(spark, staging, "p", namespace="bench")  # the snapshot
         for tick in range(1, args.ticks + 1):
-            bench_tick.change_tables(pg, "profile", names, tick)
+            bench_tick.change_tables(pg, "profile", names, tick, args.updates)
             pipeline.pull()
             seen = {job["jobId"] for job in spark_jobs(spark)}
             TIMES.clear()

@@ -16,6 +16,12 @@ import uuid
 
 from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.java_classes import java_class
+from airflow_provider_pglogical.spark.snapshot_values import (
+    DATA_FILE_PROPERTY,
+    DELETE_FILE_PROPERTY,
+    EQUALITY_IDS_PROPERTY,
+    ROW_DELTA_PROPERTY,
+)
 
 #: the oldest pyarrow the driver's files are written with (``concat_tables(promote_options=…)``)
 MIN_PYARROW = 14
@@ -51,28 +57,34 @@ class DriverCommits:
         """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
         return self.lakehouse.iceberg_table(target)
 
-    def row_delta(self, table, data, deletes, delete_columns: list[str],
-                  summary: dict[str, str] | None = None) -> int | None:
+    def row_delta(self, table, data, deletes, delete_columns: list[str], mark: str | None = None) -> int | None:
         """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
-        equality delete file on ``delete_columns``, in one ``RowDelta`` whose snapshot summary
-        also holds ``summary``; an empty file is left out. Returns the snapshot committed, or
-        None when both are empty (nothing is committed)."""
+        equality delete file on ``delete_columns``, in one ``RowDelta``; an empty file is left
+        out. With ``mark``, the snapshot's summary says so and names both files
+        (``snapshot_values.py`` reads them back). Returns the snapshot committed, or None when
+        both are empty (nothing is committed)."""
         schema = table.schema()
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
         delta = table.newRowDelta().scanManifestsWith(self._same_thread())
-        for name, value in (summary or {}).items():
-            delta.set(name, value)
+        if mark is not None:
+            delta.set(ROW_DELTA_PROPERTY, mark)
         if data.num_rows:
             path, size, footer = self._write(table, data, "data")
+            if mark is not None:
+                delta.set(DATA_FILE_PROPERTY, path)
             delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
                           .withPath(path).withFileSizeInBytes(size).withFormat(parquet)
                           .withMetrics(self._metrics(footer, metrics)).build())
         if deletes.num_rows:
             path, size, footer = self._write(table, deletes, "deletes")
-            ids = self._gateway.new_array(java_class(self.spark, "int"), len(delete_columns))
-            for i, name in enumerate(delete_columns):
-                ids[i] = schema.findField(name).fieldId()
+            field_ids = [schema.findField(name).fieldId() for name in delete_columns]
+            ids = self._gateway.new_array(java_class(self.spark, "int"), len(field_ids))
+            for i, field_id in enumerate(field_ids):
+                ids[i] = field_id
+            if mark is not None:
+                delta.set(DELETE_FILE_PROPERTY, path)
+                delta.set(EQUALITY_IDS_PROPERTY, ",".join(map(str, field_ids)))
             delta.addDeletes(java_class(self.spark, "org.apache.iceberg.FileMetadata").deleteFileBuilder(table.spec())
                              .ofEqualityDeletes(ids).withPath(path).withFileSizeInBytes(size).withFormat(parquet)
                              .withMetrics(self._metrics(footer, metrics)).build())

@@ -19,11 +19,31 @@ from airflow_provider_pglogical.staging.contract import MANIFEST, RESULT_CONF
 def local_path(spark, uri: str) -> str | None:
     """The path on this machine of ``uri`` when Hadoop reads it from the local file system (the
     ``file`` scheme, no authority), else None. Hadoop's own ``Path`` parses the URI, so Python
-    opens exactly the file Hadoop would."""
+    opens exactly the file Hadoop would; the plain forms Iceberg writes (``file:/a/b``,
+    ``file:///a/b``) are parsed here, as Hadoop does, without its four calls to the JVM."""
+    plain = _plain_file_path(uri)
+    if plain is not None:
+        return plain
     parsed = java_class(spark, "org.apache.hadoop.fs.Path")(uri).toUri()
     if parsed.getScheme() != "file" or parsed.getAuthority():
         return None
     return parsed.getPath()
+
+
+def _plain_file_path(uri: str) -> str | None:
+    """The path of a ``file:/a/b`` or ``file:///a/b`` URI whose path Hadoop's ``Path`` keeps as it
+    is (no ``%``, ``\\``, ``:``, empty, ``.`` or ``..`` segment, nor trailing slash); None for
+    anything else, which Hadoop parses."""
+    if uri.startswith("file:///"):
+        path = uri[len("file://"):]
+    elif uri.startswith("file:/") and not uri.startswith("file://"):
+        path = uri[len("file:"):]
+    else:
+        return None
+    if any(c in path for c in "%\\:?#") or path.endswith("/") \
+            or any(part in ("", ".", "..") for part in path[1:].split("/")):
+        return None
+    return path
 
 
 class Staging:

@@ -10,7 +10,8 @@ rules of ``reduction.py``) and writes:
   updated, inserted, or left by a key change);
 * a **data file** with the last row of every key the batch leaves present; a value a row left
   unchanged (TOAST) comes from the batch's row that last sent it, else from the lakehouse row the
-  row's history began at, read by key in one Spark query (the step's only Spark work);
+  row's history began at, looked up by key (``_lakehouse_values``: from the driver's memory or
+  files where it can, else one Spark query, the step's only Spark work);
 
 and commits both in one ``RowDelta``. Iceberg applies an equality delete to the data files of
 earlier commits only (a lower data sequence number), so the new rows replace the old ones and
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
 from airflow_provider_pglogical.spark.identifiers import col
 from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
-from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, ROW_DELTA_PROPERTY, written_values
+from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, written_values
 from airflow_provider_pglogical.spark.table_lookup import lookup_rows
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
@@ -225,7 +226,7 @@ class RowDeltas(DriverCommits):
         data = self._data_table(rows, reduction, table, target, keys, types, base)
         deletes = self._key_table(rows, reduction.touched, keys, schema)
         try:
-            committed = self.row_delta(table, data, deletes, keys, {ROW_DELTA_PROPERTY: ROW_DELTA_KEYED})
+            committed = self.row_delta(table, data, deletes, keys, mark=ROW_DELTA_KEYED)
         except BaseException:
             self.kept.forget(name)
             raise

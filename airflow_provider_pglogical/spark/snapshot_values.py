@@ -1,13 +1,13 @@
 """The values a table's current snapshot wrote, read from its own files when the driver committed it.
 
 ``kept_values.py`` remembers what a driver's last row delta of each table wrote, but only in the
-JVM that committed it: a spark-submit run starts with nothing, and looks kept TOAST values up with
-a Spark query, a fresh JVM's first (2-2.5 s of a small tick). The table's metadata says the same
-as that memory. When the current snapshot is one of the driver's keyed row deltas (its summary
-holds :data:`ROW_DELTA_PROPERTY`), its equality delete file lists every key it touched, and its
-data file holds exactly the rows it left present: an equality delete applies only to older data
-files, and nothing committed since. So a key in the data file holds that row, a key only in the
-delete file is absent, and any other key is unknown (Spark reads it).
+JVM that committed it: a spark-submit run starts with nothing. The table's metadata says the
+same as that memory. When the current snapshot is one of the driver's keyed row deltas (its
+summary holds :data:`ROW_DELTA_PROPERTY` and names its two files), its equality delete file lists
+every key it touched, and its data file holds exactly the rows it left present: an equality
+delete applies only to older data files, and nothing committed since. So a key in the data file
+holds that row, a key only in the delete file is absent, and any other key is unknown (it is
+read from the table: ``table_lookup.py``, else Spark).
 
 The driver reads both files with pyarrow where they are on this machine's file system; elsewhere,
 or for any snapshot it cannot vouch for, it answers nothing.
@@ -18,47 +18,47 @@ from __future__ import annotations
 from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.kept_values import ABSENT
 
-#: snapshot summary property of the driver's keyed row deltas (``RowDeltas.apply``)
+#: snapshot summary properties of the driver's marked row deltas (``DriverCommits.row_delta``):
+#: the mark, the data file and the equality delete file it added, and the delete's field ids
 ROW_DELTA_PROPERTY = "pglogical.row-delta"
+DATA_FILE_PROPERTY = "pglogical.row-delta.data-file"
+DELETE_FILE_PROPERTY = "pglogical.row-delta.delete-file"
+EQUALITY_IDS_PROPERTY = "pglogical.row-delta.equality-ids"
+#: the mark of a keyed table's row delta (``RowDeltas.apply``)
 ROW_DELTA_KEYED = "keyed"
 _FIELD_ID = b"PARQUET:field_id"
-
-
-def _files(iterable) -> list:
-    found, files = iterable.iterator(), []
-    while found.hasNext():
-        files.append(found.next())
-    return files
 
 
 def written_values(spark, table, snapshot: int | None, key: str, columns: list[str], keys) -> dict:
     """The ``keys`` that snapshot ``snapshot`` of ``table`` (Iceberg's Java table) answers, when
     it is the table's current snapshot and the driver's keyed row delta on column ``key``: key ->
     the values of ``columns`` (a tuple; timestamps as microseconds, as a lookup reads them) or
-    :data:`ABSENT`. A key left out is unknown."""
+    :data:`ABSENT`. A key left out is unknown. The summary names the commit's two files, so no
+    manifest is read."""
     current = table.currentSnapshot()
-    if snapshot is None or current is None or current.snapshotId() != snapshot \
-            or current.summary().get(ROW_DELTA_PROPERTY) != ROW_DELTA_KEYED:
+    if snapshot is None or current is None or current.snapshotId() != snapshot:
+        return {}
+    summary = current.summary()
+    if summary.get(ROW_DELTA_PROPERTY) != ROW_DELTA_KEYED:
         return {}
     schema = table.schema()
     key_field = schema.findField(key)
     fields = [schema.findField(name) for name in columns]
-    if key_field is None or any(field is None for field in fields):
+    if key_field is None or any(field is None for field in fields) \
+            or summary.get(EQUALITY_IDS_PROPERTY) != str(key_field.fieldId()):
         return {}
-    io = table.io()
-    data, deletes = _files(current.addedDataFiles(io)), _files(current.addedDeleteFiles(io))
-    if len(data) > 1 or len(deletes) != 1 or list(deletes[0].equalityFieldIds() or []) != [key_field.fieldId()]:
-        return {}
-    paths = [local_path(spark, file.location()) for file in (*data, *deletes)]
-    if None in paths:
+    data_at, deletes_at = summary.get(DATA_FILE_PROPERTY), summary.get(DELETE_FILE_PROPERTY)
+    data_path = local_path(spark, data_at) if data_at else None
+    deletes_path = local_path(spark, deletes_at) if deletes_at else None
+    if deletes_path is None or (data_at and data_path is None):
         return {}
     wanted = set(keys)
-    deleted = _column(paths[-1], key_field.fieldId())
+    deleted = _column(deletes_path, key_field.fieldId())
     if deleted is None:
         return {}
     found = {value: ABSENT for value in deleted.to_pylist() if value in wanted}
-    if data:
-        rows = _rows(paths[0], key_field.fieldId(), [field.fieldId() for field in fields], wanted)
+    if data_path is not None:
+        rows = _rows(data_path, key_field.fieldId(), [field.fieldId() for field in fields], wanted)
         if rows is None:
             return {}
         found.update(rows)

@@ -57,33 +57,39 @@ def lookup_rows(spark, table, snapshot: int | None, key: str, columns: list[str]
 
 def _planned(spark, table, snapshot: int, key: str, keys: list) -> list[tuple[str, list]] | None:
     """Per data file that may hold a key: its local path and its delete files (content, local
-    path, equality field ids). None when a file is not one the driver reads (see the module)."""
+    path, equality field ids, the data file's location). None when a file is not one the driver
+    reads (see the module). Each task comes back as Iceberg's own JSON of it (``ScanTaskParser``):
+    one call to the JVM per data file, where its getters would cost one per field and delete file."""
+    import json
+
     scan = table.newScan().useSnapshot(snapshot).planWith(same_thread_executor(spark))
     if all(isinstance(value, (int, str)) and not isinstance(value, bool) for value in keys):
-        # files whose key bounds hold none of the keys are left out; a date or decimal key plans
-        # every file (Iceberg binds those literals by its own rules)
+        # data files whose key bounds miss the keys' range are left out (two literals: py4j
+        # carries a list one element per call); a date or decimal key plans every file
         expressions = java_class(spark, "org.apache.iceberg.expressions.Expressions")
-        scan = scan.filter(getattr(expressions, "in")(key, list(keys)))
+        in_range = getattr(expressions, "and")(expressions.greaterThanOrEqual(key, min(keys)),
+                                               expressions.lessThanOrEqual(key, max(keys)))
+        scan = scan.filter(in_range)
+    parser = java_class(spark, "org.apache.iceberg.ScanTaskParser")
     planned, rows = [], 0
     tasks = scan.planFiles()
     try:
         found = tasks.iterator()
         while found.hasNext():
-            task = found.next()
-            data = task.file()
-            rows += data.recordCount()
-            path = local_path(spark, data.location())
-            if rows > MAX_ROWS or path is None or data.format().toString() != "PARQUET":
+            task = json.loads(parser.toJson(found.next()))
+            data = task["data-file"]
+            rows += data["record-count"]
+            path = local_path(spark, data["file-path"])
+            if rows > MAX_ROWS or path is None or data["file-format"] != "PARQUET":
                 return None
             deletes = []
-            for delete in task.deletes():
-                kind = delete.content().toString()
-                delete_path = local_path(spark, delete.location())
-                if delete_path is None or delete.format().toString() != "PARQUET" \
-                        or kind not in ("POSITION_DELETES", "EQUALITY_DELETES"):
+            for delete in task.get("delete-files", []):
+                delete_path = local_path(spark, delete["file-path"])
+                if delete_path is None or delete["file-format"] != "PARQUET" \
+                        or delete["content"] not in ("POSITION_DELETES", "EQUALITY_DELETES"):
                     return None
-                ids = list(delete.equalityFieldIds() or []) if kind == "EQUALITY_DELETES" else []
-                deletes.append((kind, delete_path, ids, data.location()))
+                deletes.append((delete["content"], delete_path, list(delete.get("equality-ids", [])),
+                                data["file-path"]))
             planned.append((path, deletes))
     finally:
         tasks.close()

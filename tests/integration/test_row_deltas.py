@@ -268,6 +268,15 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         # second through Hadoop's FileSystem and Iceberg's FileIO, as on any other location
         assert local_path(spark, "file:///w/a b/f.parquet") == local_path(spark, "file:/w/a b/f.parquet") == "/w/a b/f.parquet"
         assert [local_path(spark, uri) for uri in ("s3a://bucket/w/f", "hdfs://nn:8020/w/f", "/w/f")] == [None] * 3
+        # the plain forms are parsed without the JVM, as Hadoop's Path parses them
+        for uri in ("file:/w/a b/f.parquet", "file:///w/x-1/f_2.parquet", "file:/w/ü/f", "file:/w/a%20b/f",
+                    "file:/w//f", "file:/w/./f", "file:/w/f/", "file://host/w/f", "file:////w/f"):
+            plain = hadoop_files._plain_file_path(uri)
+            parsed = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri).toUri()
+            by_hadoop = parsed.getPath() if parsed.getScheme() == "file" and not parsed.getAuthority() else None
+            assert plain == by_hadoop if uri.startswith(("file:/w/a b", "file:///w/x", "file:/w/ü")) \
+                else plain is None or plain == by_hadoop, uri
+            assert local_path(spark, uri) == by_hadoop, uri
         apply_changes.run(spark, partial.as_uri(), "p", "lake", "again", row_deltas=True)
         monkeypatch.setattr(hadoop_files, "local_path", lambda spark, uri: None)
         monkeypatch.setattr(driver_commits, "local_path", lambda spark, uri: None)
