@@ -53,7 +53,7 @@ def written_values(spark, table, snapshot: int | None, key: str, columns: list[s
     if deletes_path is None or (data_at and data_path is None):
         return {}
     wanted = set(keys)
-    deleted = _column(deletes_path, key_field.fieldId())
+    deleted = field_column(deletes_path, key_field.fieldId())
     if deleted is None:
         return {}
     found = {value: ABSENT for value in deleted.to_pylist() if value in wanted}
@@ -65,8 +65,8 @@ def written_values(spark, table, snapshot: int | None, key: str, columns: list[s
     return found
 
 
-def _column(path: str, field_id: int):
-    """The column of field ``field_id`` in a Parquet file the driver wrote; None when absent."""
+def field_column(path: str, field_id: int):
+    """The column of Iceberg field ``field_id`` in a Parquet file; None when the file lacks it."""
     import pyarrow.parquet as pq
 
     names = field_names_by_id(pq.read_schema(path))

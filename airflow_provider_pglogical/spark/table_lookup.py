@@ -19,7 +19,7 @@ from __future__ import annotations
 from airflow_provider_pglogical.spark.driver_commits import pyarrow_missing, same_thread_executor
 from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.java_classes import java_class
-from airflow_provider_pglogical.spark.snapshot_values import field_names_by_id
+from airflow_provider_pglogical.spark.snapshot_values import field_column, field_names_by_id
 
 #: the most rows (by the planned data files' record counts) the driver scans for a lookup:
 #: beyond that Spark's parallel, vectorised read is the better reader
@@ -45,7 +45,7 @@ def lookup_rows(spark, table, snapshot: int | None, key: str, columns: list[str]
     wanted = set(keys)
     found: dict = {}
     for data_path, deletes in tasks:
-        rows = _live_rows(spark, data_path, deletes, key_field.fieldId(), [f.fieldId() for f in fields], wanted)
+        rows = _live_rows(data_path, deletes, key_field.fieldId(), [f.fieldId() for f in fields], wanted)
         if rows is None:
             return None
         for value, row in rows:
@@ -63,9 +63,10 @@ def _planned(spark, table, snapshot: int, key: str, keys: list) -> list[tuple[st
     import json
 
     scan = table.newScan().useSnapshot(snapshot).planWith(same_thread_executor(spark))
-    if all(isinstance(value, (int, str)) and not isinstance(value, bool) for value in keys):
+    if all(isinstance(value, int) and not isinstance(value, bool) for value in keys):
         # data files whose key bounds miss the keys' range are left out (two literals: py4j
-        # carries a list one element per call); a date or decimal key plans every file
+        # carries a list one element per call). Other keys plan every file: a range taken by
+        # Python's ordering of strings, dates or decimals must not be trusted to be Iceberg's
         expressions = java_class(spark, "org.apache.iceberg.expressions.Expressions")
         in_range = getattr(expressions, "and")(expressions.greaterThanOrEqual(key, min(keys)),
                                                expressions.lessThanOrEqual(key, max(keys)))
@@ -96,7 +97,7 @@ def _planned(spark, table, snapshot: int, key: str, keys: list) -> list[tuple[st
     return planned
 
 
-def _live_rows(spark, path: str, deletes: list, key_id: int, value_ids: list[int], wanted: set) -> list | None:
+def _live_rows(path: str, deletes: list, key_id: int, value_ids: list[int], wanted: set) -> list | None:
     """(key, values) of the data file's rows under a wanted key that no delete file removes; None
     when a file lacks a field this needs or a delete is of a kind not read here."""
     import pyarrow as pa
@@ -118,7 +119,7 @@ def _live_rows(spark, path: str, deletes: list, key_id: int, value_ids: list[int
             read = read.filter(pc.equal(read[_POSITION_PATH], data_location))
             removed_positions.update(read[_POSITION_POS].to_pylist())
         elif ids == [key_id]:
-            column = _column(delete_path, key_id)
+            column = field_column(delete_path, key_id)
             if column is None:
                 return None
             removed_keys.update(column.to_pylist())
@@ -159,9 +160,3 @@ def _values_at(parquet, names: dict[int, str], value_ids: list[int], positions: 
             rows.append(tuple(arrays[names[i]][index] if i in names else None for i in value_ids))
     return rows
 
-
-def _column(path: str, field_id: int):
-    import pyarrow.parquet as pq
-
-    names = field_names_by_id(pq.read_schema(path))
-    return pq.read_table(path, columns=[names[field_id]])[names[field_id]] if field_id in names else None
