@@ -43,6 +43,14 @@ def value_bytes(value) -> int:
     return 8
 
 
+def lookup_values(array) -> list:
+    """An Arrow column's values as every lookup of kept values returns them (a Spark query's
+    ``readable`` columns alike): timestamps as microseconds, so no time zone touches them."""
+    import pyarrow as pa
+
+    return (array.cast(pa.int64()) if pa.types.is_timestamp(array.type) else array).to_pylist()
+
+
 class KeptValues:
     """Per lakehouse table, the keys its current snapshot holds as the driver's last commit wrote them."""
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.identifiers import col
+from airflow_provider_pglogical.spark.kept_values import lookup_values
 from airflow_provider_pglogical.spark.lakehouse_tables import NUMBERED_PROPERTY
 from airflow_provider_pglogical.spark.row_deltas import (
     BINARY_EQUALITY,
@@ -127,14 +128,9 @@ def copy_changes(net: dict[tuple, int], copies: dict[tuple, tuple[int, bool]]) -
 def python_column(rows, name: str) -> list:
     """A staged column as Python values the lakehouse lookup returns alike: timestamps as
     microseconds; NULLs where the file has no such column."""
-    import pyarrow as pa
-
     if name not in rows.column_names:
         return [None] * rows.num_rows
-    column = rows[name]
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.int64())
-    return column.to_pylist()
+    return lookup_values(rows[name])
 
 
 class MultisetRowDeltas(RowDeltas):

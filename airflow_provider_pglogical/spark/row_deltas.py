@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
 from airflow_provider_pglogical.spark.identifiers import col
-from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
+from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values, lookup_values
 from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, written_values
 from airflow_provider_pglogical.spark.table_lookup import lookup_rows
 from airflow_provider_pglogical.staging.contract import (
@@ -237,14 +237,11 @@ class RowDeltas(DriverCommits):
     def _remember(self, table, name: str, reduction: Reduction, data, committed: int) -> None:
         """Keep what snapshot ``committed`` wrote (``kept_values``): the columns this batch or the
         table's entry keeps unchanged, as a lookup reads them (timestamps as microseconds)."""
-        import pyarrow as pa
-
         columns = tuple(n for n in data.column_names if n in reduction.sources) \
             or tuple(n for n in self.kept.columns(name) if n in data.column_names)
         if not columns:
             return
-        arrays = [data[n].cast(pa.int64()) if pa.types.is_timestamp(data[n].type) else data[n] for n in columns]
-        values = list(zip(*(array.to_pylist() for array in arrays))) if data.num_rows else []
+        values = list(zip(*(lookup_values(data[n]) for n in columns))) if data.num_rows else []
         written = {key[0]: row for key, row in zip(reduction.present, values)}
         present = set(reduction.present)
         self.kept.committed(name, committed, table.snapshot(committed).parentId(), columns, written,

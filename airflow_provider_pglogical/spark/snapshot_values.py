@@ -16,7 +16,7 @@ or for any snapshot it cannot vouch for, it answers nothing.
 from __future__ import annotations
 
 from airflow_provider_pglogical.spark.hadoop_files import local_path
-from airflow_provider_pglogical.spark.kept_values import ABSENT
+from airflow_provider_pglogical.spark.kept_values import ABSENT, lookup_values
 
 #: snapshot summary properties of the driver's marked row deltas (``DriverCommits.row_delta``):
 #: the mark, the data file and the equality delete file it added, and the delete's field ids
@@ -87,9 +87,7 @@ def _rows(path: str, key_id: int, value_ids: list[int], wanted: set) -> dict | N
         return None
     read = pq.read_table(path, columns=list(dict.fromkeys([names[key_id], *(names[i] for i in value_ids)])))
     read = read.filter(pc.is_in(read[names[key_id]], value_set=pa.array(list(wanted), type=read[names[key_id]].type)))
-    arrays = [read[names[i]] for i in value_ids]
-    arrays = [array.cast(pa.int64()) if pa.types.is_timestamp(array.type) else array for array in arrays]
-    return dict(zip(read[names[key_id]].to_pylist(), zip(*(array.to_pylist() for array in arrays)))) \
+    return dict(zip(read[names[key_id]].to_pylist(), zip(*(lookup_values(read[names[i]]) for i in value_ids)))) \
         if read.num_rows else {}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from airflow_provider_pglogical.spark.driver_commits import pyarrow_missing, same_thread_executor
 from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.java_classes import java_class
+from airflow_provider_pglogical.spark.kept_values import lookup_values
 from airflow_provider_pglogical.spark.snapshot_values import field_column, field_names_by_id
 
 #: the most rows (by the planned data files' record counts) the driver scans for a lookup:
@@ -152,10 +153,7 @@ def _values_at(parquet, names: dict[int, str], value_ids: list[int], positions: 
     rows: list[tuple] = []
     for group, offsets in by_group.items():
         read = parquet.read_row_group(group, columns=present).take(pa.array(offsets, type=pa.int64()))
-        arrays = {}
-        for name in present:
-            array = read[name]
-            arrays[name] = (array.cast(pa.int64()) if pa.types.is_timestamp(array.type) else array).to_pylist()
+        arrays = {name: lookup_values(read[name]) for name in present}
         for index in range(len(offsets)):
             rows.append(tuple(arrays[names[i]][index] if i in names else None for i in value_ids))
     return rows
