@@ -38,15 +38,16 @@ def lookup_rows(spark, table, snapshot: int | None, key: str, columns: list[str]
     schema = table.schema()
     key_field = schema.findField(key)
     fields = [schema.findField(name) for name in columns]
-    if key_field is None or None in fields:
+    if key_field is None or any(field is None for field in fields):
         return None
     tasks = _planned(spark, table, snapshot, key, keys)
     if tasks is None:
         return None
     wanted = set(keys)
+    deletes = _Deletes(key_field.fieldId())
     found: dict = {}
-    for data_path, deletes in tasks:
-        rows = _live_rows(data_path, deletes, key_field.fieldId(), [f.fieldId() for f in fields], wanted)
+    for data_path, location, delete_files in tasks:
+        rows = _live_rows(data_path, location, delete_files, deletes, [f.fieldId() for f in fields], wanted)
         if rows is None:
             return None
         for value, row in rows:
@@ -56,10 +57,10 @@ def lookup_rows(spark, table, snapshot: int | None, key: str, columns: list[str]
     return found
 
 
-def _planned(spark, table, snapshot: int, key: str, keys: list) -> list[tuple[str, list]] | None:
-    """Per data file that may hold a key: its local path and its delete files (content, local
-    path, equality field ids, the data file's location). None when a file is not one the driver
-    reads (see the module). Each task comes back as Iceberg's own JSON of it (``ScanTaskParser``):
+def _planned(spark, table, snapshot: int, key: str, keys: list) -> list[tuple[str, str, list]] | None:
+    """Per data file that may hold a key: its local path, its location as Iceberg names it, and
+    its delete files (content, local path, equality field ids). None when a file is not one the
+    driver reads (see the module). Each task comes back as Iceberg's own JSON of it (``ScanTaskParser``):
     one call to the JVM per data file, where its getters would cost one per field and delete file."""
     import json
 
@@ -90,15 +91,40 @@ def _planned(spark, table, snapshot: int, key: str, keys: list) -> list[tuple[st
                 if delete_path is None or delete["file-format"] != "PARQUET" \
                         or delete["content"] not in ("POSITION_DELETES", "EQUALITY_DELETES"):
                     return None
-                deletes.append((delete["content"], delete_path, list(delete.get("equality-ids", [])),
-                                data["file-path"]))
-            planned.append((path, deletes))
+                deletes.append((delete["content"], delete_path, list(delete.get("equality-ids", []))))
+            planned.append((path, data["file-path"], deletes))
     finally:
         tasks.close()
     return planned
 
 
-def _live_rows(path: str, deletes: list, key_id: int, value_ids: list[int], wanted: set) -> list | None:
+class _Deletes:
+    """The delete files of one lookup, each read once: an equality delete of a later commit
+    applies to every older data file, so many tasks name the same files."""
+
+    def __init__(self, key_id: int) -> None:
+        self.key_id = key_id
+        self._read: dict[str, object] = {}
+
+    def positions(self, path: str, location: str) -> set:
+        """The row positions of data file ``location`` that position delete file ``path`` removes."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        if path not in self._read:
+            self._read[path] = pq.read_table(path, columns=[_POSITION_PATH, _POSITION_POS])
+        read = self._read[path]
+        return set(read.filter(pc.equal(read[_POSITION_PATH], location))[_POSITION_POS].to_pylist())
+
+    def keys(self, path: str):
+        """The keys equality delete file ``path`` removes (an Arrow array); None when it lacks the key."""
+        if path not in self._read:
+            self._read[path] = field_column(path, self.key_id)
+        return self._read[path]
+
+
+def _live_rows(path: str, location: str, delete_files: list, deletes: _Deletes, value_ids: list[int],
+               wanted: set) -> list | None:
     """(key, values) of the data file's rows under a wanted key that no delete file removes; None
     when a file lacks a field this needs or a delete is of a kind not read here."""
     import pyarrow as pa
@@ -107,31 +133,24 @@ def _live_rows(path: str, deletes: list, key_id: int, value_ids: list[int], want
 
     parquet = pq.ParquetFile(path)
     names = field_names_by_id(parquet.schema_arrow)
-    if key_id not in names:
+    if deletes.key_id not in names:
         return None
-    keys = parquet.read(columns=[names[key_id]])[names[key_id]]
-    positions = pc.indices_nonzero(pc.is_in(keys, value_set=pa.array(list(wanted), type=keys.type))).to_pylist()
-    if not positions:
-        return []
-    removed_positions, removed_keys = set(), set()
-    for kind, delete_path, ids, data_location in deletes:
+    keys = parquet.read(columns=[names[deletes.key_id]])[names[deletes.key_id]]
+    candidates = pc.is_in(keys, value_set=pa.array(list(wanted), type=keys.type))
+    removed_positions: set = set()
+    for kind, delete_path, ids in delete_files:
         if kind == "POSITION_DELETES":
-            read = pq.read_table(delete_path, columns=[_POSITION_PATH, _POSITION_POS])
-            read = read.filter(pc.equal(read[_POSITION_PATH], data_location))
-            removed_positions.update(read[_POSITION_POS].to_pylist())
-        elif ids == [key_id]:
-            column = field_column(delete_path, key_id)
-            if column is None:
-                return None
-            removed_keys.update(column.to_pylist())
+            removed_positions |= deletes.positions(delete_path, location)
+        elif ids == [deletes.key_id] and deletes.keys(delete_path) is not None:
+            removed = deletes.keys(delete_path)
+            candidates = pc.and_(candidates, pc.invert(pc.is_in(keys, value_set=removed.combine_chunks().cast(keys.type))))
         else:
             return None
-    key_values = keys.take(pa.array(positions, type=pa.int64())).to_pylist()
-    live = [(p, k) for p, k in zip(positions, key_values) if p not in removed_positions and k not in removed_keys]
+    live = [p for p in pc.indices_nonzero(candidates).to_pylist() if p not in removed_positions]
     if not live:
         return []
-    values = _values_at(parquet, names, value_ids, [p for p, _ in live])
-    return list(zip((k for _, k in live), values))
+    key_values = keys.take(pa.array(live, type=pa.int64())).to_pylist()
+    return list(zip(key_values, _values_at(parquet, names, value_ids, live)))
 
 
 def _values_at(parquet, names: dict[int, str], value_ids: list[int], positions: list[int]) -> list[tuple]:
