@@ -5,7 +5,7 @@ The lakehouse numbers the n identical copies of a row value 1..n (``_pglogical_o
 so (values, occurrence) is a key (``multisets.py``). The driver nets the batch per row value
 (+1 per INSERT and UPDATE's new row, -1 per DELETE and UPDATE's old row: :func:`net_copies`),
 reads how many copies each touched value has and whether this batch has written one already
-(one Spark aggregate, the step's only Spark work), and commits:
+(from the table's files by the driver, ``table_lookup.py``, else one Spark aggregate), and commits:
 
 * an **equality delete file** on (values, occurrence) with the copies above the new count, and
   the highest copy kept, which is written again with the batch's name (the MERGE's mark);
@@ -40,6 +40,7 @@ from airflow_provider_pglogical.spark.row_deltas import (
     plain_value,
     readable,
 )
+from airflow_provider_pglogical.spark.table_lookup import live_rows
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     MULTISET_COLUMNS,
@@ -125,6 +126,30 @@ def copy_changes(net: dict[tuple, int], copies: dict[tuple, tuple[int, bool]]) -
     return changes
 
 
+def count_copies(rows: list[tuple], touched: list[tuple], batch: str) -> dict[tuple, tuple[int, bool]]:
+    """Per touched value, its copies among ``rows`` (each the values, then the batch that wrote
+    the row) and whether ``batch`` wrote one of them."""
+    touched_set, copies = set(touched), {}
+    for row in rows:
+        value = row[:-1]
+        if value in touched_set:
+            count, done = copies.get(value, (0, False))
+            copies[value] = (count + 1, done or row[-1] == batch)
+    return copies
+
+
+def _narrowing(values: list[str], types: dict[str, str], touched: list[tuple]) -> dict[str, list]:
+    """Per column of a type that compares exactly, the touched values of it (at most
+    :data:`MAX_FILTER_VALUES`), a row that may match has there; None among them for NULL."""
+    narrowed = {}
+    for position, name in enumerate(values):
+        if lookup_type(types[name]):
+            wanted = list({value[position] for value in touched})
+            if len(wanted) <= MAX_FILTER_VALUES:
+                narrowed[name] = wanted
+    return narrowed
+
+
 def python_column(rows, name: str) -> list:
     """A staged column as Python values the lakehouse lookup returns alike: timestamps as
     microseconds; NULLs where the file has no such column."""
@@ -155,7 +180,7 @@ class MultisetRowDeltas(RowDeltas):
         values = [name for name in types if name not in MULTISET_COLUMNS]
         net = net_copies(rows, values)
         if net:
-            changes = copy_changes(net, self._copies(target, values, types, list(net), batch))
+            changes = copy_changes(net, self._copies(table, target, values, types, list(net), batch))
             schema = table.schema()
             kinds = {name: rows[staged_name(name)].type for name in values}
             data = self._copies_table(changes.written, values, kinds, schema, batch)
@@ -163,26 +188,33 @@ class MultisetRowDeltas(RowDeltas):
             self.row_delta(table, data, deletes, [*values, OCCURRENCE])
         return rows.num_rows
 
-    def _copies(self, target: str, values: list[str], types: dict[str, str], touched: list[tuple],
+    def _copies(self, table, target: str, values: list[str], types: dict[str, str], touched: list[tuple],
                 batch: str) -> dict[tuple, tuple[int, bool]]:
         """Per touched value the lakehouse holds: its copies, and whether ``batch`` wrote one.
 
-        One aggregate over the rows that may match (each column of a type that compares exactly
-        narrowed to the touched values), matched exactly here."""
+        The rows that may match (each column of a type that compares exactly narrowed to the
+        touched values) are read by the driver from the table's files (``table_lookup``) where
+        it can, else counted by one Spark aggregate; either is matched exactly here."""
+        narrowed = _narrowing(values, types, touched)
+        snapshot = table.currentSnapshot()
+        if narrowed and snapshot is not None:
+            rows = live_rows(self.spark, table, snapshot.snapshotId(), [*values, WRITTEN_BY], narrowed)
+            if rows is not None:
+                return count_copies(rows, touched, batch)
+        return self._copies_by_spark(target, values, types, touched, batch, narrowed)
+
+    def _copies_by_spark(self, target: str, values: list[str], types: dict[str, str], touched: list[tuple],
+                         batch: str, narrowed: dict[str, list]) -> dict[tuple, tuple[int, bool]]:
+        """:meth:`_copies` as one Spark aggregate over the narrowed rows."""
         from pyspark.sql import functions as F
 
         condition = None
-        for position, name in enumerate(values):
-            if not lookup_type(types[name]):
-                continue
-            wanted = {value[position] for value in touched}
+        for name, wanted in narrowed.items():
             present = sorted(value for value in wanted if value is not None)
-            if len(present) > MAX_FILTER_VALUES:
-                continue
-            narrowed = is_in(name, present) if present else F.lit(False)
+            narrow = is_in(name, present) if present else F.lit(False)
             if None in wanted:
-                narrowed = narrowed | col(name).isNull()
-            condition = narrowed if condition is None else condition & narrowed
+                narrow = narrow | col(name).isNull()
+            condition = narrow if condition is None else condition & narrow
         frame = self.spark.table(self.lakehouse.name(target))
         if condition is not None:
             frame = frame.where(condition)
