@@ -66,19 +66,43 @@ class Lakehouse:
     def _namespace_exists(self) -> bool:
         """Asks the catalog itself: in a fresh JVM, the first SQL statement costs about a second
         of parsing, which a run whose namespace exists need not pay."""
-        names = self.spark.sparkContext._gateway.new_array(java_class(self.spark, "java.lang.String"), 1)
-        names[0] = self.namespace
         try:
-            return bool(self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog)
-                        .namespaceExists(names))
+            return bool(self._catalog().namespaceExists(self._namespace_names()))
         except Exception:  # only a shortcut: an unknown catalog, or one without namespaces, is
             return False  # for CREATE NAMESPACE to report in Spark's words
+
+    def _catalog(self):
+        """Spark's catalog plugin (Java) of this lakehouse."""
+        return self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog)
+
+    def _namespace_names(self):
+        names = self.spark.sparkContext._gateway.new_array(java_class(self.spark, "java.lang.String"), 1)
+        names[0] = self.namespace
+        return names
+
+    def _identifier(self, table: str):
+        """The table's identifier in the catalog, built without Spark's SQL parser (whose first use
+        in a fresh JVM, with the analysis of a statement, costs a second or more per step)."""
+        return java_class(self.spark, "org.apache.spark.sql.connector.catalog.Identifier").of(
+            self._namespace_names(), table)
 
     def name(self, table: str) -> str:
         return qualified(self.catalog, self.namespace, table)
 
     def exists(self, table: str) -> bool:
-        return self.spark.catalog.tableExists(f"{self.catalog}.{self.namespace}.{table}")
+        """Asks the catalog itself (see :meth:`_identifier`)."""
+        return self.loaded_table(table) is not None
+
+    def loaded_table(self, table: str):
+        """:meth:`iceberg_table`, or None when the catalog has no such table."""
+        from pyspark.errors import AnalysisException
+
+        try:
+            return self.iceberg_table(table)
+        except AnalysisException as error:  # Spark's NoSuchTableException
+            if error.getErrorClass() != "TABLE_OR_VIEW_NOT_FOUND":
+                raise
+        return None
 
     def size(self, table: str) -> TableSize:
         """The table's rows and bytes of files by its current snapshot's summary (Iceberg
@@ -125,13 +149,9 @@ class Lakehouse:
 
     def _state_table(self):
         """The state table (Iceberg's Java table), created on first use."""
-        from pyspark.errors import AnalysisException
-
-        try:
-            return self.iceberg_table(STATE_TABLE)
-        except AnalysisException as error:  # Spark's NoSuchTableException
-            if error.getErrorClass() != "TABLE_OR_VIEW_NOT_FOUND":
-                raise
+        table = self.loaded_table(STATE_TABLE)
+        if table is not None:
+            return table
         self.spark.sql(
             f"CREATE TABLE IF NOT EXISTS {self.name(STATE_TABLE)} (pipeline string NOT NULL, "
             "source_table string NOT NULL, target_table string, position string, applied_snapshots array<string>, "
@@ -143,9 +163,18 @@ class Lakehouse:
         return self.iceberg_table(STATE_TABLE)
 
     def iceberg_table(self, table: str):
-        """The Iceberg table (Java) as Spark's catalog holds it: a commit to it is what Spark reads next."""
-        return java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(
-            self.spark._jsparkSession, self.name(table))
+        """The Iceberg table (Java) as Spark's catalog holds it: a commit to it is what Spark reads next.
+        Loaded as ``Spark3Util.loadIcebergTable`` loads it, without parsing the name."""
+        return java_class(self.spark, "org.apache.iceberg.spark.Spark3Util").toIcebergTable(
+            self._catalog().loadTable(self._identifier(table)))
+
+    def spark_types(self, iceberg_table) -> dict[str, str]:
+        """Column name -> Spark type of an Iceberg table, as ``spark.table(name).schema`` gives them
+        (Iceberg's own conversion), without a Spark analysis."""
+        from pyspark.sql.types import StructType
+
+        converted = java_class(self.spark, "org.apache.iceberg.spark.SparkSchemaUtil").convert(iceberg_table.schema())
+        return {f.name: f.dataType.simpleString() for f in StructType.fromJson(json.loads(converted.json())).fields}
 
     def _state_rows_by_driver(self, table, pipeline: str) -> list[tuple] | None:
         """The pipeline's state rows read by pyarrow from the files of the table's current
@@ -230,10 +259,11 @@ class Lakehouse:
             wanted = {column["name"]: column_type(column) for column in manifest["columns"]}
         except ValueError as error:
             raise ApplyError(f"table {self.name(table)}: {error}") from None
-        if not self.exists(table):
+        iceberg_table = self.loaded_table(table)
+        if iceberg_table is None:
             return self._create(table, manifest, wanted)
-        current = {f.name: f.dataType.simpleString() for f in self.spark.table(self.name(table)).schema.fields}
-        if is_multiset(manifest) and self._unnumbered(table, current):
+        current = self.spark_types(iceberg_table)
+        if is_multiset(manifest) and self._unnumbered(table, current, iceberg_table):
             current = self._number_copies(table, current)
         for name, kind in wanted.items():
             if name not in current:
@@ -278,12 +308,11 @@ class Lakehouse:
         log.info("created %s", self.name(table))
         return wanted
 
-    def _unnumbered(self, table: str, current: dict[str, str]) -> bool:
+    def _unnumbered(self, table: str, current: dict[str, str], iceberg_table) -> bool:
         """A keyless table without (complete) copy numbers: written before this job numbered them."""
         if OCCURRENCE not in current:
             return True
-        properties = {row.key: row.value for row in self.spark.sql(f"SHOW TBLPROPERTIES {self.name(table)}").collect()}
-        if properties.get(NUMBERED_PROPERTY) == "true":  # created numbered, or numbered since: no scan
+        if iceberg_table.properties().get(NUMBERED_PROPERTY) == "true":  # created numbered, or numbered since: no scan
             return False
         # file statistics answer this for every file a finished numbering wrote
         return bool(self.spark.table(self.name(table)).where(col(OCCURRENCE).isNull()).limit(1).count())

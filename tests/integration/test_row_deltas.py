@@ -281,6 +281,11 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         # every type a lookup reads, after maintenance and the third batch's row delta; a keyless
         # table's equality deletes on its values are not read by the driver
         kinds_table = lakehouse.iceberg_table("public__kinds")
+        # the job takes a table's Spark types from Iceberg's conversion, not a Spark analysis: the same
+        for target in ("public__kinds", "public__bag", "public__docs"):
+            by_spark = {f.name: f.dataType.simpleString() for f in spark.table(lakehouse.name(target)).schema.fields}
+            assert lakehouse.spark_types(lakehouse.iceberg_table(target)) == by_spark, target
+        assert lakehouse.exists("public__kinds") and not lakehouse.exists("public__absent")
         kinds_columns = ["flag", "small", "n", "f8", "note", "raw", "day", "at", "at_tz", "amount", "tags", "words"]
         ids = [*range(0, 12), 207, 301]
         present = publisher.query(f"SELECT count(*) FROM kinds WHERE id IN ({', '.join(map(str, ids))})")[0][0]
