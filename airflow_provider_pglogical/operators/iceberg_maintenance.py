@@ -17,8 +17,9 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.management.validation import check_count
 from airflow_provider_pglogical.operators._class_archive import driver_class_archive
-from airflow_provider_pglogical.spark.housekeeping import Housekeeping
+from airflow_provider_pglogical.spark.housekeeping import DEFAULT_CONCURRENCY, Housekeeping
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
@@ -58,6 +59,8 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         that no snapshot references, such as those of a failed write (default True).
     :param orphan_older_than_hours: only files older than this are orphans (default 72, at least 24:
         a file that young may belong to a commit still in flight; Iceberg refuses less too).
+    :param concurrency: how many tables are maintained at once, each table's steps in order
+        (default 4; 1 keeps them one after another).
     :param class_archive: map the driver JVM's class archive, as :class:`IcebergApplyOperator` does.
     :param class_archive_dir: where the archives are kept (default as for the apply).
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
@@ -82,6 +85,7 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         retain_last: int = 5,
         remove_orphan_files: bool = True,
         orphan_older_than_hours: float = 72,
+        concurrency: int = DEFAULT_CONCURRENCY,
         class_archive: bool = True,
         class_archive_dir: str | None = None,
         conf: dict[str, Any] | None = None,
@@ -93,6 +97,7 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         super().__init__(application=str(MAINTENANCE_JOB), conf=dict(conf or {}), driver_memory=driver_memory, **kwargs)
         self.iceberg = iceberg
         self.tables = tables
+        self.concurrency = check_count(concurrency, "concurrency")
         self.class_archive = class_archive
         self.class_archive_dir = class_archive_dir
         # checked now: a cut-off that could remove a file still being written fails the DAG's import
@@ -109,6 +114,8 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         args = ["--catalog", self.iceberg.catalog, "--namespace", self.iceberg.namespace, *self.housekeeping.args()]
         for table in self.tables or ():
             args += ["--table", str(table)]
+        if self.concurrency != DEFAULT_CONCURRENCY:
+            args += ["--concurrency", str(self.concurrency)]
         return args
 
     def execute(self, context: Context) -> None:

@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass
 
 from airflow_provider_pglogical.spark.identifiers import quote, sql_string
 
+#: how many tables the maintenance job keeps at once (each table's steps in order)
+DEFAULT_CONCURRENCY = 4
+
 #: Iceberg's ``remove_orphan_files`` refuses a cut-off younger than a day: a file written by a
 #: commit still in flight is not referenced yet, and removing it would corrupt that table
 MIN_ORPHAN_AGE_HOURS = 24.0

@@ -2,7 +2,7 @@
 
     spark-submit maintenance.py --catalog lake --namespace sales [--table orders ...] \\
         [--min-input-files 5] [--delete-file-threshold 1] [--older-than-hours 24] [--retain-last 5] \\
-        [--orphan-older-than-hours 72] [--no-compact-data-files] [--no-compact-delete-files] \\
+        [--orphan-older-than-hours 72] [--concurrency 4] [--no-compact-data-files] [--no-compact-delete-files] \\
         [--no-rewrite-manifests] [--no-expire-snapshots] [--no-remove-orphan-files]
 
 For each table (default: every table of the namespace, the ``_pglogical_state`` table included)
@@ -25,8 +25,15 @@ import argparse
 import datetime as dt
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor, wait
 
-from airflow_provider_pglogical.spark.housekeeping import Housekeeping, HousekeepingError, procedure_call
+from airflow_provider_pglogical.spark.apply_changes import small_shuffles, tune_session
+from airflow_provider_pglogical.spark.housekeeping import (
+    DEFAULT_CONCURRENCY,
+    Housekeeping,
+    HousekeepingError,
+    procedure_call,
+)
 from airflow_provider_pglogical.spark.dead_deletes import remove_dead_equality_deletes
 from airflow_provider_pglogical.spark.identifiers import qualified, quote
 
@@ -36,14 +43,18 @@ ORPHAN_SAMPLE = 5
 
 
 def run(spark, catalog: str, namespace: str, tables: list[str] | None,
-        housekeeping: Housekeeping | None = None) -> dict:
-    """Run the switched-on procedures on each table; returns what each reported, per table."""
+        housekeeping: Housekeeping | None = None, concurrency: int = DEFAULT_CONCURRENCY) -> dict:
+    """Run the switched-on procedures on each table; returns what each reported, per table.
+
+    Tables are independent (each procedure commits to its own table), so ``concurrency`` of them
+    are kept at once, each table's steps in order: a small table's procedures are mostly the
+    driver's planning and commits, which leave the executors idle."""
     housekeeping = housekeeping or Housekeeping()
     if not tables:
         rows = spark.sql(f"SHOW TABLES IN {qualified(catalog, namespace)}").collect()
         tables = sorted(row.tableName for row in rows if not row.isTemporary)
-    summary: dict = {"namespace": namespace, "steps": housekeeping.steps(), "tables": {}}
-    for table in tables:
+
+    def keep(table: str) -> dict:
         results = {}
         for step in housekeeping.steps():
             now = dt.datetime.now(dt.timezone.utc)  # cut-offs count back from the call, not the job's start
@@ -52,8 +63,14 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
             if step == "rewrite_data_files":  # the equality deletes it left applying to nothing
                 results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(
                     spark, f"{qualified(catalog, namespace)}.{quote(table)}")
-        summary["tables"][table] = results
-    return summary
+        return results
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-maintenance") as pool:
+        futures = {table: pool.submit(keep, table) for table in tables}
+        wait(futures.values())
+        # every table ran (committed or failed) before the first failure, in table order, is raised
+        results = {table: future.result() for table, future in futures.items()}
+    return {"namespace": namespace, "steps": housekeeping.steps(), "tables": results}
 
 
 def report(step: str, rows: list) -> dict:
@@ -69,6 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--catalog", default="lake")
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--table", action="append", dest="tables", help="a table of the namespace (repeatable)")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="tables maintained at once")
     Housekeeping.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -84,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     spark = SparkSession.builder.appName(f"pglogical-maintenance-{args.namespace}").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    summary = run(spark, args.catalog, args.namespace, args.tables, args.housekeeping)
+    tune_session(spark, small_shuffles(spark.sparkContext.defaultParallelism))
+    summary = run(spark, args.catalog, args.namespace, args.tables, args.housekeeping, args.concurrency)
     print(RESULT_PREFIX + json.dumps(summary, default=str), flush=True)
     spark.stop()
     return 0

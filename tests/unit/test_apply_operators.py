@@ -16,7 +16,8 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import (
     iceberg_runtime_jar,
 )
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergApplyOperator
-from airflow_provider_pglogical.spark import apply_changes
+from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
+from airflow_provider_pglogical.spark import apply_changes, maintenance
 
 
 def test_runtime_jar_is_the_pinned_one_from_the_wheel():
@@ -111,6 +112,22 @@ def test_apply_concurrency_reaches_the_job_and_is_checked():
     assert "--concurrency" not in default.job_args() and apply_changes.parse_args(default.job_args()).concurrency == 4
     with pytest.raises(ValueError, match=r"concurrency must be a whole number, 1 or more \(got 0\)"):
         IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="p", concurrency=0)
+
+
+def test_maintenance_concurrency_reaches_the_job_and_is_checked():
+    op = IcebergMaintenanceOperator(task_id="m", concurrency=2)
+    assert op.job_args()[-2:] == ["--concurrency", "2"]
+    assert maintenance.parse_args(op.job_args()).concurrency == 2
+    default = IcebergMaintenanceOperator(task_id="m2")
+    assert "--concurrency" not in default.job_args() and maintenance.parse_args(default.job_args()).concurrency == 4
+    with pytest.raises(ValueError, match=r"concurrency must be a whole number, 1 or more \(got 0\)"):
+        IcebergMaintenanceOperator(task_id="m3", concurrency=0)
+
+
+def test_small_shuffles_for_the_apply_and_the_maintenance():
+    assert apply_changes.small_shuffles(2) == {"spark.sql.shuffle.partitions": "4"}
+    assert apply_changes.small_shuffles(8) == {"spark.sql.shuffle.partitions": "16"}
+    assert apply_changes.session_defaults(8)["spark.sql.shuffle.partitions"] == "16"
 
 
 def test_row_deltas_are_on_by_default_and_can_be_switched_off():
