@@ -20,6 +20,28 @@ from airflow_provider_pglogical.embedded.postgres import LocalPostgres  # noqa: 
 from tests.support.databases import Database, drop_database, new_database  # noqa: E402
 
 
+#: the longest test files by CI's ``--durations`` (each several minutes), collected first. CI hands
+#: files to its two workers in collection order (``--dist loadfile --no-loadscope-reorder``), so
+#: the longest start first and the short ones fill in behind them; collected last, the reliability
+#: harness kept one worker busy for minutes after the other had run out of files.
+LONGEST_FIRST = (
+    "tests/integration/test_iceberg_apply.py",
+    "tests/reliability/test_reliability.py",
+    "tests/integration/test_dags.py",
+    "tests/integration/test_keyless_multiset.py",
+    "tests/integration/test_assets.py",
+    "tests/integration/test_openlineage.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    def rank(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the other files keep their order
+
+
 @pytest.fixture(scope="session")
 def publisher_cluster():
     cluster = LocalPostgres(name="publisher").start()
