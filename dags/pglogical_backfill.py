@@ -11,9 +11,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, Param
 
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.operators.sync import PgBackfillOperator
+from airflow_provider_pglogical import IcebergApplyOperator, IcebergConfig, PgBackfillOperator
 
 import pglogical_settings as settings
 

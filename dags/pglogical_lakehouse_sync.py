@@ -18,14 +18,16 @@ import datetime as dt
 import pendulum
 from airflow.sdk import DAG, CronTriggerTimetable, TriggerRule, task
 
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical import (
+    IcebergApplyOperator,
+    IcebergConfig,
+    IcebergMaintenanceOperator,
+    PgCreatePublicationOperator,
+    PgInitialSyncOperator,
+    PgSlotLagSensor,
+    PgSlotPullOperator,
+)
 from airflow_provider_pglogical.lakehouse.maintenance_window import maintenance_due
-from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
-from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
-from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
-from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
-from airflow_provider_pglogical.sensors.pglogical import PgSlotLagSensor
 
 import pglogical_settings as settings
 

@@ -13,8 +13,7 @@ import os
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
-from airflow_provider_pglogical.operators.subscription import PgCreateSubscriptionOperator
+from airflow_provider_pglogical import PgCreatePublicationOperator, PgCreateSubscriptionOperator
 from airflow_provider_pglogical.sensors.pglogical import PgSubscriptionReadySensor
 
 import pglogical_settings as settings
