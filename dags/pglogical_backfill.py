@@ -37,7 +37,7 @@ with DAG(
         key_range="{{ {'column': params.key_column, 'start': params.key_start, 'end': params.key_end} "
                   "if params.key_column else None }}",
         publications=[settings.PUBLICATION],
-        staging_path=settings.STAGING,
+        staging_root=settings.STAGING,
         pipeline=settings.PIPELINE,
     )
     apply = IcebergApplyOperator(

@@ -59,7 +59,7 @@ with DAG(
         postgres_conn_id=settings.SOURCE_CONN_ID,
         slot=settings.SLOT,
         publications=[settings.PUBLICATION],
-        staging_path=settings.STAGING,
+        staging_root=settings.STAGING,
         pipeline=settings.PIPELINE,
     )
     slot_lag = PgSlotLagSensor(
@@ -77,7 +77,7 @@ with DAG(
         postgres_conn_id=settings.SOURCE_CONN_ID,
         slot=settings.SLOT,
         publications=[settings.PUBLICATION],
-        staging_path=settings.STAGING,
+        staging_root=settings.STAGING,
         pipeline=settings.PIPELINE,
         max_changes="{{ params.max_changes }}",
     )

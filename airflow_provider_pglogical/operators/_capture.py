@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
@@ -19,18 +21,32 @@ class CaptureOperator(CaptureLineageMixin, BaseOperator):
     """
 
     def __init__(
-        self, *, publications: Sequence[str], staging_path: str, pipeline: str,
+        self, *, publications: Sequence[str], pipeline: str, staging_root: str | None = None,
         type_overrides: dict[str, str] | None = None,
-        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        postgres_conn_id: str = PgLogicalHook.default_conn_name, staging_path: str | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.publications = publications
-        self.staging_path = staging_path
+        self.staging_root = staging_root_argument(staging_root, staging_path, self.task_id)
         self.pipeline = pipeline
         self.type_overrides = type_overrides
         self.postgres_conn_id = postgres_conn_id
 
     def publisher_and_staging(self) -> tuple[PgLogicalHook, ObjectStoragePath]:
         """The publisher's hook and the checked staging root (after templates are rendered)."""
-        return PgLogicalHook(postgres_conn_id=self.postgres_conn_id), ObjectStoragePath(check_staging_root(self.staging_path))
+        return PgLogicalHook(postgres_conn_id=self.postgres_conn_id), ObjectStoragePath(check_staging_root(self.staging_root))
+
+
+def staging_root_argument(staging_root: str | None, staging_path: str | None, task_id: str) -> str:
+    """The staging root of an operator, also from its old name ``staging_path`` (deprecated: every
+    operator, the apply job and the CLI call it the staging root)."""
+    if staging_path is not None:
+        if staging_root is not None:
+            raise TypeError(f"task {task_id!r}: pass staging_root only (staging_path is its deprecated old name)")
+        warnings.warn(f"task {task_id!r}: staging_path is deprecated, pass staging_root",
+                      AirflowProviderDeprecationWarning, stacklevel=3)
+        return staging_path
+    if staging_root is None:
+        raise TypeError(f"task {task_id!r}: staging_root is required (the staging area's root URI)")
+    return staging_root

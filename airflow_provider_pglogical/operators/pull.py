@@ -25,7 +25,8 @@ class PgSlotPullOperator(CaptureOperator):
 
     :param slot: the pipeline's logical slot (created by the initial sync).
     :param publications: publications to decode (``publication_names``).
-    :param staging_path: root of the staging area (``file://``, ``s3://``, … via ObjectStoragePath).
+    :param staging_root: root of the staging area (``file://``, ``s3://``, … via ObjectStoragePath);
+        ``staging_path``, its old name, still works with a deprecation warning.
     :param pipeline: the pipeline's name (staging sub-directory).
     :param max_changes: decoded messages per batch (``upto_nchanges``); a bigger transaction still comes whole.
     :param max_bytes: stop at a transaction boundary once this many bytes were decoded.
@@ -42,7 +43,7 @@ class PgSlotPullOperator(CaptureOperator):
     """
 
     template_fields: Sequence[str] = (
-        "slot", "publications", "staging_path", "pipeline", "max_changes", "max_bytes", "new_tables", "on_slot_lost",
+        "slot", "publications", "staging_root", "pipeline", "max_changes", "max_bytes", "new_tables", "on_slot_lost",
         "type_overrides", "postgres_conn_id",
     )
     ui_color = "#d8f0ff"

@@ -41,7 +41,8 @@ class PgInitialSyncOperator(CaptureOperator):
 
     :param slot: the pipeline's logical slot (created here; must not exist, unless this pipeline made it).
     :param publications: publications whose tables to copy.
-    :param staging_path: root of the staging area (``file://``, ``s3://``, … via ObjectStoragePath).
+    :param staging_root: root of the staging area (``file://``, ``s3://``, … via ObjectStoragePath);
+        ``staging_path``, its old name, still works with a deprecation warning.
     :param pipeline: name of the pipeline: the staging sub-directory.
     :param parallelism: connections copying at once (tables are split by ctid ranges).
     :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
@@ -52,7 +53,7 @@ class PgInitialSyncOperator(CaptureOperator):
     """
 
     template_fields: Sequence[str] = (
-        "slot", "publications", "staging_path", "pipeline", "parallelism", "type_overrides", "postgres_conn_id",
+        "slot", "publications", "staging_root", "pipeline", "parallelism", "type_overrides", "postgres_conn_id",
     )
     ui_color = "#cfe8fc"
 
@@ -84,7 +85,7 @@ class PgBackfillOperator(CaptureOperator):
     :param key_range: optional ``{"column": "id", "start": 100, "end": 200}`` (half-open) to
         re-snapshot only part of the tables.
     :param publications: the pipeline's publications (for row filters and column lists).
-    :param staging_path: root of the staging area.
+    :param staging_root: root of the staging area (``staging_path``, its old name, is deprecated).
     :param pipeline: the pipeline's name.
     :param parallelism: connections copying at once.
     :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
@@ -95,7 +96,7 @@ class PgBackfillOperator(CaptureOperator):
     """
 
     template_fields: Sequence[str] = (
-        "tables", "key_range", "publications", "staging_path", "pipeline", "parallelism", "type_overrides",
+        "tables", "key_range", "publications", "staging_root", "pipeline", "parallelism", "type_overrides",
         "postgres_conn_id",
     )
     ui_color = "#fce8cf"

@@ -251,11 +251,11 @@ def test_the_operators_check_templated_values(publisher, staging_dir):
 
     for staging_path, problem in [("staging", "is not an absolute URI"), ("file://rel/x", "is not an absolute URI"),
                                   ("file:///data/../x", "no '..'")]:
-        task = PgSlotPullOperator(task_id="pull", slot="s1", publications=["p"], staging_path=staging_path,
+        task = PgSlotPullOperator(task_id="pull", slot="s1", publications=["p"], staging_root=staging_path,
                                   pipeline="p", postgres_conn_id=publisher.conn_id)
         with pytest.raises(InvalidInputError, match=problem):
             task.execute({})
-    task = PgSlotPullOperator(task_id="pull", slot="s1", publications=["p"], staging_path=staging_dir.as_uri(),
+    task = PgSlotPullOperator(task_id="pull", slot="s1", publications=["p"], staging_root=staging_dir.as_uri(),
                               pipeline="p", max_changes="-1", postgres_conn_id=publisher.conn_id)
     with pytest.raises(InvalidInputError, match="max_changes must be a whole number, 1 or more \\(got '-1'\\)"):
         task.execute({})

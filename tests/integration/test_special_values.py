@@ -202,7 +202,7 @@ def test_a_value_without_exact_form_stops_the_sync_and_leaves_nothing_behind(pub
         INSERT INTO events VALUES (5001, '0100-01-01 BC', 'infinity', '{2}');
         CREATE PUBLICATION pub FOR TABLE events;
     """)
-    sync = PgInitialSyncOperator(task_id="sync", slot="s1", publications=["pub"], staging_path=str(root),
+    sync = PgInitialSyncOperator(task_id="sync", slot="s1", publications=["pub"], staging_root=str(root),
                                  pipeline="p", postgres_conn_id=publisher.conn_id)
     with pytest.raises(AirflowFailException) as caught:  # permanent: Airflow does not retry it
         sync.execute({})

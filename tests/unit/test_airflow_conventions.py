@@ -102,7 +102,7 @@ def test_permanent_errors_fail_without_retry_and_keep_their_message(error, perma
 
 
 def test_bad_input_fails_the_task_without_retry():
-    op = PgSlotPullOperator(task_id="pull", slot="s", publications=["p"], staging_path="relative/path",
+    op = PgSlotPullOperator(task_id="pull", slot="s", publications=["p"], staging_root="relative/path",
                             pipeline="p", postgres_conn_id="pg_nowhere")
     with pytest.raises(AirflowFailException, match="staging path 'relative/path' is not an absolute URI"):
         op.execute({})
@@ -133,7 +133,7 @@ def test_dag_authors_can_template_connections_tables_and_the_lakehouse():
     verify.render_template_fields(context)
     assert (verify.postgres_conn_id, verify.iceberg.namespace, verify.table_map) == ("pg_prod", "prod",
                                                                                     {"public.orders": "prod"})
-    for op in (PgSlotPullOperator(task_id="a", slot="s", publications=["p"], staging_path="file:///s", pipeline="p",
+    for op in (PgSlotPullOperator(task_id="a", slot="s", publications=["p"], staging_root="file:///s", pipeline="p",
                                   postgres_conn_id="pg_{{ params.env }}"),
                PgCheckPublisherOperator(task_id="b", publications=["p"], postgres_conn_id="pg_{{ params.env }}"),
                PgCreateSubscriptionOperator(task_id="c", subscription="s", publications=["p"],
