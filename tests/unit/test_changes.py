@@ -18,8 +18,8 @@ from airflow_provider_pglogical.decoding.pgoutput import Column, LogicalMessage,
 from tests.fixtures.pgoutput import build
 
 
-def assemble(name: str) -> tuple[list, ChangeAssembler]:
-    fixture = build.load(name)
+def assemble(name: str, server: int) -> tuple[list, ChangeAssembler]:
+    fixture = build.load(name, server)
     assembler = ChangeAssembler(int(fixture["options"][1]))
     return assembler.feed(fixture["rows"]), assembler
 
@@ -30,9 +30,15 @@ def only_table(txn: Transaction) -> TableChanges:
 
 
 # -- captured: dml_v1 -------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=build.SERVERS, ids=[f"pg{v}" for v in build.SERVERS])
+def server(request) -> int:
+    """The server version the captured fixtures come from: each captured test runs on every one."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def dml():
-    return assemble("dml_v1")
+def dml(server):
+    return assemble("dml_v1", server)
 
 
 def test_transactions_come_out_in_commit_order(dml):
@@ -45,7 +51,7 @@ def test_transactions_come_out_in_commit_order(dml):
     assert assembler.open_transaction_xids == []
 
 
-def test_rows_are_tuples_per_table(dml):
+def test_rows_are_tuples_per_table(dml, server):
     out, assembler = dml
     changes = only_table(out[0])
     assert changes.relation.qualified_name == "public.items"
@@ -54,7 +60,7 @@ def test_rows_are_tuples_per_table(dml):
                             (b"2", b"pear", None, b"0.25", b"sad", b"small", None)]
     assert changes.old_keys == {} and changes.unchanged == {}
     assert changes.columns()[:2] == [(b"1", b"2"), (b"apple", b"pear")]
-    assert out[0].xid == int(build.load("dml_v1")["rows"][0][1])
+    assert out[0].xid == int(build.load("dml_v1", server)["rows"][0][1])
     assert assembler.types[changes.relation.columns[4].type_oid].name == "mood"
 
 
@@ -142,8 +148,8 @@ def test_unchanged_relation_message_keeps_one_table_group(dml):
 
 
 # -- captured: row filter ------------------------------------------------------------------------
-def test_row_filter_crossing_update_becomes_insert_with_unchanged_toast():
-    out, _ = assemble("rowfilter_v1")
+def test_row_filter_crossing_update_becomes_insert_with_unchanged_toast(server):
+    out, _ = assemble("rowfilter_v1", server)
     moved_in = only_table(out[0])
     assert moved_in.ops == ["I"] and moved_in.rows == [(b"1", b"EU", None)] and moved_in.unchanged == {0: (2,)}
     assert [only_table(t).ops[0] for t in out] == ["I", "I", "U", "D", "I"]
@@ -152,9 +158,9 @@ def test_row_filter_crossing_update_becomes_insert_with_unchanged_toast():
 
 
 # -- captured: two-phase ------------------------------------------------------------------------------
-def test_prepared_transactions_wait_for_commit_prepared():
-    fixture = build.load("twophase_v3")
-    out, assembler = assemble("twophase_v3")
+def test_prepared_transactions_wait_for_commit_prepared(server):
+    fixture = build.load("twophase_v3", server)
+    out, assembler = assemble("twophase_v3", server)
     plain, g1, after_pending = out
     assert only_table(plain).rows == [(b"2", b"plain")] and plain.gid is None
     # g1 is emitted at COMMIT PREPARED, with the commit facts of that message.
@@ -180,8 +186,8 @@ def test_rollback_prepared_of_an_unknown_gid_is_ignored():
 
 
 # -- captured: streaming -------------------------------------------------------------------------------
-def test_streamed_transaction_is_assembled_at_stream_commit_without_aborted_subtransaction():
-    out, assembler = assemble("stream_v2")
+def test_streamed_transaction_is_assembled_at_stream_commit_without_aborted_subtransaction(server):
+    out, assembler = assemble("stream_v2", server)
     small1, big, small2 = out
     assert only_table(small1).rows == [(b"1",)] and only_table(small2).rows == [(b"2",)]
     assert big.streamed and not small1.streamed and small1.commit_lsn < big.commit_lsn < small2.commit_lsn
@@ -197,14 +203,14 @@ def test_streamed_transaction_is_assembled_at_stream_commit_without_aborted_subt
     assert assembler.open_transaction_xids == []  # the rolled-back big transaction is gone
 
 
-def test_streamed_prepared_transaction():
-    (txn,), assembler = assemble("stream_twophase_v3")
+def test_streamed_prepared_transaction(server):
+    (txn,), assembler = assemble("stream_twophase_v3", server)
     assert txn.streamed and txn.gid == "big1" and len(only_table(txn)) == 1000
     assert assembler.prepared == {}
 
 
-def test_feeding_in_chunks_gives_the_same_transactions():
-    fixture = build.load("stream_v2")
+def test_feeding_in_chunks_gives_the_same_transactions(server):
+    fixture = build.load("stream_v2", server)
     whole = ChangeAssembler(2).feed(fixture["rows"])
     chunked = list(iter_transactions(fixture["rows"], 2, chunk_size=7))
     assert [(t.xid, t.commit_lsn, [c.rows for c in t.tables]) for t in chunked] == [
@@ -310,7 +316,7 @@ def test_feed_pauses_the_gc_and_restores_it():
     assert gc.isenabled()
 
 
-def test_memoryview_rows_as_psycopg2_returns_them():
-    data = [(lsn, xid, memoryview(d)) for lsn, xid, d in build.load("rowfilter_v1")["rows"]]
+def test_memoryview_rows_as_psycopg2_returns_them(server):
+    data = [(lsn, xid, memoryview(d)) for lsn, xid, d in build.load("rowfilter_v1", server)["rows"]]
     out = ChangeAssembler().feed(data)
     assert only_table(out[1]).rows == [(b"2", b"EU", b"p2")]

@@ -39,9 +39,10 @@ def both_ways(rows) -> tuple[dict, dict]:
     return staged(fast.tables), staged(slow)
 
 
+@pytest.mark.parametrize("server", build.SERVERS, ids=[f"pg{v}" for v in build.SERVERS])
 @pytest.mark.parametrize("fixture", ["dml_v1", "rowfilter_v1"])
-def test_captured_streams_stage_identically(fixture):
-    fast, slow = both_ways(build.load(fixture)["rows"])
+def test_captured_streams_stage_identically(fixture, server):
+    fast, slow = both_ways(build.load(fixture, server)["rows"])
     assert fast and fast == slow
     assert sum(len(rows) for rows in fast.values()) >= 5
 
