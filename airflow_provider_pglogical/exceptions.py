@@ -8,6 +8,8 @@ consumer, a lost connection) are left to Airflow's retries.
 
 from __future__ import annotations
 
+from airflow_provider_pglogical.staging.contract import override_key
+
 
 class PgLogicalError(Exception):
     """Base class of the provider's errors.
@@ -102,7 +104,7 @@ class UnrepresentableValue(PgLogicalError):
 
     def __init__(self, table: str, column: str, value: str, reason: str, lakehouse_type: str) -> None:
         self.table, self.column, self.value, self.reason = table, column, value, reason
-        self.override = {f"{table}.{column}": "string"}
+        self.override = {override_key(table, column): "string"}
         self.fix = f"type_overrides={self.override!r}"
         shown = value if len(value) <= 80 else value[:77] + "..."
         super().__init__(

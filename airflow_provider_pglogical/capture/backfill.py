@@ -21,7 +21,8 @@ from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import PublicationError
 from airflow_provider_pglogical.management import validation
 from airflow_provider_pglogical.capture.initial_sync import require_tables, snapshot_result
-from airflow_provider_pglogical.staging.contract import decimal_of
+from airflow_provider_pglogical.staging.contract import decimal_of, override_key
+from airflow_provider_pglogical.staging.typemap import check_overrides
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming, write_record
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.capture.snapshot import copy_tables
@@ -100,7 +101,7 @@ def range_column_is_text(table: ResolvedTable, column: str, type_overrides: Mapp
     info = next((c for c in table.columns if c.name == column), None)
     if info is None:
         raise PublicationError(f"key range column {column!r} is not a published column of {table.qualified_name}")
-    overridden = f"{table.qualified_name}.{column}" in (type_overrides or {})
+    overridden = override_key(table.qualified_name, column) in check_overrides(type_overrides)
     if not overridden and info.element_type is None:
         if info.type in _TEXT_TYPES:
             return True

@@ -22,6 +22,8 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from airflow_provider_pglogical.staging.contract import table_key
+
 PG_EPOCH = _dt.datetime(2000, 1, 1, tzinfo=_dt.UTC)
 
 
@@ -99,7 +101,7 @@ class Relation:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.namespace}.{self.name}"
+        return table_key(self.namespace, self.name)
 
 
 class Type(NamedTuple):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from airflow_provider_pglogical.exceptions import ColumnListConflict, PublicationError
+from airflow_provider_pglogical.staging.contract import table_key
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class ResolvedTable:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.schema}.{self.name}"
+        return table_key(self.schema, self.name)
 
     @property
     def key(self) -> list[str]:

@@ -13,7 +13,7 @@ import json
 
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import Batch
-from airflow_provider_pglogical.staging.contract import MANIFEST, RESULT_CONF
+from airflow_provider_pglogical.staging.contract import MANIFEST, RESULT_CONF, keyed_tables
 
 
 def local_path(spark, uri: str) -> str | None:
@@ -125,7 +125,9 @@ class Staging:
         return self._bytes(self._path(uri))
 
     def read_manifest(self, batch: Batch) -> dict:
-        return json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
+        manifest = json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
+        manifest["tables"] = keyed_tables(manifest["tables"])  # batches staged before keys were quoted
+        return manifest
 
     def files(self, batch: Batch, source: str) -> list[str]:
         return [f"{self.directory}/{batch.name}/{f['path']}" for f in batch.manifest["tables"][source]["files"]]

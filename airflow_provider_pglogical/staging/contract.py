@@ -14,6 +14,7 @@ reflected and none at or after it.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # --- batches -------------------------------------------------------------------------------------
@@ -106,6 +107,10 @@ WRITE_MODES = ("merge-on-read", "copy-on-write")
 DEFAULT_CONCURRENCY = 4
 #: the Spark property naming the file a job leaves its JSON result in
 RESULT_CONF = "spark.pglogical.resultUri"
+#: the pipeline's record under ``<root>/<pipeline>/`` (``staging/pipeline_record.py``); its
+#: ``extra[SOURCE_IDENTITY]`` names the publisher database (``system_identifier``, ``database``, ``database_oid``)
+PIPELINE_RECORD = "_pipeline.json"
+SOURCE_IDENTITY = "source"
 #: what staging retention removed, under ``<root>/<pipeline>/`` (``spark/retention.py``)
 RETENTION_RECORD = "_retention.json"
 #: where retention moves batches when it archives instead of deleting: ``<root>/<pipeline>/_archive/``
@@ -116,10 +121,140 @@ DEFAULT_RETENTION_HOURS = 168
 APPLY_RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
 
 
+# --- table identity (DESIGN invariant 11) ---------------------------------------------------------
+
+#: table property of every table the apply writes: JSON ``{"pipeline", "source", "table"}``
+OWNER_PROPERTY = "pglogical.owner"
+#: a schema or table name that needs no quoting in a table key
+_KEY_PLAIN = re.compile(r'^[^."]+$')
+#: schema and table names whose default target is ``<schema>__<table>`` as written (one split)
+_TARGET_PLAIN_SCHEMA = re.compile(r"^(?!.*__)[a-z0-9_]*[a-z0-9]$")
+_TARGET_PLAIN_TABLE = re.compile(r"^[a-z0-9_]+$")
+
+
+def quote_part(name: str) -> str:
+    """A name in double quotes, inner quotes doubled, as PostgreSQL writes a quoted identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def table_key(schema: str, table: str) -> str:
+    """The one key of a source table in manifests, the state table, ``table_map`` and
+    ``type_overrides``: ``schema.table`` when neither name holds a dot or a double quote, else
+    both quoted (``"x.y"."z"``), so two tables never share a key. Names are exact (case kept)."""
+    if _KEY_PLAIN.match(schema) and _KEY_PLAIN.match(table):
+        return f"{schema}.{table}"
+    return f"{quote_part(schema)}.{quote_part(table)}"
+
+
+def split_dotted(text: str, parts: int, what: str) -> tuple[str, ...]:
+    """``text`` split into ``parts`` names at the dots outside double quotes (``'"x.y".z'``);
+    unquoted names are taken as written. ValueError, naming the quoting fix, when the count differs."""
+    names: list[str] = []
+    i = 0
+    while True:
+        if text.startswith('"', i):
+            end, chars = i + 1, []
+            while True:
+                close = text.find('"', end)
+                if close < 0:
+                    raise ValueError(f"{what} {text!r} has an unterminated double quote")
+                chars.append(text[end:close])
+                if text.startswith('"', close + 1):  # a doubled quote inside the name
+                    chars.append('"')
+                    end = close + 2
+                    continue
+                break
+            names.append("".join(chars))
+            i = close + 1
+        else:
+            end = text.find(".", i)
+            end = len(text) if end < 0 else end
+            if '"' in text[i:end] or end == i:
+                raise ValueError(f"{what} {text!r} is not {parts} names separated by dots")
+            names.append(text[i:end])
+            i = end
+        if i == len(text):
+            break
+        if text[i] != ".":
+            raise ValueError(f"{what} {text!r} has text after a closing double quote")
+        i += 1
+    if len(names) != parts:
+        raise ValueError(
+            f"{what} {text!r} is {len(names)} dot-separated names, not {parts}: a name that holds a dot must be "
+            f"written in double quotes, e.g. '\"x.y\".z' for table z of schema \"x.y\"")
+    return tuple(names)
+
+
+def parse_table_key(key: str) -> tuple[str, str]:
+    """``(schema, table)`` of a table key or a user's ``"schema.table"`` (quoted parts allowed)."""
+    schema, table = split_dotted(key, 2, "table name")
+    return schema, table
+
+
+def normal_table_key(key: str) -> str:
+    """A user's ``"schema.table"`` as the pipeline's :func:`table_key` (``'"x.y".z'`` -> ``'"x.y"."z"'``)."""
+    return table_key(*parse_table_key(key))
+
+
+def override_key(table: str, column: str) -> str:
+    """The ``type_overrides`` key of a column of a table (a :func:`table_key`)."""
+    return f"{table}.{column if _KEY_PLAIN.match(column) else quote_part(column)}"
+
+
+def keyed_tables(tables: dict) -> dict:
+    """A manifest's ``tables`` keyed by :func:`table_key` of each entry's ``schema`` and ``name``:
+    batches staged before keys were quoted used ``schema.table`` as written, ambiguous with dots."""
+    return {table_key(t["schema"], t["name"]) if "schema" in t and "name" in t else key: t
+            for key, t in tables.items()}
+
+
 def default_target_name(source: str) -> str:
-    """``public.Order Items`` -> ``public__order_items``."""
-    schema, _, table = source.partition(".")
-    return re.sub(r"[^a-z0-9_]", "_", f"{schema}__{table}".lower())
+    """The Iceberg table of a source table (a :func:`table_key`) when ``table_map`` names none.
+
+    ``public.orders`` -> ``public__orders``: lower-case names of letters, digits and ``_`` (a schema
+    without ``__`` and not ending in ``_``) map as written. Any other name is made readable the
+    same way and gets 8 hex digits of its key's SHA-256, so ``"Foo"`` and ``foo``, or ``"a-b"`` and
+    ``a_b``, get two tables (``public__foo_…``, ``public__foo``); the apply still refuses two
+    sources with one target.
+    """
+    schema, table = parse_table_key(source)
+    readable = re.sub(r"[^a-z0-9_]", "_", f"{schema}__{table}".lower())
+    if _TARGET_PLAIN_SCHEMA.match(schema) and _TARGET_PLAIN_TABLE.match(table):
+        return readable
+    return f"{readable}_{hashlib.sha256(table_key(schema, table).encode()).hexdigest()[:8]}"
+
+
+#: column names Iceberg (1.9) keeps for its metadata columns: a table column so named is shadowed
+#: by them in every read (``MetadataColumns``), and ``_row_id`` / ``_last_updated_sequence_number``
+#: are format v3's row lineage
+ICEBERG_RESERVED_COLUMNS = frozenset({
+    "_file", "_pos", "_deleted", "_spec_id", "_partition", "_row_id", "_last_updated_sequence_number",
+    "_change_type", "_change_ordinal", "_commit_snapshot_id",
+})
+
+
+def column_name_problems(table: str, columns: list[str], *, multiset: bool = False) -> list[str]:
+    """What makes these source columns unfit for one Iceberg table that any Spark session reads:
+    a name Iceberg reserves, or two names that differ only in case (Spark's default session
+    resolves names case-insensitively). Each problem names the column and the fix."""
+    problems = []
+    reserved = ICEBERG_RESERVED_COLUMNS | (set(MULTISET_COLUMNS) if multiset else set())
+    for name in columns:
+        if name.lower() in reserved:
+            problems.append(
+                f"table {table}: column {name!r} has a name Iceberg or this provider reserves for a metadata "
+                "column, so no Spark session could read it")
+    seen: dict[str, str] = {}
+    for name in columns:
+        other = seen.setdefault(name.lower(), name)
+        if other != name:
+            problems.append(
+                f"table {table}: columns {other!r} and {name!r} differ only in case, so a Spark session "
+                "(case-insensitive by default) cannot tell them apart")
+    if problems:
+        problems.append(f"fix for {table}: rename the column at the source (ALTER TABLE … RENAME COLUMN), "
+                        "or leave it out of the publication's column list")
+    return problems
 
 
 def is_multiset(table_manifest: dict) -> bool:

@@ -57,7 +57,7 @@ class TableManifest:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.schema}.{self.name}"
+        return contract.table_key(self.schema, self.name)
 
 
 @dataclass
@@ -85,7 +85,7 @@ class BatchManifest:
     @classmethod
     def from_json(cls, text: str) -> "BatchManifest":
         raw = json.loads(text)
-        raw["tables"] = {key: TableManifest(**value) for key, value in raw["tables"].items()}
+        raw["tables"] = {key: TableManifest(**value) for key, value in contract.keyed_tables(raw["tables"]).items()}
         return cls(**raw)
 
 

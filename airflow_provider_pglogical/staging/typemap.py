@@ -91,18 +91,25 @@ def map_column(entry: Mapping) -> MappedType:
 
 
 def check_overrides(type_overrides: Mapping[str, str] | None) -> dict[str, str]:
-    """Validate ``type_overrides`` (``{"schema.table.column": "string"}``); returns a plain dict."""
-    out = dict(type_overrides or {})
-    for key, kind in out.items():
-        if not isinstance(key, str) or key.count(".") < 2:
+    """Validate ``type_overrides`` (``{"schema.table.column": "string"}``; a name holding a dot in
+    double quotes: ``'"x.y".z.col'``); returns them keyed by :func:`contract.override_key`."""
+    out = {}
+    for key, kind in dict(type_overrides or {}).items():
+        try:
+            schema, table, column = contract.split_dotted(key, 3, "type_overrides key") if isinstance(key, str) else ()
+        except ValueError as error:
+            raise TypeOverrideError(f"{error}; write it as 'schema.table.column' "
+                                    "(e.g. {'public.events.ends_at': 'string'})") from None
+        except TypeError:
             raise TypeOverrideError(
                 f"type_overrides key {key!r} is not 'schema.table.column' (e.g. {{'public.events.ends_at': 'string'}})"
-            )
+            ) from None
         if kind not in OVERRIDE_TYPES:
             raise TypeOverrideError(
                 f"type_overrides[{key!r}] = {kind!r}: supported are {', '.join(map(repr, OVERRIDE_TYPES))} "
                 "(PostgreSQL's exact text output)"
             )
+        out[contract.override_key(contract.table_key(schema, table), column)] = kind
     return out
 
 
@@ -112,13 +119,17 @@ def apply_overrides(table: str, columns: list[dict], type_overrides: Mapping[str
     ``type_overrides``. With ``strict``, an override naming a column ``table`` does not publish is
     an error (a typo would otherwise go unnoticed)."""
     overrides = check_overrides(type_overrides)
-    prefix = table + "."
-    mine = {key[len(prefix):]: kind for key, kind in overrides.items() if key.startswith(prefix)}
+    mine = {}
+    for key, kind in overrides.items():
+        schema, name, column = contract.split_dotted(key, 3, "type_overrides key")
+        if contract.table_key(schema, name) == table:
+            mine[column] = kind
     names = {c["name"] for c in columns}
     unknown = sorted(name for name in mine if name not in names)
     if strict and unknown:
         raise TypeOverrideError(
-            f"type_overrides name column(s) {', '.join(prefix + n for n in unknown)} that {table} does not "
+            f"type_overrides name column(s) {', '.join(contract.override_key(table, n) for n in unknown)} that "
+            f"{table} does not "
             f"publish; published columns are {', '.join(sorted(names))}"
         )
     return [{**c, "override": mine[c["name"]]} if c["name"] in mine else c for c in columns]

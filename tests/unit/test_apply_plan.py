@@ -118,8 +118,10 @@ def test_snapshot_details_merge_batch_and_table_ignoring_nulls():
 
 
 def test_names_and_quoting():
-    assert default_target_name("public.Order Items") == "public__order_items"
-    assert default_target_name("Sales.orders-2024") == "sales__orders_2024"
+    assert default_target_name("public.order_items") == "public__order_items"
+    # any other name is made readable the same way, with its key's hash: no two sources share one
+    assert default_target_name("public.Order Items") == "public__order_items_fcf91ba5"
+    assert default_target_name("Sales.orders-2024").startswith("sales__orders_2024_")
     assert quote("we`ird") == "`we``ird`"
     assert quote("a.b") == "`a.b`"
 
