@@ -33,7 +33,7 @@ from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.capture.snapshot import copy_tables
 from airflow_provider_pglogical.staging.batches import BatchWriter
-from airflow_provider_pglogical.staging.contract import RETENTION_RECORD
+from airflow_provider_pglogical.staging.contract import RETENTION_RECORD, SOURCE_IDENTITY, column_name_problems
 from airflow_provider_pglogical.staging.layout import (
     BatchManifest,
     StagingPath,
@@ -51,6 +51,11 @@ def require_tables(tables: list[ResolvedTable], publications: Sequence[str]) -> 
             f"publication(s) {', '.join(publications)} publish no tables: add tables "
             "(PgLogicalHook.add_publication_tables / ALTER PUBLICATION … ADD TABLE) before syncing"
         )
+    problems = [problem for t in tables
+                for problem in column_name_problems(t.qualified_name, t.column_names,
+                                                    multiset=t.keyless or t.replica_identity == "f")]
+    if problems:  # an Iceberg table of these columns could not be read: refused before a slot exists
+        raise PublicationError("; ".join(problems) + ". Nothing was changed")
     return tables
 
 
@@ -84,10 +89,19 @@ def check_sync_arguments(slot: str, publications: Sequence[str], root: StagingPa
     return validation.check_identifiers(publications, "publication")
 
 
-def _database(hook) -> str:
+def source_identity(hook) -> dict:
+    """Which database the pipeline reads, for the owner of its Iceberg tables (``pglogical.owner``):
+    the cluster's ``system_identifier`` (None where ``pg_control_system()`` is not granted), the
+    database's name and OID. Two clusters, or two databases of one, never share it."""
     with hook.autocommit_cursor() as cursor:
-        cursor.execute("SELECT current_database()")
-        return cursor.fetchone()[0]
+        cursor.execute("SELECT current_database(), (SELECT oid FROM pg_database WHERE datname = current_database()),"
+                       " has_function_privilege('pg_control_system()', 'EXECUTE')")
+        database, oid, allowed = cursor.fetchone()
+        system = None
+        if allowed:
+            cursor.execute("SELECT system_identifier::text FROM pg_control_system()")
+            system = cursor.fetchone()[0]
+    return {"system_identifier": system, "database": database, "database_oid": int(oid)}
 
 
 def _claim_existing_slot(hook, existing, record: PipelineRecord | None, slot: str, pipeline: str,
@@ -204,15 +218,16 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
                             root: StagingPath, pipeline: str, parallelism: int,
                             report: Callable[[str], None], resync: bool = False,
                             type_overrides: Mapping[str, str] | None = None) -> dict:
-    database = _database(hook)
+    identity = source_identity(hook)
     created = False
     try:
         with connector.exported_snapshot(hook, slot) as snapshot:
             created = True
             lsn = str(snapshot.consistent_lsn)
-            record = PipelineRecord(slot=slot, plugin=snapshot.plugin, database=database, created_lsn=lsn,
+            record = PipelineRecord(slot=slot, plugin=snapshot.plugin, database=identity["database"], created_lsn=lsn,
                                     publications=list(publications),
-                                    tables={t.qualified_name: t.oid for t in tables})
+                                    tables={t.qualified_name: t.oid for t in tables},
+                                    extra={SOURCE_IDENTITY: identity})
             write_record(root, pipeline, record)
             manifest = BatchManifest(
                 pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn,

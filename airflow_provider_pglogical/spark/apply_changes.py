@@ -72,12 +72,15 @@ from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multisets import Multisets
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.retention import apply_retention, missing_history
+from airflow_provider_pglogical.spark.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
     DEFAULT_CONCURRENCY,
     DEFAULT_RETENTION_HOURS,
     OCCURRENCE,
+    PIPELINE_RECORD,
     RETENTION_RECORD,
+    SOURCE_IDENTITY,
     WRITE_MODES,
     default_target_name,
 )
@@ -103,7 +106,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
     started = time.monotonic()
     run_group = spark_job_group(spark, f"pglogical apply {pipeline}")
-    table_map = table_map or {}
+    table_map = normal_table_map(table_map)
     staging = Staging(spark, staging_root, pipeline)
     batches = staging.committed()
     if not batches:
@@ -116,6 +119,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         lakehouse.drop_batch_tables()
     keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
     states = lakehouse.read_state(pipeline)
+    known = set(states)
     phases.end("state_read")
     for source, state in states.items():
         if not lakehouse.exists(state.target):
@@ -125,20 +129,27 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     wanted = batches_that_matter(batches, states)
     for batch in wanted:
         batch.manifest = staging.read_manifest(batch)
-    sources = sorted({source for batch in wanted for source in batch.manifest["tables"]} | set(states))
+    staged = {source for batch in wanted for source in batch.manifest["tables"]}
+    adopt_legacy_keys(states, staged)
+    known |= set(states)
+    sources = sorted(staged | set(states))
 
     # "seen": every batch this run found committed; once the run succeeds, each of them is applied
     # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
     summary = {"pipeline": pipeline, "batches": len(batches), "steps": [], "seen": [b.name for b in batches]}
     plans = {}
     for source in sources:
-        state = states.setdefault(source, TableState(table_map.get(source) or default_target_name(source)))
+        if source not in states:
+            states[source] = TableState(table_map.get(source) or default_target_name(source))
+        state = states[source]
         steps, superseded = plan_table(source, wanted, state)
         state.snapshots.update(superseded)
         plans[source] = steps
     problems = missing_history(plans, staging.read_file(RETENTION_RECORD))
     if problems:
         raise ApplyError("; ".join(problems) + ". Nothing was applied")
+    record = staging.read_file(PIPELINE_RECORD) or {}
+    check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
     phases.end("planning")
     # Tables advance in rounds, one step each (the tables of a round side by side), then one state
     # commit: no table's recorded position ever lags its data by more than one step, so a crash

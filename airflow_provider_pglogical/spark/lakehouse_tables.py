@@ -15,6 +15,7 @@ from airflow_provider_pglogical.staging.contract import (
     KEY_PROPERTY,
     MULTISET_COLUMNS,
     OCCURRENCE,
+    OWNER_PROPERTY,
     STATE_TABLE,
     WRITTEN_BY,
     column_type,
@@ -60,6 +61,8 @@ class Lakehouse:
         self.namespace = namespace
         self.write_mode = write_mode
         self.bucket_count = bucket_count
+        #: target -> the :data:`OWNER_PROPERTY` value a table created by this run records (``table_identity.py``)
+        self.owners: dict[str, str] = {}
         if not self._namespace_exists():
             spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
 
@@ -289,7 +292,8 @@ class Lakehouse:
             wanted = {**wanted, **MULTISET_COLUMNS}
             columns += "".join(f", {quote(name)} {kind}" for name, kind in MULTISET_COLUMNS.items())
         mode = sql_string(self.write_mode)
-        properties = {KEY_PROPERTY: json.dumps(key), **({NUMBERED_PROPERTY: "true"} if is_multiset(manifest) else {})}
+        properties = {KEY_PROPERTY: json.dumps(key), **({NUMBERED_PROPERTY: "true"} if is_multiset(manifest) else {}),
+                      **({OWNER_PROPERTY: self.owners[table]} if table in self.owners else {})}
         partitioning = ""
         if self.bucket_count and key:
             partitioning = f" PARTITIONED BY (bucket({int(self.bucket_count)}, {quote(key[0])}))"

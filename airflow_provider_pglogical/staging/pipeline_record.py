@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 from airflow_provider_pglogical.exceptions import PipelineStateError
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.slots import SlotInfo
+from airflow_provider_pglogical.staging.contract import PIPELINE_RECORD
 from airflow_provider_pglogical.staging.layout import (
     StagingPath,
     committed_batches,
@@ -30,7 +31,7 @@ from airflow_provider_pglogical.staging.layout import (
     write_pipeline_file,
 )
 
-RECORD = "_pipeline.json"
+RECORD = PIPELINE_RECORD
 SNAPSHOTTING = "snapshotting"
 STREAMING = "streaming"
 

@@ -92,4 +92,4 @@ def test_dotted_and_backticked_names_replicate_exactly(publisher, publisher_hook
                               pipeline="p", iceberg=IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast"),
                               report=lambda m: None)
     assert verdict["equal"], verdict["summary"]
-    assert {t["table"]: t["source_rows"] for t in verdict["tables"]} == {"public.odd.t": 6, "public.full.t": 6}
+    assert {t["table"]: t["source_rows"] for t in verdict["tables"]} == {'"public"."odd.t"': 6, '"public"."full.t"': 6}
