@@ -11,6 +11,7 @@ import re
 from typing import Any, Sequence
 
 from airflow_provider_pglogical.exceptions import InvalidInputError
+from airflow_provider_pglogical.staging.contract import normal_table_key
 
 #: PostgreSQL's NAMEDATALEN - 1: longer identifiers are silently truncated by the server
 MAX_IDENTIFIER_BYTES = 63
@@ -106,3 +107,30 @@ def check_count(value: Any, what: str, *, optional: bool = False) -> int | None:
             + ("; leave it unset for no limit" if optional else "")
         )
     return value
+
+
+def check_table_map(value: Any) -> dict[str, str]:
+    """``table_map`` (source ``schema.table`` -> Iceberg table): every key one table (a name holding
+    a dot in double quotes, ``'"x.y".z'``), every target a non-empty name, no target for two sources."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"table_map {value!r} is not a dict: pass {{'schema.table': 'iceberg_table'}}")
+    out: dict[str, str] = {}
+    targets: dict[str, str] = {}
+    for key, target in value.items():
+        try:
+            source = normal_table_key(key) if isinstance(key, str) else normal_table_key("")
+        except ValueError as error:
+            raise InvalidInputError(f"table_map: {error}") from None
+        if not isinstance(target, str) or not target:
+            raise InvalidInputError(f"table_map[{key!r}] = {target!r}: pass the Iceberg table's name")
+        if source in out:
+            raise InvalidInputError(f"table_map names source table {source} twice: keep one entry")
+        other = targets.setdefault(target.lower(), source)
+        if other != source:
+            raise InvalidInputError(
+                f"table_map maps source tables {other} and {source} onto one Iceberg table {target!r}: give each "
+                "source its own target")
+        out[source] = target
+    return out

@@ -37,7 +37,12 @@ from airflow_provider_pglogical.staging.job_result import read_result, result_ur
 from airflow_provider_pglogical.staging.apply_marker import pending_batches, pending_rows, write_marker
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
-from airflow_provider_pglogical.management.validation import check_count, check_pipeline_name, check_staging_root
+from airflow_provider_pglogical.management.validation import (
+    check_count,
+    check_pipeline_name,
+    check_staging_root,
+    check_table_map,
+)
 from airflow_provider_pglogical.operators._class_archive import driver_class_archive, driver_runs_here
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.operators._standing_driver import apply_on_standing_driver
@@ -208,6 +213,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             # staging_root and pipeline are rendered by now: check them, then build the command line
             check_staging_root(str(self.staging_root))
             check_pipeline_name(self.pipeline)
+            check_table_map(self.table_map)
             root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
             pending = pending_batches(root, str(self.pipeline), lakehouse)
             if self.skip_when_idle:

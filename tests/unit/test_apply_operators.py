@@ -148,3 +148,19 @@ def test_staging_retention_reaches_the_job_and_is_checked():
     assert apply_changes.parse_args(kept.job_args()).keep_staging
     with pytest.raises(ValueError, match="staging_retention must not be negative"):
         IcebergApplyOperator(task_id="d", staging_root="/s", pipeline="p", staging_retention=timedelta(hours=-1))
+
+
+@pytest.mark.parametrize("table_map, message", [
+    ({"x.y.z": "t"}, r"table_map: table name 'x.y.z' is 3 dot-separated names, not 2: a name that holds a dot "
+                     r"must be written in double quotes, e.g. '\"x.y\".z'"),
+    ({"public.a": "t", "public.b": "T"}, r"table_map maps source tables public.a and public.b onto one Iceberg "
+                                         r"table 'T': give each source its own target"),
+    ({"public.a": "a", '"public".a': "b"}, r"table_map names source table public.a twice"),
+])
+def test_an_ambiguous_or_colliding_table_map_fails_before_spark(tmp_path, table_map, message):
+    from airflow_provider_pglogical.operators._errors import PermanentError
+
+    op = IcebergApplyOperator(task_id="apply", staging_root=tmp_path.as_uri(), pipeline="p", table_map=table_map)
+    with pytest.raises(PermanentError, match=message):
+        op.execute({})
+    assert list(tmp_path.iterdir()) == []
