@@ -18,6 +18,7 @@ from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.capture.snapshot import copy_tables
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath
 from airflow_provider_pglogical.staging.batches import BatchWriter
+from airflow_provider_pglogical.management.validation import check_table_map
 from airflow_provider_pglogical.staging.contract import default_target_name
 
 VERIFY_DIR = "_verify"
@@ -73,8 +74,9 @@ def comparison_specs(manifest: BatchManifest, catalog: str, namespace: str,
                      table_map: Mapping[str, str] | None = None) -> list[dict]:
     """What the Spark job compares: per table the snapshot files, the target, columns and key."""
     specs = []
+    table_map = check_table_map(table_map)  # keys as the pipeline's table keys ('"x.y".z' -> '"x.y"."z"')
     for qualified, table in sorted(manifest.tables.items()):
-        target = (table_map or {}).get(qualified) or default_target_name(qualified)
+        target = table_map.get(qualified) or default_target_name(qualified)
         specs.append({
             "source": qualified, "target": f"{catalog}.{namespace}.{target}",
             "files": [f["path"] for f in table.files if f["rows"]],

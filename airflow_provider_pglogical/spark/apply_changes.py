@@ -35,6 +35,10 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   computed from the batch, or keeps the lakehouse's value where the batch does not know it (a
   keyless table's step marks the row values it changed and skips them when run again).
 
+Identity (``table_identity.py``): before anything is written, the run refuses two sources with one
+target, a target another pipeline, database or source table owns (``pglogical.owner``, set on every
+table it creates), and columns Iceberg reserves or that differ only in case.
+
 Schema (``lakehouse_tables.py``): missing tables are created from the manifest: format-version 2, the write mode's
 ``write.{merge,update,delete}.mode``, key columns NOT NULL and recorded in the table property
 ``pglogical.replica-identity-key``; Iceberg identifier fields are set to the key only for
