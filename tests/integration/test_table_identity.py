@@ -129,12 +129,24 @@ def test_a_second_pipeline_writing_another_ones_tables_is_refused(
     for db, rows in ((publisher, "1, 'first'"), (subscriber, "2, 'second'")):
         db.execute(f"CREATE TABLE t(id int PRIMARY KEY, v text); INSERT INTO t VALUES ({rows})")
     first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
-    sync(publisher_hook, first, [PublishedTable("t")])
+    storage = sync(publisher_hook, first, [PublishedTable("t")])
     sync(subscriber_hook, second, [PublishedTable("t")])  # the same pipeline name "p", another database
     sync(subscriber_hook, third, [PublishedTable("t")], pipeline="q", slot="s2")
     apply_changes.run(spark, first.as_uri(), "p", "lake", "shared")
     mine = owner(spark, "shared", "public__t")
     assert mine["pipeline"] == "p" and mine["table"] == "public.t" and mine["source"]["system_identifier"]
+
+    # a table written before owners were recorded: refused to a pipeline that never applied it,
+    # adopted by the one whose state says it did
+    spark.sql(f"ALTER TABLE lake.shared.public__t UNSET TBLPROPERTIES ('{OWNER_PROPERTY}')")
+    with pytest.raises(ApplyError, match=r"Iceberg table `lake`.`shared`.`public__t` exists but no pipeline owns it "
+                                         r".* pipeline 'q' never applied public.t into it"):
+        apply_changes.run(spark, third.as_uri(), "q", "lake", "shared")
+    publisher.execute("UPDATE t SET v = 'first, changed'")
+    run_pull(publisher_hook, slot="s1", publications=["pub_p"], root=storage, pipeline="p")
+    apply_changes.run(spark, first.as_uri(), "p", "lake", "shared")
+    assert owner(spark, "shared", "public__t") == mine
+    assert lake_rows(spark, "shared", "public__t") == publisher.query("SELECT id, v FROM t") == [(1, "first, changed")]
     snapshot = spark.sql("SELECT snapshot_id FROM lake.shared.public__t.snapshots").collect()
     state, before = state_rows(spark, "shared"), staged(tmp_path)
 
@@ -151,7 +163,7 @@ def test_a_second_pipeline_writing_another_ones_tables_is_refused(
                                          r"share one name .* Give this one another pipeline name"):
         apply_changes.run(spark, second.as_uri(), "p", "lake", "shared")
     assert spark.sql("SELECT snapshot_id FROM lake.shared.public__t.snapshots").collect() == snapshot
-    assert lake_rows(spark, "shared", "public__t") == [(1, "first")]
+    assert lake_rows(spark, "shared", "public__t") == [(1, "first, changed")]
     assert state_rows(spark, "shared") == state and staged(tmp_path) == before
 
 
