@@ -11,7 +11,7 @@ import json
 import logging
 from typing import Callable, Mapping, Sequence
 
-from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.management import connector, slots
 from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import (
     PipelineStateError,
@@ -137,9 +137,13 @@ def _claim_existing_slot(hook, existing, record: PipelineRecord | None, slot: st
 def run_initial_sync(
     hook: Connector, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, parallelism: int = 2,
     type_overrides: Mapping[str, str] | None = None, report: Callable[[str], None] = log.info,
-    lock_wait_seconds: float = 60.0,
+    lock_wait_seconds: float = 60.0, failover: bool = False,
 ) -> dict:
     """Create ``slot`` and stage a snapshot batch of everything ``publications`` publish.
+
+    ``failover=True`` (PostgreSQL 17+) creates the slot with ``FAILOVER``, so a standby that syncs
+    slots keeps it across a promotion; refused before anything is created on 15/16 or when the
+    primary's ``synchronized_standby_slots`` is empty (see :func:`health.failover_problems`).
 
     Re-running is safe: when this pipeline's snapshot batch for ``slot`` is committed already it
     is returned as is; when an earlier attempt died before committing, the slot it provably
@@ -160,7 +164,8 @@ def run_initial_sync(
         done = _initial_snapshot_batch(root, pipeline, slot, record)
         existing_slot = connector.get_slot(hook, slot)
         if done is not None and existing_slot is not None and existing_slot.invalidated:
-            raise SlotLostError(lost_slot_message(slot, pipeline, "was invalidated (wal_status = lost)"))
+            raise SlotLostError(lost_slot_message(
+                slot, pipeline, f"was invalidated ({slots.invalidation_cause(existing_slot)})"))
         if done is not None and existing_slot is not None:
             if record is not None and record.state != STREAMING:
                 record.state, record.snapshot_batch = STREAMING, done.name
@@ -171,12 +176,14 @@ def run_initial_sync(
             raise SlotLostError(lost_slot_message(slot, pipeline, "no longer exists"))
         with hook.autocommit_cursor() as cursor:  # what would stop replication, found before a slot exists
             problems = health.find_publisher_problems(cursor, publications, replica_identity=False)
+            if failover:
+                problems += health.failover_problems(cursor)
         if problems:
             raise PublisherCheckError(problems)
         if existing_slot is not None:
             _claim_existing_slot(hook, existing_slot, record, slot, pipeline, report)
         return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report,
-                                       type_overrides=type_overrides)
+                                       type_overrides=type_overrides, failover=failover)
 
 
 def lost_slot_message(slot: str, pipeline: str, what: str) -> str:
@@ -217,11 +224,11 @@ def resync(hook: Connector, record: PipelineRecord, publications: list[str], roo
 def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: list[ResolvedTable],
                             root: StagingPath, pipeline: str, parallelism: int,
                             report: Callable[[str], None], resync: bool = False,
-                            type_overrides: Mapping[str, str] | None = None) -> dict:
+                            type_overrides: Mapping[str, str] | None = None, failover: bool = False) -> dict:
     identity = source_identity(hook)
     created = False
     try:
-        with connector.exported_snapshot(hook, slot) as snapshot:
+        with connector.exported_snapshot(hook, slot, failover=failover) as snapshot:
             created = True
             lsn = str(snapshot.consistent_lsn)
             record = PipelineRecord(slot=slot, plugin=snapshot.plugin, database=identity["database"], created_lsn=lsn,

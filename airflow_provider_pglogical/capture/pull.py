@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 import psycopg2
 
-from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.management import connector, slots
 from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import InvalidInputError, PipelineStateError, SlotError, SlotLostError
 from airflow_provider_pglogical.decoding import staged_tables
@@ -105,7 +105,7 @@ def _lost(hook, record: PipelineRecord) -> str | None:
     if slot is None:
         return "no longer exists"
     if slot.invalidated:
-        return "was invalidated (wal_status = lost: the WAL it needed was removed, see max_slot_wal_keep_size)"
+        return f"was invalidated ({slots.invalidation_cause(slot)})"
     return None
 
 

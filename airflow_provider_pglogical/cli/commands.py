@@ -42,7 +42,8 @@ def status(args) -> None:
         ("pipeline", result.pipeline), ("state", result.state), ("publications", ", ".join(result.publications)),
         ("slot", result.slot or "-"),
         ("slot active", "-" if result.slot_active is None else str(result.slot_active).lower()),
-        ("wal_status", result.wal_status or "-"), ("confirmed up to", result.confirmed_flush_lsn or "-"),
+        ("wal_status", result.wal_status or "-"), ("invalidation", result.invalidation_reason or "-"),
+        ("confirmed up to", result.confirmed_flush_lsn or "-"),
         ("lag", _bytes(result.lag_bytes)), ("retained WAL", _bytes(result.retained_wal_bytes)),
         ("committed batches", str(result.committed_batches)), ("last batch", result.last_batch or "-"),
     ]

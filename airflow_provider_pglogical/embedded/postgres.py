@@ -220,6 +220,33 @@ class LocalPostgres:
         self._as_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "restart",
                        "-l", str(self.base_dir / "server.log")])
 
+    def start_standby(self, name: str, physical_slot: str, settings: dict[str, str] | None = None) -> "LocalPostgres":
+        """A hot standby of this cluster, started: ``pg_basebackup -R -S physical_slot`` with a ``dbname``
+        in its ``primary_conninfo`` (slot synchronization, 17+, needs one); the slot is created here."""
+        self.query("SELECT pg_create_physical_replication_slot(%s)::text", params=(physical_slot,))
+        standby = LocalPostgres(name=name, settings=dict(settings or {}), os_user=self.os_user,
+                                superuser=self.superuser, password=self.password, bindir=self.bindir,
+                                version=self.version, keep=self.keep)
+        standby.base_dir = Path(tempfile.mkdtemp(prefix=f"pglogical-{name}-"))
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(self.os_user)
+            os.chown(standby.base_dir, entry.pw_uid, entry.pw_gid)
+        os.chmod(standby.base_dir, 0o755)
+        standby.port = free_port()
+        self._as_user([str(self.bindir / "pg_basebackup"), "-D", str(standby.data_dir), "-R", "-X", "stream",
+                       "-S", physical_slot, "-d", self.dsn()])
+        conf = {**standby.settings, "port": str(standby.port), "unix_socket_directories": f"'{standby.base_dir}'"}
+        with open(standby.data_dir / "postgresql.conf", "a") as fh:
+            for key, value in conf.items():
+                fh.write(f"{key} = {value}\n")
+        standby._as_user([str(self.bindir / "pg_ctl"), "-D", str(standby.data_dir), "-l",
+                          str(standby.base_dir / "server.log"), "-w", "-t", "60", "start"])
+        return standby
+
+    def promote(self) -> None:
+        """Promote this standby to a primary and wait until it accepts writes."""
+        self._as_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60", "promote"])
+
     def log(self) -> str:
         path = self.base_dir / "server.log" if self.base_dir else None
         return path.read_text(errors="replace") if path and path.exists() else ""

@@ -19,6 +19,7 @@ from airflow_provider_pglogical.management import connector, health, monitoring
 from airflow_provider_pglogical.management import publication_sync
 from airflow_provider_pglogical.management import slots
 from airflow_provider_pglogical.management import publications as pubs
+from airflow_provider_pglogical.exceptions import PublisherCheckError
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.publications import PublicationInfo, PublishedTable
 from airflow_provider_pglogical.management.published import ResolvedTable
@@ -325,10 +326,24 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
         return monitoring.slot_health(self.get_slot(name), name, max_retained_wal_bytes, max_lag_bytes)
 
     # -- health ------------------------------------------------------------------------------
-    def check_publisher(self, publications: Sequence[str], tables: Sequence[str] = ()) -> None:
+    def check_publisher(self, publications: Sequence[str], tables: Sequence[str] = (), failover: bool = False,
+                        standby: "PgLogicalHook | None" = None) -> list[str]:
         """Raise one :class:`~airflow_provider_pglogical.exceptions.PublisherCheckError` listing every
-        problem (wal_level, slots, WAL senders, REPLICATION role, replica identities, row filters and
-        column lists against the replica identity, missing tables or publications). Read-only.
+        problem (server version, wal_level, slots, WAL senders, REPLICATION role, replica identities, row
+        filters and column lists against the replica identity, missing tables or publications). Read-only.
+
+        :param failover: also check what failover slots need on the primary (17+, synchronized_standby_slots).
+        :param standby: the physical standby's hook: also check its slot-sync settings.
+        :return: warnings that do not stop replication (e.g. a short idle_replication_slot_timeout).
         """
         with self.autocommit_cursor() as cursor:
-            health.check_publisher(cursor, publications, tables)
+            problems = health.find_publisher_problems(cursor, publications, tables)
+            if failover:
+                if standby is None:
+                    problems += health.failover_problems(cursor)
+                else:
+                    with standby.autocommit_cursor() as standby_cursor:
+                        problems += health.failover_problems(cursor, standby_cursor)
+            if problems:
+                raise PublisherCheckError(problems)
+            return health.publisher_warnings(cursor)

@@ -72,7 +72,7 @@ def published_tables(connector: Connector, publications: Sequence[str]) -> list[
 
 
 def exported_snapshot(connector: Connector, name: str, plugin: str = "pgoutput", temporary: bool = False,
-                      two_phase: bool = False) -> AbstractContextManager[ExportedSnapshot]:
+                      two_phase: bool = False, failover: bool = False) -> AbstractContextManager[ExportedSnapshot]:
     """Create a slot over a replication session and keep its exported snapshot valid inside the block."""
     kwargs = {**connector.connect_kwargs(), "replication": "database"}
-    return slots.exported_snapshot(kwargs, name, plugin, temporary, two_phase)
+    return slots.exported_snapshot(kwargs, name, plugin, temporary, two_phase, failover)

@@ -18,8 +18,37 @@ SELECT current_setting('wal_level'),
        current_setting('max_wal_senders')::int,
        (SELECT count(*) FROM pg_stat_replication)::int,
        (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
-       current_user
+       current_user,
+       current_setting('server_version_num')::int,
+       current_setting('rds.logical_replication', true),
+       current_setting('cloudsql.logical_decoding', true),
+       current_setting('azure.replication_support', true),
+       (SELECT pg_has_role(current_user, oid, 'member') FROM pg_roles WHERE rolname = 'rds_replication')
 """
+
+#: the oldest publisher the provider supports: row filters and column lists came with 15
+MIN_SERVER_VERSION_NUM = 150000
+#: failover slots (``CREATE_REPLICATION_SLOT ... (FAILOVER)``, slot sync to standbys) came with 17
+FAILOVER_SERVER_VERSION_NUM = 170000
+#: below this, ``idle_replication_slot_timeout`` (18, seconds) may invalidate the slot between two
+#: scheduled pulls, a weekend's pause or a long apply outage: a day is the shortest we keep quiet about
+IDLE_TIMEOUT_WARNING_SECONDS = 24 * 3600
+
+
+def version_problem(version_num: int) -> str | None:
+    """The problem with a publisher of ``server_version_num`` ``version_num`` (150000 = 15.0), if any."""
+    if version_num >= MIN_SERVER_VERSION_NUM:
+        return None
+    return (
+        f"the publisher runs PostgreSQL {_version(version_num)}: the provider needs PostgreSQL 15 or later (it relies "
+        "on publication row filters and column lists, which came with 15): upgrade the server (pg_upgrade, or a "
+        "logical-replication upgrade to a 15+ server) and point the connection at it"
+    )
+
+
+def _version(version_num: int) -> str:
+    major = version_num // 10000
+    return f"{major}.{version_num % 10000}" if major >= 10 else f"{major}.{version_num // 100 % 100}"
 
 _MISSING_PUBLICATIONS = "SELECT unnest(%s::text[]) EXCEPT SELECT pubname FROM pg_publication ORDER BY 1"
 
@@ -57,12 +86,13 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
         the publication (those break the application's UPDATEs, not the replication itself).
     """
     problems: list[str] = []
-    wal_level, max_slots, used_slots, max_senders, used_senders, can_replicate, role = _fetch(cursor, _SETTINGS)[0]
+    (wal_level, max_slots, used_slots, max_senders, used_senders, can_replicate, role, version_num,
+     rds, cloudsql, azure, rds_replication) = _fetch(cursor, _SETTINGS)[0]
+    too_old = version_problem(version_num)
+    if too_old:
+        return [too_old]  # the catalog queries below need 15's catalogs
     if wal_level != "logical":
-        problems.append(
-            f"wal_level is {wal_level!r}: set wal_level = logical in postgresql.conf (ALTER SYSTEM SET "
-            "wal_level = logical) and restart the server"
-        )
+        problems.append(f"wal_level is {wal_level!r}: " + _logical_wal_fix(rds, cloudsql, azure))
     if used_slots >= max_slots:
         problems.append(
             f"all {max_slots} replication slots are in use (max_replication_slots): drop unused slots "
@@ -73,7 +103,13 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
             f"all {max_senders} WAL senders are busy (max_wal_senders): raise max_wal_senders and restart, "
             "or stop idle replication connections"
         )
-    if not can_replicate:
+    if not can_replicate and rds_replication is not None:
+        if not rds_replication:
+            problems.append(
+                f"role {role!r} is not a member of rds_replication (Amazon RDS / Aurora, where ALTER ROLE ... "
+                f"REPLICATION is not allowed): GRANT rds_replication TO {role}"
+            )
+    elif not can_replicate:
         problems.append(
             f"role {role!r} has neither REPLICATION nor SUPERUSER: ALTER ROLE {role} WITH REPLICATION "
             "(it is needed to create slots with exported snapshots)"
@@ -152,6 +188,118 @@ def _reserved_column_problems(cursor, publications: Sequence[str]) -> list[str]:
         f"{' or '.join(repr(p) for p in RESERVED_PREFIXES)}): rename it (ALTER TABLE {table} RENAME COLUMN ...), or "
         "leave it out of every publication's column list"
         for table, column in _fetch(cursor, _RESERVED_COLUMNS, (list(publications),))
+    ]
+
+
+def _logical_wal_fix(rds: str | None, cloudsql: str | None, azure: str | None) -> str:
+    """How to turn on logical decoding, in the words of the managed service the server is, if any."""
+    if rds is not None:
+        return ("Amazon RDS / Aurora: set rds.logical_replication = 1 in the DB (cluster) parameter group and "
+                "reboot the instance")
+    if cloudsql is not None:
+        return "Cloud SQL: set the database flag cloudsql.logical_decoding = on (the instance restarts)"
+    if azure is not None:
+        return ("Azure Database for PostgreSQL: set the server parameter wal_level = logical (azure."
+                "replication_support = logical on Single Server) and restart the server")
+    return ("set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the "
+            "server (Supabase has it on; Neon: enable logical replication in the project settings)")
+
+
+_FAILOVER_PRIMARY = """
+SELECT current_setting('server_version_num')::int, pg_is_in_recovery(),
+       current_setting('synchronized_standby_slots', true),
+       (SELECT array_agg(slot_name::text ORDER BY slot_name) FROM pg_replication_slots WHERE slot_type = 'physical')
+"""
+
+_FAILOVER_STANDBY = """
+SELECT current_setting('server_version_num')::int, pg_is_in_recovery(),
+       current_setting('sync_replication_slots', true), current_setting('hot_standby_feedback'),
+       current_setting('primary_conninfo', true), current_setting('primary_slot_name', true)
+"""
+
+
+def failover_problems(cursor, standby_cursor=None) -> list[str]:
+    """What keeps a failover slot created on ``cursor``'s server from surviving a promotion.
+
+    On the primary: 17 or later, and ``synchronized_standby_slots`` naming the standby's physical
+    slot (else a pull can confirm changes the standby has not received, and the synced slot would
+    be behind the lakehouse, or missing). With ``standby_cursor``: the standby's settings that slot
+    synchronization needs. Read-only; ``primary_conninfo`` is read, never shown (it may hold a password).
+    """
+    version_num, in_recovery, standby_slots, physical = _fetch(cursor, _FAILOVER_PRIMARY)[0]
+    if version_num < FAILOVER_SERVER_VERSION_NUM:
+        return [
+            f"failover=True needs PostgreSQL 17 or later (failover slots came with 17); the publisher runs "
+            f"{_version(version_num)}: leave failover out (after a promotion the pipeline then stops with "
+            "SlotLostError and resyncs), or upgrade the publisher"
+        ]
+    problems = []
+    if in_recovery:
+        problems.append("the publisher connection reaches a standby (pg_is_in_recovery()): point it at the primary")
+    if not standby_slots:
+        problems.append(
+            "synchronized_standby_slots is empty on the primary, so a pull may confirm changes the standby has not "
+            "received and the standby's copy of the slot may be missing or behind after a promotion: ALTER SYSTEM "
+            "SET synchronized_standby_slots = '<the standby's physical slot>'; SELECT pg_reload_conf()"
+            + (f" (physical slots here: {', '.join(physical)})" if physical else "")
+        )
+    if standby_cursor is not None:
+        problems += _standby_problems(standby_cursor, standby_slots)
+    return problems
+
+
+def _standby_problems(cursor, standby_slots: str | None) -> list[str]:
+    version_num, in_recovery, sync_slots, feedback, conninfo, slot_name = _fetch(cursor, _FAILOVER_STANDBY)[0]
+    if not in_recovery:
+        return ["the standby connection reaches a server that is not in recovery: point it at the physical standby"]
+    problems = []
+    if sync_slots != "on":
+        problems.append("sync_replication_slots is off on the standby, so it does not copy failover slots: "
+                        "ALTER SYSTEM SET sync_replication_slots = on; SELECT pg_reload_conf() (on the standby)")
+    if feedback != "on":
+        problems.append("hot_standby_feedback is off on the standby (slot synchronization needs it): ALTER SYSTEM "
+                        "SET hot_standby_feedback = on; SELECT pg_reload_conf() (on the standby)")
+    if conninfo is None:
+        problems.append("the standby's primary_conninfo cannot be read by this role: connect as a superuser or a "
+                        "member of pg_read_all_settings to check it")
+    elif not _conninfo_has_dbname(conninfo):
+        problems.append("primary_conninfo on the standby names no dbname (slot synchronization connects to a "
+                        "database): add dbname=<a database> to primary_conninfo (pg_basebackup -R -d "
+                        "'dbname=postgres ...' writes it) and reload the standby")
+    if not slot_name:
+        problems.append("primary_slot_name is empty on the standby (slot synchronization needs a physical slot): "
+                        "create one on the primary (pg_create_physical_replication_slot) and set primary_slot_name "
+                        "to it on the standby")
+    elif standby_slots and slot_name not in [s.strip() for s in standby_slots.split(",")]:
+        problems.append(f"the standby's physical slot {slot_name!r} is not in the primary's synchronized_standby_slots "
+                        f"({standby_slots!r}): add it there")
+    return problems
+
+
+def _conninfo_has_dbname(conninfo: str) -> bool:
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        return bool(parse_dsn(conninfo).get("dbname"))
+    except Exception:  # an unparsable conninfo: say it names no dbname rather than echo it
+        return False
+
+
+def publisher_warnings(cursor) -> list[str]:
+    """What does not stop replication now but may invalidate the slot later (18's idle timeout)."""
+    cursor.execute("SELECT setting::int, unit FROM pg_settings WHERE name = 'idle_replication_slot_timeout'")
+    row = cursor.fetchone()
+    if row is None or not row[0]:
+        return []
+    seconds = row[0] * {"min": 60, "s": 1, "ms": 0.001}.get(row[1] or "s", 1)
+    if seconds >= IDLE_TIMEOUT_WARNING_SECONDS:
+        return []
+    return [
+        f"idle_replication_slot_timeout is {row[0]}{row[1] or ''}: PostgreSQL invalidates a slot nobody consumed "
+        "for that long (at the next checkpoint), and the pipeline then stops with SlotLostError "
+        "(invalidation_reason = idle_timeout) and needs a resync. Pulls must come more often than that, outages "
+        "included: raise it to a day or more (ALTER SYSTEM SET idle_replication_slot_timeout = '1d'), or 0 to "
+        "disable it"
     ]
 
 

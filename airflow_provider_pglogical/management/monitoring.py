@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.management.slots import SlotInfo
+from airflow_provider_pglogical.management.slots import SlotInfo, invalidation_cause
 from airflow_provider_pglogical.management.subscriptions import SubscriptionStatus
 
 RECOVERY = (
@@ -19,14 +19,15 @@ def slot_health(slot: SlotInfo | None, name: str, max_retained_wal_bytes: int | 
                 "message": f"replication slot {name!r} does not exist: run the initial sync to create it"}
     metrics = {
         "slot": name, "active": slot.active, "wal_status": slot.wal_status,
+        "invalidation_reason": slot.invalidation_reason,
         "retained_wal_bytes": slot.retained_wal_bytes, "lag_bytes": slot.lag_bytes,
         "confirmed_flush_lsn": str(slot.confirmed_flush_lsn) if slot.confirmed_flush_lsn else None,
         "restart_lsn": str(slot.restart_lsn) if slot.restart_lsn else None,
     }
     if slot.invalidated:
         return {**metrics, "state": "invalidated",
-                "message": f"replication slot {name!r} was invalidated (wal_status=lost): the WAL it needed was "
-                           f"removed (max_slot_wal_keep_size). Changes are lost for it; recover with {RECOVERY}"}
+                "message": f"replication slot {name!r} was invalidated ({invalidation_cause(slot)}). "
+                           f"Changes are lost for it; recover with {RECOVERY}"}
     breaches = []
     if max_retained_wal_bytes is not None and (slot.retained_wal_bytes or 0) > max_retained_wal_bytes:
         breaches.append(f"retains {slot.retained_wal_bytes:,} bytes of WAL (limit {max_retained_wal_bytes:,})")

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.management.slots import invalidation_cause
 from airflow_provider_pglogical.exceptions import PipelineStateError, SlotError
 from airflow_provider_pglogical.staging.applied_positions import read_applied
 from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
@@ -22,6 +23,8 @@ class PipelineStatus:
     #: the live slot: None when it does not exist
     slot_active: bool | None = None
     wal_status: str | None = None
+    #: 17+: why the slot was invalidated (``wal_removed``, 18's ``idle_timeout``, …)
+    invalidation_reason: str | None = None
     confirmed_flush_lsn: str | None = None
     retained_wal_bytes: int | None = None
     lag_bytes: int | None = None
@@ -54,6 +57,9 @@ def pipeline_status(hook, root: StagingPath, pipeline: str) -> PipelineStatus:
         else:
             status.slot_active = slot.active
             status.wal_status = slot.wal_status
+            status.invalidation_reason = slot.invalidation_reason
+            if slot.invalidated:
+                status.state += f" (slot invalidated: {invalidation_cause(slot)})"
             status.confirmed_flush_lsn = str(slot.confirmed_flush_lsn) if slot.confirmed_flush_lsn else None
             status.retained_wal_bytes = slot.retained_wal_bytes
             status.lag_bytes = slot.lag_bytes

@@ -35,18 +35,32 @@ class SlotInfo:
     retained_wal_bytes: int | None
     #: how far the consumer is behind: current LSN - confirmed_flush_lsn
     lag_bytes: int | None
+    #: why PostgreSQL invalidated the slot (17+: ``wal_removed``, ``rows_removed``, ``wal_level_insufficient``;
+    #: 18: ``idle_timeout``); None when valid or on 15/16, which do not say
+    invalidation_reason: str | None = None
+    #: 17+: the slot is synchronized to standbys (``CREATE_REPLICATION_SLOT ... (FAILOVER)``)
+    failover: bool = False
+    #: 17+: the slot was synchronized from a primary (on a standby, or left by a promoted one)
+    synced: bool = False
 
     @property
     def invalidated(self) -> bool:
-        return self.wal_status == "lost"
+        return self.wal_status == "lost" or self.invalidation_reason is not None
 
 
+# invalidation_reason, failover and synced came with 17: read through to_jsonb so one query fits 15 to 18.
+# On a standby pg_current_wal_lsn() is not available: the lag columns use the last replayed LSN there.
 _LIST_SLOTS = """
 SELECT slot_name, plugin, slot_type, database, temporary, active, active_pid,
        restart_lsn::text, confirmed_flush_lsn::text, wal_status, two_phase,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
-  FROM pg_replication_slots
+       pg_wal_lsn_diff(here.lsn, restart_lsn)::bigint,
+       pg_wal_lsn_diff(here.lsn, confirmed_flush_lsn)::bigint,
+       to_jsonb(s) ->> 'invalidation_reason',
+       coalesce((to_jsonb(s) ->> 'failover')::bool, false),
+       coalesce((to_jsonb(s) ->> 'synced')::bool, false)
+  FROM pg_replication_slots s,
+       LATERAL (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                            ELSE pg_current_wal_lsn() END AS lsn) here
 """
 
 
@@ -64,7 +78,8 @@ def list_slots(cursor, name: str | None = None) -> list[SlotInfo]:
     query = _LIST_SLOTS + (" WHERE slot_name = %s" if name else "") + " ORDER BY slot_name"
     cursor.execute(query, (name,) if name else None)
     return [
-        SlotInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], _lsn(r[7]), _lsn(r[8]), r[9], r[10], r[11], r[12])
+        SlotInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], _lsn(r[7]), _lsn(r[8]), r[9], r[10], r[11], r[12],
+                 r[13], r[14], r[15])
         for r in cursor.fetchall()
     ]
 
@@ -182,13 +197,14 @@ class ExportedSnapshot:
 @contextlib.contextmanager
 def exported_snapshot(
     connect_kwargs: Mapping[str, Any], slot: str, plugin: str = "pgoutput", temporary: bool = False,
-    two_phase: bool = False,
+    two_phase: bool = False, failover: bool = False,
 ) -> Iterator[ExportedSnapshot]:
     """Create ``slot`` over a replication connection with an exported snapshot.
 
     The snapshot stays importable (``SET TRANSACTION SNAPSHOT``) until the block ends; the
     replication connection is idle meanwhile, as PostgreSQL requires. A temporary slot is
-    dropped when the block ends.
+    dropped when the block ends. ``failover`` (17+) makes the standbys that sync slots keep a copy,
+    so the slot survives a promotion; the caller checks the server version first.
     """
     conn = psycopg2.connect(
         connection_factory=psycopg2.extras.LogicalReplicationConnection, **connect_kwargs
@@ -202,6 +218,8 @@ def exported_snapshot(
         options = [sql.SQL("SNAPSHOT 'export'")]
         if two_phase:
             options.append(sql.SQL("TWO_PHASE"))
+        if failover:
+            options.append(sql.SQL("FAILOVER true"))
         parts.append(sql.SQL("({})").format(sql.SQL(", ").join(options)))
         try:
             cursor.execute(sql.SQL(" ").join(parts))
@@ -228,7 +246,7 @@ def assert_slot_usable(cursor, name: str) -> SlotInfo:
                         permanent=True)
     if slot.invalidated:
         raise SlotError(
-            f"replication slot {name!r} was invalidated (wal_status=lost: the WAL it needed is gone). "
+            f"replication slot {name!r} was invalidated ({invalidation_cause(slot)}). "
             "Drop it and re-snapshot (initial sync) to recover.", permanent=True,
         )
     if slot.active:
@@ -237,3 +255,14 @@ def assert_slot_usable(cursor, name: str) -> SlotInfo:
             "stop that consumer or use another slot"
         )
     return slot
+
+
+def invalidation_cause(slot: SlotInfo) -> str:
+    """Why ``slot`` was invalidated and what keeps it from happening again, in the user's words."""
+    if slot.invalidation_reason == "idle_timeout":
+        return ("invalidation_reason = idle_timeout: nothing consumed it for longer than "
+                "idle_replication_slot_timeout; pull more often than that timeout, or raise it (0 disables it)")
+    if slot.invalidation_reason in (None, "wal_removed"):
+        return ("wal_status = lost: the WAL it needed was removed, see max_slot_wal_keep_size; pull more often, "
+                "or raise max_slot_wal_keep_size (-1: no limit)")
+    return f"invalidation_reason = {slot.invalidation_reason}"

@@ -94,20 +94,36 @@ class PgCreatePublicationOperator(BaseOperator):
 class PgCheckPublisherOperator(BaseOperator):
     """Fail with one message listing every problem that would stop replication of ``publications``.
 
+    Warnings that do not stop replication yet (a short ``idle_replication_slot_timeout``) are
+    logged and returned.
+
     :param publications: the publications to check.
+    :param failover: also check what failover slots need (PostgreSQL 17+, the primary's
+        ``synchronized_standby_slots``), as ``PgInitialSyncOperator(failover=True)`` will.
+    :param standby_conn_id: the physical standby's Airflow connection: also check its
+        ``sync_replication_slots``, ``hot_standby_feedback``, ``primary_conninfo`` and ``primary_slot_name``.
+        (templated)
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("publications", "postgres_conn_id")
+    template_fields: Sequence[str] = ("publications", "standby_conn_id", "postgres_conn_id")
 
     def __init__(
-        self, *, publications: Sequence[str], postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any
+        self, *, publications: Sequence[str], failover: bool = False, standby_conn_id: str | None = None,
+        postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.publications = publications
+        self.failover = failover
+        self.standby_conn_id = standby_conn_id
         self.postgres_conn_id = postgres_conn_id
 
-    def execute(self, context: Context) -> None:
+    def execute(self, context: Context) -> list[str]:
         with fail_permanent_errors():
-            PgLogicalHook(postgres_conn_id=self.postgres_conn_id).check_publisher(list(self.publications))
+            standby = PgLogicalHook(postgres_conn_id=self.standby_conn_id) if self.standby_conn_id else None
+            warnings = PgLogicalHook(postgres_conn_id=self.postgres_conn_id).check_publisher(
+                list(self.publications), failover=bool(self.failover or standby), standby=standby)
+            for warning in warnings:
+                self.log.warning(warning)
+            return warnings

@@ -49,6 +49,11 @@ class PgInitialSyncOperator(CaptureOperator):
         PostgreSQL's exact text output (a string column in Iceberg), for values the column's
         mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
         initial sync, backfill and pull operators of a pipeline (docs/types.md).
+    :param failover: create the slot with ``FAILOVER`` (PostgreSQL 17+), so a physical standby that
+        syncs slots keeps it and the pipeline continues on the promoted standby with nothing lost or
+        doubled. Refused before anything is created on 15/16, or when the primary's
+        ``synchronized_standby_slots`` is empty; check the standby with
+        ``PgCheckPublisherOperator(failover=True, standby_conn_id=...)`` (docs/failover.md).
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
@@ -57,11 +62,12 @@ class PgInitialSyncOperator(CaptureOperator):
     )
     ui_color = "#cfe8fc"
 
-    def __init__(self, *, slot: str, parallelism: int = 2, **kwargs: Any) -> None:
+    def __init__(self, *, slot: str, parallelism: int = 2, failover: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
         self.parallelism = parallelism
+        self.failover = failover
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -70,6 +76,7 @@ class PgInitialSyncOperator(CaptureOperator):
             return self.remember_lineage(hook, root, run_initial_sync(
                 hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
+                failover=bool(self.failover),
             ))
 
 
