@@ -5,6 +5,10 @@ from the footer just written, and one commit.
 A Spark write costs every commit its planning and jobs, 0.3-0.5 s of a 2-core machine for a
 few rows. The row deltas (``row_deltas.py``, ``multiset_row_deltas.py``) and the state commit
 that ends each round (``lakehouse_tables.py``) are small enough to write here instead.
+
+No commit here is blind: each names the snapshot its step read and refuses (Iceberg's
+``ValidationException``, raised as :class:`ConcurrentCommit`) when another commit added data or
+deletes since, so Iceberg's retry of a commit that lost a race can never apply a change twice.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import uuid
 
 from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.java_classes import java_class
+from airflow_provider_pglogical.spark.plan import ApplyError
 from airflow_provider_pglogical.spark.snapshot_values import (
     DATA_FILE_PROPERTY,
     DELETE_FILE_PROPERTY,
@@ -45,6 +50,32 @@ def same_thread_executor(spark):
     return java_class(spark, "org.apache.spark.util.ThreadUtils").sameThreadExecutorService()
 
 
+class ConcurrentCommit(ApplyError):
+    """Another commit changed a table after this step read it: nothing of the step was committed."""
+
+
+def java_exception_class(error: BaseException) -> str | None:
+    """The Java class name of the exception behind a py4j error (None for a Python error)."""
+    java = getattr(error, "java_exception", None)
+    return java.getClass().getName() if java is not None else None
+
+
+def validated_commit(update, table, read_at: int | None) -> None:
+    """Commit an Iceberg update that validates against concurrent commits; a conflict is raised as
+    :class:`ConcurrentCommit`, naming the table and the fix."""
+    try:
+        update.commit()
+    except Exception as error:
+        if java_exception_class(error) != "org.apache.iceberg.exceptions.ValidationException":
+            raise
+        raise ConcurrentCommit(
+            f"table {table.name()}: another commit added rows or deletes after this step read it (at snapshot "
+            f"{read_at}): {error.java_exception.getMessage()}. Nothing of this step was committed. Run one "
+            "apply per pipeline at a time (max_active_tis_per_dag=1 on the apply task) and do not write to the "
+            "pipeline's tables otherwise; the next apply applies the step again from what the table holds then."
+        ) from None
+
+
 class DriverCommits:
     """Writes Parquet files into a lakehouse table and commits them from the driver."""
 
@@ -57,16 +88,27 @@ class DriverCommits:
         """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
         return self.lakehouse.iceberg_table(target)
 
-    def row_delta(self, table, data, deletes, delete_columns: list[str], mark: str | None = None) -> int | None:
+    def row_delta(self, table, data, deletes, delete_columns: list[str], mark: str | None = None, *,
+                  read_at: int | None) -> int | None:
         """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
         equality delete file on ``delete_columns``, in one ``RowDelta``; an empty file is left
         out. With ``mark``, the snapshot's summary says so and names both files
         (``snapshot_values.py`` reads them back). Returns the snapshot committed, or None when
-        both are empty (nothing is committed)."""
+        both are empty (nothing is committed).
+
+        :param read_at: the snapshot the step read the table at (None: it had none). The commit
+            refuses (:class:`ConcurrentCommit`) when any data or delete file was added to the
+            table since: the step computed its rows from what it read, and a retry on top of
+            another writer's rows would apply the change twice. Compactions (``replace``
+            snapshots) do not conflict."""
         schema = table.schema()
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
         delta = table.newRowDelta().scanManifestsWith(self._same_thread())
+        if read_at is not None:
+            delta.validateFromSnapshot(read_at)
+        everything = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue()
+        delta.conflictDetectionFilter(everything).validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
         if mark is not None:
             delta.set(ROW_DELTA_PROPERTY, mark)
         if data.num_rows:
@@ -90,12 +132,16 @@ class DriverCommits:
                              .withMetrics(self._metrics(footer, metrics)).build())
         if not (data.num_rows or deletes.num_rows):
             return None
-        delta.commit()
+        validated_commit(delta, table, read_at)
         return delta.updateEvent().snapshotId()  # this commit's, whatever committed after it
 
-    def replace_partition(self, table, data, column: str, value: str) -> None:
+    def replace_partition(self, table, data, column: str, value: str, *, read_at: int | None) -> int:
         """Replace the rows of identity partition ``column`` = ``value`` with ``data`` (an Arrow
-        table with field ids), in one ``OverwriteFiles`` commit."""
+        table with field ids), in one ``OverwriteFiles`` commit; returns its snapshot.
+
+        :param read_at: the snapshot the partition was read at (None: the table had none); the
+            commit refuses (:class:`ConcurrentCommit`) when another commit changed the partition
+            since."""
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         path, size, footer = self._write(table, data, "data")
         written = (java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
@@ -103,7 +149,12 @@ class DriverCommits:
                    .withFormat(java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET)
                    .withPartitionValues([value]).withMetrics(self._metrics(footer, metrics)).build())
         matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal(column, value)
-        table.newOverwrite().scanManifestsWith(self._same_thread()).overwriteByRowFilter(matching).addFile(written).commit()
+        overwrite = table.newOverwrite().scanManifestsWith(self._same_thread()).overwriteByRowFilter(matching)
+        if read_at is not None:
+            overwrite.validateFromSnapshot(read_at)
+        overwrite.conflictDetectionFilter(matching).validateNoConflictingData().validateNoConflictingDeletes()
+        validated_commit(overwrite.addFile(written), table, read_at)
+        return overwrite.updateEvent().snapshotId()
 
     def _same_thread(self):
         return same_thread_executor(self.spark)
@@ -153,3 +204,4 @@ class DriverCommits:
             kind = pa.list_(pa.field("element", kind.value_type, metadata={b"PARQUET:field_id": str(element_id).encode()}))
         return pa.field(name, kind, nullable=field.isOptional(),
                         metadata={b"PARQUET:field_id": str(field.fieldId()).encode()})
+

@@ -81,7 +81,7 @@ class KeyedTables(StepApplier):
         frame = self.read(step, source, types, changes=False)
         predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
         if predicate is None:
-            frame.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
+            self.replace_all(frame, target)
             return manifest.get("rows", 0)
         view = temporary_view_name("snapshot")
         frame.createOrReplaceTempView(view)
@@ -128,7 +128,7 @@ class KeyedTables(StepApplier):
             kept = frame.where(F.col("__op") != "D").select(*map(col, batch_columns))
             kept = kept.withColumns({  # dropped columns: NULL
                 name: F.lit(None).cast(kind) for name, kind in types.items() if name not in batch_types})
-            kept.select(*map(col, types)).writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
+            self.replace_all(kept.select(*map(col, types)), target)
             return reduced.rows
         keep = reduced.unchanged_columns
         if keep and reduced.moved_unchanged:

@@ -63,6 +63,8 @@ class Lakehouse:
         self.bucket_count = bucket_count
         #: target -> the :data:`OWNER_PROPERTY` value a table created by this run records (``table_identity.py``)
         self.owners: dict[str, str] = {}
+        #: per pipeline, the state table's snapshot its rows were last read or written at
+        self._state_snapshots: dict[str, int | None] = {}
         if not self._namespace_exists():
             spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
 
@@ -140,7 +142,9 @@ class Lakehouse:
 
         The driver reads the rows' Parquet files itself where it can (``_state_rows_by_driver``):
         in a fresh JVM a Spark query of the table costs 2-3 s, most of a small tick's job."""
-        table = self._state_table()
+        table = self.state_table()
+        snapshot = table.currentSnapshot()  # what is read (the catalog's table, Spark's too)
+        self._state_snapshots[pipeline] = snapshot.snapshotId() if snapshot is not None else None
         rows = self._state_rows_by_driver(table, pipeline)
         if rows is None:
             rows = [tuple(row) for row in self.spark.table(self.name(STATE_TABLE))
@@ -150,11 +154,22 @@ class Lakehouse:
             for source, target, position, snapshots, last_batch in rows
         }
 
-    def _state_table(self):
-        """The state table (Iceberg's Java table), created on first use."""
+    def state_table(self):
+        """The state table (Iceberg's Java table), created on first use (by one of two applies that
+        start at once: the other finds it)."""
         table = self.loaded_table(STATE_TABLE)
         if table is not None:
             return table
+        try:
+            self._create_state_table()
+        except Exception:
+            table = self.loaded_table(STATE_TABLE)
+            if table is None:
+                raise
+            return table
+        return self.iceberg_table(STATE_TABLE)
+
+    def _create_state_table(self) -> None:
         self.spark.sql(
             f"CREATE TABLE IF NOT EXISTS {self.name(STATE_TABLE)} (pipeline string NOT NULL, "
             "source_table string NOT NULL, target_table string, position string, applied_snapshots array<string>, "
@@ -163,7 +178,6 @@ class Lakehouse:
             "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write'"
             + _metadata_properties() + ")"
         )
-        return self.iceberg_table(STATE_TABLE)
 
     def iceberg_table(self, table: str):
         """The Iceberg table (Java) as Spark's catalog holds it: a commit to it is what Spark reads next.
@@ -213,7 +227,8 @@ class Lakehouse:
         return rows
 
     def write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
-        """Replace this pipeline's rows of the state table in one commit.
+        """Replace this pipeline's rows of the state table in one commit, which refuses when another
+        commit changed them since this run read or wrote them (``ConcurrentCommit``).
 
         The driver writes the rows' Parquet file and commits it itself (``DriverCommits.replace_partition``)
         where pyarrow is importable (``driver_commits.py``): a Spark write cost every round 0.3-0.5 s of a small tick.
@@ -227,15 +242,18 @@ class Lakehouse:
             (pipeline, source, s.target, hex16(s.position), sorted(s.snapshots), s.last_batch)
             for source, s in sorted(states.items())
         ]
+        read_at = self._state_snapshots.get(pipeline)
         if by_driver and pyarrow_missing() is None:
             writer = DriverCommits(self.spark, self)
             table = writer.load(STATE_TABLE)
-            writer.replace_partition(table, self._state_rows(writer, table, rows), "pipeline", pipeline)
+            self._state_snapshots[pipeline] = writer.replace_partition(
+                table, self._state_rows(writer, table, rows), "pipeline", pipeline, read_at=read_at)
             return
         schema = ("pipeline string, source_table string, target_table string, position string, "
                   "applied_snapshots array<string>, last_batch string")
         frame = self.spark.createDataFrame(rows, schema).withColumn("updated_at", F.current_timestamp())
-        frame.writeTo(self.name(STATE_TABLE)).overwrite(col("pipeline") == F.lit(pipeline))
+        validated(frame.writeTo(self.name(STATE_TABLE)), read_at).overwrite(col("pipeline") == F.lit(pipeline))
+        self._state_snapshots[pipeline] = self.iceberg_table(STATE_TABLE).currentSnapshot().snapshotId()
 
     @staticmethod
     def _state_rows(writer, table, rows: list[tuple]):
@@ -346,6 +364,13 @@ class Lakehouse:
         self.spark.sql(f"ALTER TABLE {self.name(table)} SET TBLPROPERTIES "
                        f"({sql_string(NUMBERED_PROPERTY)}={sql_string('true')})")
         return {**current, **MULTISET_COLUMNS}
+
+
+def validated(writer, read_at: int | None):
+    """A Spark ``DataFrameWriterV2`` whose overwrite refuses when another commit added data or
+    deletes to the table after snapshot ``read_at`` (serializable isolation; None: since its start)."""
+    writer = writer.option("isolation-level", "serializable")
+    return writer.option("validate-from-snapshot-id", str(read_at)) if read_at is not None else writer
 
 
 def widens(old: str, new: str) -> bool:

@@ -180,25 +180,26 @@ class MultisetRowDeltas(RowDeltas):
         values = [name for name in types if name not in MULTISET_COLUMNS]
         net = net_copies(rows, values)
         if net:
-            changes = copy_changes(net, self._copies(table, target, values, types, list(net), batch))
+            snapshot = table.currentSnapshot()  # the copies are counted at it; the commit validates from it
+            read_at = snapshot.snapshotId() if snapshot is not None else None
+            changes = copy_changes(net, self._copies(table, target, values, types, list(net), batch, read_at))
             schema = table.schema()
             kinds = {name: rows[staged_name(name)].type for name in values}
             data = self._copies_table(changes.written, values, kinds, schema, batch)
             deletes = self._copies_table(changes.deleted, values, kinds, schema, None)
-            self.row_delta(table, data, deletes, [*values, OCCURRENCE])
+            self.row_delta(table, data, deletes, [*values, OCCURRENCE], read_at=read_at)
         return rows.num_rows
 
     def _copies(self, table, target: str, values: list[str], types: dict[str, str], touched: list[tuple],
-                batch: str) -> dict[tuple, tuple[int, bool]]:
+                batch: str, read_at: int | None) -> dict[tuple, tuple[int, bool]]:
         """Per touched value the lakehouse holds: its copies, and whether ``batch`` wrote one.
 
         The rows that may match (each column of a type that compares exactly narrowed to the
         touched values) are read by the driver from the table's files (``table_lookup``) where
         it can, else counted by one Spark aggregate; either is matched exactly here."""
         narrowed = _narrowing(values, types, touched)
-        snapshot = table.currentSnapshot()
-        if narrowed and snapshot is not None:
-            rows = live_rows(self.spark, table, snapshot.snapshotId(), [*values, WRITTEN_BY], narrowed)
+        if narrowed and read_at is not None:
+            rows = live_rows(self.spark, table, read_at, [*values, WRITTEN_BY], narrowed)
             if rows is not None:
                 return count_copies(rows, touched, batch)
         return self._copies_by_spark(target, values, types, touched, batch, narrowed)

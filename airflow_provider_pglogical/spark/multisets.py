@@ -52,7 +52,7 @@ class Multisets(StepApplier):
         numbered = frame.select(
             *[col(c) for c in values], F.row_number().over(copies).cast("int").alias(OCCURRENCE),
             F.lit(step.batch.name).alias(WRITTEN_BY))
-        numbered.writeTo(self.lakehouse.name(target)).overwrite(F.lit(True))
+        self.replace_all(numbered, target)
         return manifest.get("rows", 0)
 
     def _ranged_snapshot(self, step: Step, source: str, target: str, types: dict[str, str], predicate: str) -> int:
@@ -148,8 +148,8 @@ class Multisets(StepApplier):
             copies = deltas.where(F.col("__d") > 0).select(
                 *[col(c) for c in values],
                 F.explode(F.sequence(F.lit(1), F.col("__d").cast("int"))).alias(OCCURRENCE))
-            (copies.withColumn(WRITTEN_BY, F.lit(step.batch.name)).select(*[col(c) for c in types])
-             .writeTo(self.lakehouse.name(target)).overwrite(F.lit(True)))
+            self.replace_all(copies.withColumn(WRITTEN_BY, F.lit(step.batch.name)).select(*[col(c) for c in types]),
+                             target)
             return count
         self._merge(deltas, target, list(values), step.batch.name)
         return count

@@ -226,7 +226,7 @@ class RowDeltas(DriverCommits):
         data = self._data_table(rows, reduction, table, target, keys, types, base)
         deletes = self._key_table(rows, reduction.touched, keys, schema)
         try:
-            committed = self.row_delta(table, data, deletes, keys, mark=ROW_DELTA_KEYED)
+            committed = self.row_delta(table, data, deletes, keys, mark=ROW_DELTA_KEYED, read_at=base)
         except BaseException:
             self.kept.forget(name)
             raise

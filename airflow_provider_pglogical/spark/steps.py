@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from airflow_provider_pglogical.spark.hadoop_files import Staging
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse, validated
 from airflow_provider_pglogical.spark.plan import Batch, Step
 from airflow_provider_pglogical.spark.reduction import read_rows
 from airflow_provider_pglogical.staging.contract import staged_columns
@@ -29,6 +29,16 @@ class StepApplier:
         manifest = batch.manifest["tables"][source]
         return read_rows(self.spark, self.staging.files(batch, source), staged_columns(manifest, changes=changes),
                          types, list(manifest["key"]), changes)
+
+    def replace_all(self, frame, target: str) -> None:
+        """Replace every row of ``target`` with ``frame`` (computed from staging alone), in one
+        overwrite that refuses when another commit added data or deletes to the table while it ran."""
+        from pyspark.sql import functions as F
+
+        snapshot = self.lakehouse.iceberg_table(target).currentSnapshot()
+        writer = validated(frame.writeTo(self.lakehouse.name(target)),
+                           snapshot.snapshotId() if snapshot is not None else None)
+        writer.overwrite(F.lit(True))
 
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         raise NotImplementedError

@@ -337,7 +337,7 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         def facts(read: dict) -> dict:
             return {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in read.items()}
 
-        state_table = lakehouse._state_table()
+        state_table = lakehouse.state_table()
         for by_driver in (False, True, True):
             lakehouse.write_state("p", states, by_driver=by_driver)
             assert facts(lakehouse.read_state("p")) == facts(states)
