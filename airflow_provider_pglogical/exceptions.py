@@ -92,6 +92,19 @@ class ConcurrentRunError(SlotError):
 
     permanent = False
 
+class ConcurrentApplyError(PgLogicalError):
+    """Another apply of the pipeline holds its lease (``spark/driver_commits.ApplyLease``); this one
+    wrote nothing. Transient: Airflow's retry runs it once the other ends, or once a killed one's
+    lease expired. ``lease`` is what the holder recorded (holder, taken_at, expires_at)."""
+
+    permanent = False
+
+    def __init__(self, message: str, lease: dict | None = None) -> None:
+        super().__init__(message)
+        self.lease = lease or {}
+        self.fix = "max_active_tis_per_dag=1 on the apply task (or max_active_runs=1 on the DAG)"
+
+
 class UnrepresentableValue(PgLogicalError):
     """A PostgreSQL value has no exact form in its column's lakehouse type (``±infinity``, a
     ``numeric`` NaN, a timestamp past Spark's range, an array with non-default bounds, …).

@@ -187,7 +187,7 @@ def ticks(args: argparse.Namespace) -> None:
 
 def phase_medians(runs: list[dict]) -> str:
     """The job's phases (``apply_changes.Phases``), median seconds of each over the runs."""
-    order = ["listing", "state_read", "planning", "steps", "state_commits", "retention"]
+    order = ["listing", "lease", "state_read", "planning", "steps", "state_commits", "retention"]
     names = sorted({name for run in runs for name in run}, key=lambda n: order.index(n) if n in order else len(order))
     return ", ".join(f"{name} {statistics.median(run.get(name, 0.0) for run in runs):.2f} s" for name in names)
 

@@ -27,13 +27,15 @@ from airflow_provider_pglogical.lakehouse.driver_jit import (
 )
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.staging.contract import (
+    APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_CONCURRENCY,
     DEFAULT_RETENTION_HOURS,
     RESULT_CONF,
 )
-from airflow_provider_pglogical.staging.job_result import read_result, result_uri, storage_path
+from airflow_provider_pglogical.staging.job_result import job_error, read_result, result_uri, storage_path
 from airflow_provider_pglogical.staging.apply_marker import pending_batches, pending_rows, write_marker
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
@@ -250,9 +252,15 @@ class IcebergApplyOperator(SparkSubmitOperator):
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
         self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
         self.choose_driver_jit(root, pending)
-        self.application_args = self.job_args()
+        self.application_args = [*self.job_args(), *lease_holder_args(context)]
         with driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
-            super().execute(context)
+            try:
+                super().execute(context)
+            except Exception as failure:
+                error = job_error(result_at)
+                if error and error.get("kind") == APPLY_LEASE_HELD:  # wrote nothing: retried as usual
+                    raise ConcurrentApplyError(error["message"], error.get("lease")) from failure
+                raise
         return read_result(result_at, job="apply")
 
     def lakehouse_identity(self) -> dict:
@@ -291,6 +299,14 @@ class IcebergApplyOperator(SparkSubmitOperator):
         return apply_lineage(storage_path(str(self.staging_root)), str(self.pipeline),
                              self.iceberg.warehouse or default_warehouse(), self.iceberg.namespace,
                              getattr(self, "_applied_steps", []))
+
+
+def lease_holder_args(context) -> list[str]:
+    """``--lease-holder`` naming the task instance, which a second apply of the pipeline shows."""
+    ti = context.get("ti") if context else None
+    if ti is None:
+        return []
+    return ["--lease-holder", f"task {ti.dag_id}.{ti.task_id}, run {ti.run_id}, try {ti.try_number}"]
 
 
 def iceberg_table_asset(catalog: str, namespace: str, table: str) -> Asset:

@@ -52,7 +52,11 @@ inserted afterwards and unchanged in rows updated afterwards. A target table tha
 rebuilt from the staged batches (its state is reset), as far as staging retention kept them: after
 the run's last state commit, applied batches older than the retention are removed
 (``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
-Run one apply per pipeline at a time (``max_active_tis_per_dag=1``).
+One apply per pipeline and lakehouse: the run holds a lease (a property of the state table,
+``driver_commits.ApplyLease``) from before its first write to its end; a second apply finds it and
+fails at once, writing nothing (its result says ``error.kind`` = ``apply-lease-held``, which the
+operator raises as a retryable error). A killed apply's lease expires after ``--lease-seconds``.
+Every commit validates against the snapshot its step read, so no retry applies a change twice.
 """
 
 
@@ -69,6 +73,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
+from airflow_provider_pglogical.spark.driver_commits import ApplyLease, ApplyLeaseHeld
 from airflow_provider_pglogical.spark.hadoop_files import Staging, write_result
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.keyed import KeyedTables
@@ -78,7 +83,9 @@ from airflow_provider_pglogical.spark.plan import ApplyError, Step, TableState, 
 from airflow_provider_pglogical.spark.retention import apply_retention, missing_history
 from airflow_provider_pglogical.spark.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.staging.contract import (
+    APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
+    DEFAULT_APPLY_LEASE_SECONDS,
     DEFAULT_CONCURRENCY,
     DEFAULT_RETENTION_HOURS,
     OCCURRENCE,
@@ -90,12 +97,15 @@ from airflow_provider_pglogical.staging.contract import (
 )
 
 log = logging.getLogger("pglogical.apply")
+#: the job's exit code when another apply of the pipeline holds the lease (sysexits' EX_TEMPFAIL)
+EXIT_LEASE_HELD = 75
 
 
 def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespace: str = "pglogical",
         table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
         concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
-        archive: bool = False, row_deltas: bool = True) -> dict:
+        archive: bool = False, row_deltas: bool = True, lease_seconds: float = DEFAULT_APPLY_LEASE_SECONDS,
+        lease_holder: str | None = None) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
@@ -105,6 +115,9 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     :param archive: move them under ``_archive/`` instead of deleting them.
     :param row_deltas: apply small batches of keyed tables (``row_deltas.py``) and of keyless ones
         (``multiset_row_deltas.py``) as Iceberg row deltas the driver commits; False MERGEs every batch.
+    :param lease_seconds: how long the run's lease lasts unless renewed (every third of it).
+    :param lease_holder: who runs it, for another apply's error (an Airflow task instance).
+    :raises ApplyLeaseHeld: another apply of the pipeline holds the lease; nothing was written.
     """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
@@ -119,67 +132,73 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
-    if bucket_count:
-        lakehouse.drop_batch_tables()
-    keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
-    states = lakehouse.read_state(pipeline)
-    known = set(states)
-    phases.end("state_read")
-    for source, state in states.items():
-        if not lakehouse.exists(state.target):
-            log.warning("table %s of %s is missing: rebuilding it from staging", state.target, source)
-            states[source] = TableState(state.target)
+    with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder) as lease:
+        batches = staging.committed()  # again: an apply that ended meanwhile may have removed some
+        phases.end("lease")
+        if bucket_count:
+            lakehouse.drop_batch_tables()
+        keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
+        states = lakehouse.read_state(pipeline)
+        known = set(states)
+        phases.end("state_read")
+        for source, state in states.items():
+            if not lakehouse.exists(state.target):
+                log.warning("table %s of %s is missing: rebuilding it from staging", state.target, source)
+                states[source] = TableState(state.target)
 
-    wanted = batches_that_matter(batches, states)
-    for batch in wanted:
-        batch.manifest = staging.read_manifest(batch)
-    staged = {source for batch in wanted for source in batch.manifest["tables"]}
-    adopt_legacy_keys(states, staged)
-    known |= set(states)
-    sources = sorted(staged | set(states))
+        wanted = batches_that_matter(batches, states)
+        for batch in wanted:
+            batch.manifest = staging.read_manifest(batch)
+        staged = {source for batch in wanted for source in batch.manifest["tables"]}
+        adopt_legacy_keys(states, staged)
+        known |= set(states)
+        sources = sorted(staged | set(states))
 
-    # "seen": every batch this run found committed; once the run succeeds, each of them is applied
-    # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
-    summary = {"pipeline": pipeline, "batches": len(batches), "steps": [], "seen": [b.name for b in batches]}
-    plans = {}
-    for source in sources:
-        if source not in states:
-            states[source] = TableState(table_map.get(source) or default_target_name(source))
-        state = states[source]
-        steps, superseded = plan_table(source, wanted, state)
-        state.snapshots.update(superseded)
-        plans[source] = steps
-    problems = missing_history(plans, staging.read_file(RETENTION_RECORD))
-    if problems:
-        raise ApplyError("; ".join(problems) + ". Nothing was applied")
-    record = staging.read_file(PIPELINE_RECORD) or {}
-    check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
-    phases.end("planning")
-    # Tables advance in rounds, one step each (the tables of a round side by side), then one state
-    # commit: no table's recorded position ever lags its data by more than one step, so a crash
-    # costs one exact re-apply per table.
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-apply") as pool:
-        for round_ in range(max((len(steps) for steps in plans.values()), default=0)):
-            due = [(source, steps[round_]) for source, steps in plans.items() if round_ < len(steps)]
-            futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
-                                   states[source], step) for source, step in due]
-            wait(futures)  # every step of the round has ended (committed or failed) before anything else
-            for future in futures:
-                summary["steps"].append(future.result())  # the first failure, in table order, is raised
-                _crash_point(len(summary["steps"]))
-            phases.end("steps")
-            lakehouse.write_state(pipeline, states)
-            phases.end("state_commits")
-    if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
-        summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
-        phases.end("retention")
-    summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
-    summary["phases"] = phases.seconds
-    log.info("apply of %s took %.2fs: %s", pipeline, summary["seconds"],
-             ", ".join(f"{name} {seconds:.2f}s" for name, seconds in phases.seconds.items()))
-    # listing, manifests and the state table (the steps' own jobs are counted per step)
-    summary["spark_jobs"], summary["spark_stages"] = spark_work(spark, run_group)
-    return summary
+        # "seen": every batch this run found committed; once the run succeeds, each of them is applied
+        # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
+        summary = {"pipeline": pipeline, "batches": len(batches), "steps": [], "seen": [b.name for b in batches]}
+        plans = {}
+        for source in sources:
+            if source not in states:
+                states[source] = TableState(table_map.get(source) or default_target_name(source))
+            state = states[source]
+            steps, superseded = plan_table(source, wanted, state)
+            state.snapshots.update(superseded)
+            plans[source] = steps
+        problems = missing_history(plans, staging.read_file(RETENTION_RECORD))
+        if problems:
+            raise ApplyError("; ".join(problems) + ". Nothing was applied")
+        record = staging.read_file(PIPELINE_RECORD) or {}
+        check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
+        phases.end("planning")
+        # Tables advance in rounds, one step each (the tables of a round side by side), then one state
+        # commit: no table's recorded position ever lags its data by more than one step, so a crash
+        # costs one exact re-apply per table.
+        with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-apply") as pool:
+            for round_ in range(max((len(steps) for steps in plans.values()), default=0)):
+                lease.check()
+                due = [(source, steps[round_]) for source, steps in plans.items() if round_ < len(steps)]
+                futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
+                                       states[source], step) for source, step in due]
+                wait(futures)  # every step of the round has ended (committed or failed) before anything else
+                for future in futures:
+                    summary["steps"].append(future.result())  # the first failure, in table order, is raised
+                    _crash_point(len(summary["steps"]))
+                phases.end("steps")
+                lease.check()  # a run that outlived its lease records nothing: another may be applying
+                lakehouse.write_state(pipeline, states)
+                phases.end("state_commits")
+        if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
+            lease.check()
+            summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
+            phases.end("retention")
+        summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
+        summary["phases"] = phases.seconds
+        log.info("apply of %s took %.2fs: %s", pipeline, summary["seconds"],
+                 ", ".join(f"{name} {seconds:.2f}s" for name, seconds in phases.seconds.items()))
+        # listing, manifests and the state table (the steps' own jobs are counted per step)
+        summary["spark_jobs"], summary["spark_stages"] = spark_work(spark, run_group)
+        return summary
 
 
 class Phases:
@@ -265,6 +284,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="move removed batches under <pipeline>/_archive/ instead of deleting them")
     parser.add_argument("--no-row-deltas", action="store_true",
                         help="MERGE every change batch (no Iceberg row deltas written by the driver)")
+    parser.add_argument("--lease-seconds", type=float, default=DEFAULT_APPLY_LEASE_SECONDS,
+                        help="how long the run's lease lasts unless renewed: a killed apply blocks the next "
+                             f"one this long at most (default {DEFAULT_APPLY_LEASE_SECONDS})")
+    parser.add_argument("--lease-holder", default=None, help="who runs the apply, shown to a second apply")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -345,18 +368,26 @@ def run_with_args(spark, args: argparse.Namespace) -> dict:
     return run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
                json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
                concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
-               archive=args.archive, row_deltas=not args.no_row_deltas)
+               archive=args.archive, row_deltas=not args.no_row_deltas, lease_seconds=args.lease_seconds,
+               lease_holder=args.lease_holder)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spark = create_session(f"pglogical-apply-{args.pipeline}", args.log_level)
-    summary = run_with_args(spark, args)
+    code = 0
+    try:
+        summary = run_with_args(spark, args)
+    except ApplyLeaseHeld as held:  # nothing was written: the task says so and is retried
+        log.error("%s", held)
+        summary = {"pipeline": args.pipeline, "steps": [],
+                   "error": {"kind": APPLY_LEASE_HELD, "message": str(held), "lease": held.lease}}
+        code = EXIT_LEASE_HELD
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
     write_result(spark, summary)
     spark.stop()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -119,6 +119,14 @@ ARCHIVE_DIRECTORY = "_archive"
 DEFAULT_RETENTION_HOURS = 168
 #: the apply job also prints its result after this prefix, for people reading the log
 APPLY_RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
+#: table property of the state table holding a pipeline's apply lease (JSON: holder, by,
+#: taken_at, expires_at), one apply per pipeline and lakehouse (``spark/driver_commits.py``)
+APPLY_LEASE_PROPERTY_PREFIX = "pglogical.apply-lease."
+#: how long an apply's lease lasts unless renewed (seconds; renewed every third of it), so a killed
+#: apply blocks the next one for at most this long
+DEFAULT_APPLY_LEASE_SECONDS = 120
+#: ``error.kind`` of a job result: another apply of the pipeline holds the lease (retry later)
+APPLY_LEASE_HELD = "apply-lease-held"
 
 
 # --- table identity (DESIGN invariant 11) ---------------------------------------------------------

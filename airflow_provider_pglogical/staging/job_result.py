@@ -56,3 +56,12 @@ def read_result(uri: str, *, job: str, remove: bool = True) -> dict:
     if remove:
         path.unlink()
     return result
+
+
+def job_error(uri: str) -> dict | None:
+    """The ``error`` a failed job left in its result file at ``uri`` (``kind``, ``message``, …);
+    None when it left no result, or one without an error. The file is removed either way."""
+    path = storage_path(uri)
+    if not path.exists():
+        return None
+    return read_result(uri, job="failed").get("error")
