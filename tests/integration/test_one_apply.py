@@ -1,0 +1,255 @@
+"""Issue 33, class 6 / invariant 14: one apply per pipeline, and no blind commit.
+
+Two apply tasks of one pipeline at once (an Airflow retry beside a zombie, two DAG runs) once left
+a keyless table with 351 rows where the source had 180: both read the same state and committed
+the same change. Now an apply holds a lease on the pipeline (a property of the state table) from
+before its first write to its end, and every commit the driver writes validates against the
+snapshot its step read. Real PostgreSQL, real spark-submits, real Iceberg; the lakehouse is read
+by Spark in this process and compared with the source read by psycopg2.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
+from airflow_provider_pglogical.staging.contract import APPLY_LEASE_HELD, APPLY_LEASE_PROPERTY_PREFIX
+from tests.integration.sync_helpers import synced
+from tests.support.spark_jobs import job_result, reading_session, start_job, submit_command
+
+pytestmark = pytest.mark.spark
+
+SOURCE = """
+CREATE TABLE orders (id int PRIMARY KEY, status text, qty int);
+CREATE TABLE bag (n int, s text);
+ALTER TABLE bag REPLICA IDENTITY FULL;
+INSERT INTO orders SELECT g, 'new', g FROM generate_series(1, 60) g;
+INSERT INTO bag SELECT g % 7, CASE WHEN g % 3 = 0 THEN NULL ELSE 's' || (g % 5) END FROM generate_series(1, 180) g;
+"""
+ONE_COPY = "ctid = (SELECT ctid FROM bag WHERE {} LIMIT 1)"
+ROUNDS = [
+    "UPDATE orders SET status = 'paid', qty = qty + 1 WHERE id % 4 = 0; DELETE FROM orders WHERE id % 9 = 0;"
+    "INSERT INTO orders SELECT g, 'late', g FROM generate_series(100, 120) g;"
+    "INSERT INTO bag SELECT n, s FROM bag WHERE n = 1;"
+    f"DELETE FROM bag WHERE {ONE_COPY.format('n = 2 AND s IS NULL')};"
+    f"UPDATE bag SET s = 'moved' WHERE {ONE_COPY.format('n = 3')}",
+    "UPDATE orders SET id = id + 1000 WHERE id % 10 = 1; UPDATE orders SET qty = -qty WHERE status = 'late';"
+    "INSERT INTO bag SELECT n, s FROM bag WHERE n IN (4, 5);"
+    "DELETE FROM bag WHERE n = 6 AND s IS NULL;"
+    f"UPDATE bag SET n = 40 WHERE {ONE_COPY.format('n = 0')}",
+]
+#: the job's exit code when the lease is held (``apply_changes.EXIT_LEASE_HELD``)
+LEASE_HELD_EXIT = 75
+
+
+class Lake:
+    """A pipeline's staging and Iceberg namespace, applied by spark-submit or in this process."""
+
+    def __init__(self, publisher, publisher_hook, tmp_path: Path, warehouse: Path, namespace: str, spark) -> None:
+        self.publisher, self.hook, self.spark = publisher, publisher_hook, spark
+        self.root, self.warehouse, self.namespace = tmp_path / "staging", warehouse, namespace
+        self.storage = synced(publisher, publisher_hook, self.root, SOURCE, ["public.orders", "public.bag"])
+
+    def pull_all(self) -> None:
+        while True:
+            if run_pull(self.hook, slot="s1", publications=["p"], root=self.storage, pipeline="p")["batch"] is None:
+                return
+
+    def command(self, *extra: str) -> list[str]:
+        return submit_command(APPLY_JOB, ["--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace",
+                                          self.namespace, *extra],
+                              IcebergConfig(warehouse=self.warehouse.as_uri(), namespace=self.namespace),
+                              driver_memory="1g")
+
+    def run_in_process(self, **kwargs) -> dict:
+        from airflow_provider_pglogical.spark import apply_changes
+
+        return apply_changes.run(self.spark, self.root.as_uri(), "p", "lake", self.namespace, **kwargs)
+
+    def table(self, name: str) -> str:
+        return f"lake.{self.namespace}.{name}"
+
+    def source(self) -> dict[str, Counter]:
+        return {"orders": Counter(self.publisher.query("SELECT id, status, qty FROM orders")),
+                "bag": Counter(self.publisher.query("SELECT n, s FROM bag"))}
+
+    def lake(self) -> dict[str, Counter]:
+        return {"orders": Counter(tuple(r) for r in self.spark.table(self.table("public__orders"))
+                                  .select("id", "status", "qty").collect()),
+                "bag": Counter(tuple(r) for r in self.spark.table(self.table("public__bag")).select("n", "s").collect())}
+
+    def snapshots(self) -> dict[str, int | None]:
+        """The current snapshot of each table: what an apply that wrote nothing leaves as it was."""
+        found = {}
+        for name in ("public__orders", "public__bag", "_pglogical_state"):
+            rows = self.spark.sql(f"SELECT snapshot_id FROM {self.table(name)}.snapshots "
+                                  "ORDER BY committed_at DESC LIMIT 1").collect()
+            found[name] = rows[0].snapshot_id if rows else None
+        return found
+
+    def set_lease(self, holder: str, expires_in: float) -> None:
+        """Leave a lease as another apply would: alive, or (``expires_in`` < 0) one a killed apply left."""
+        now = time.time()
+        lease = json.dumps({"id": f"other-{holder}", "holder": holder, "taken_at": now - 30,
+                            "expires_at": now + expires_in})
+        self.spark.sql(f"ALTER TABLE {self.table('_pglogical_state')} SET TBLPROPERTIES "
+                       f"('{APPLY_LEASE_PROPERTY_PREFIX}p' = '{lease}')")
+
+    def lease(self) -> str | None:
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES {self.table('_pglogical_state')}").collect()
+        return next((r.value for r in rows if r.key == f"{APPLY_LEASE_PROPERTY_PREFIX}p"), None)
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("warehouse")
+
+
+@pytest.fixture(scope="module")
+def spark(warehouse):
+    """An in-process Spark session reading (and, for in-process applies, writing) the warehouse."""
+    from airflow_provider_pglogical.spark import apply_changes
+
+    session = reading_session(warehouse, "test-one-apply")
+    apply_changes.tune_session(session)
+    yield session
+    session.stop()
+
+
+def _finish(process) -> tuple[int, str]:
+    output, _ = process.communicate(timeout=600)
+    return process.returncode, output
+
+
+def test_two_applies_at_once_every_round_end_equal_to_the_source(publisher, publisher_hook, tmp_path, warehouse,
+                                                                 spark):
+    lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "twice", spark)
+    outcomes = []
+    for round_, changes in enumerate([None, *ROUNDS]):
+        if changes:
+            publisher.execute(changes)
+            lake.pull_all()
+        # two applies of the pipeline at the same moment: one applies small batches as row deltas
+        # the driver commits, the other MERGEs every batch
+        processes = [start_job(lake.command()), start_job(lake.command("--no-row-deltas"))]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            ended = list(pool.map(_finish, processes))
+        succeeded = 0
+        for code, output in ended:
+            result = job_result(output, RESULT_PREFIX)
+            if code == 0:
+                assert "error" not in result, output[-5000:]
+                succeeded += 1
+                outcomes.append("applied")
+            else:  # the only failure allowed: the other apply held the lease, and this one wrote nothing
+                assert code == LEASE_HELD_EXIT and result["error"]["kind"] == APPLY_LEASE_HELD, output[-5000:]
+                assert "another apply is running" in result["error"]["message"]
+                assert result["steps"] == []
+                outcomes.append("lease held")
+        assert succeeded >= 1, [output[-3000:] for _, output in ended]
+        assert lake.lake() == lake.source(), f"round {round_}: outcomes {outcomes}"
+    print(f"two applies at once, per round: {outcomes}")
+    assert lake.lease() is None  # every apply that took it released it
+
+
+def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease_expires(
+        publisher, publisher_hook, tmp_path, warehouse, spark, monkeypatch):
+    from airflow_provider_pglogical.exceptions import ConcurrentApplyError
+    from airflow_provider_pglogical.operators._errors import PermanentError
+    from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
+    from airflow_provider_pglogical.spark.driver_commits import ApplyLeaseHeld
+
+    lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "held", spark)
+    lake.run_in_process()
+    publisher.execute(ROUNDS[0])
+    lake.pull_all()
+    before = lake.snapshots(), lake.lake(), sorted(p.relative_to(lake.root) for p in lake.root.rglob("*"))
+
+    # another apply is running (a zombie beside its retry): this one stops before writing anything
+    lake.set_lease("task sync.apply, run manual_1, try 1", expires_in=600)
+    with pytest.raises(ApplyLeaseHeld) as held:
+        lake.run_in_process()
+    message = str(held.value)
+    assert "another apply is running (task sync.apply, run manual_1, try 1" in message
+    assert "Nothing was applied" in message and "max_active_tis_per_dag=1" in message
+    assert (lake.snapshots(), lake.lake(), sorted(p.relative_to(lake.root) for p in lake.root.rglob("*"))) == before
+    # the operator raises it as a retryable error (no AirflowFailException), from the job's result
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    operator = IcebergApplyOperator(task_id="apply", staging_root=lake.root.as_uri(), pipeline="p",
+                                    iceberg=IcebergConfig(warehouse=warehouse.as_uri(), namespace="held"),
+                                    conf={"spark.ui.enabled": "false"}, env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
+    with pytest.raises(ConcurrentApplyError) as raised:
+        operator.execute({})
+    assert not isinstance(raised.value, PermanentError) and not raised.value.permanent
+    assert "another apply is running" in str(raised.value) and raised.value.lease["holder"].startswith("task sync")
+    assert lake.snapshots() == before[0] and lake.lake() == before[1]
+
+    # a killed apply's lease blocks only until it expires: then the next apply takes it over
+    lake.set_lease("task sync.apply, run manual_1, try 1", expires_in=-1)
+    steps = lake.run_in_process()["steps"]
+    assert steps and lake.lake() == lake.source()
+    assert lake.lease() is None  # released at the end
+
+
+def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_step_read_it(spark):
+    import pyarrow as pa
+
+    from airflow_provider_pglogical.spark.driver_commits import ConcurrentCommit, DriverCommits
+    from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+    from airflow_provider_pglogical.spark.plan import TableState
+
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.valid")
+    spark.sql("CREATE TABLE lake.valid.t (id bigint NOT NULL, v string) USING iceberg TBLPROPERTIES "
+              "('format-version'='2', 'write.merge.mode'='merge-on-read', 'write.update.mode'='merge-on-read', "
+              "'write.delete.mode'='merge-on-read')")
+    spark.sql("INSERT INTO lake.valid.t VALUES (1, 'a'), (2, 'b')")
+    lakehouse = Lakehouse(spark, "lake", "valid", "merge-on-read", None)
+    writer = DriverCommits(spark, lakehouse)
+
+    def row_delta(table, read_at):
+        schema = table.schema()
+        key = writer.arrow_field(schema, "id", pa.int64())
+        data = pa.Table.from_arrays([pa.array([2], pa.int64()), pa.array(["b2"])],
+                                    schema=pa.schema([key, writer.arrow_field(schema, "v", pa.string())]))
+        deletes = pa.Table.from_arrays([pa.array([2], pa.int64())], schema=pa.schema([key]))
+        return writer.row_delta(table, data, deletes, ["id"], read_at=read_at)
+
+    def rows():
+        return sorted(tuple(r) for r in spark.table("lake.valid.t").collect())
+
+    table = writer.load("t")
+    read_at = table.currentSnapshot().snapshotId()  # what the step read
+    spark.sql("INSERT INTO lake.valid.t VALUES (2, 'b')")  # another writer, after the read: 2 is there twice
+    with pytest.raises(ConcurrentCommit) as refused:
+        row_delta(table, read_at)
+    assert "table lake.valid.t" in str(refused.value) and f"at snapshot {read_at}" in str(refused.value)
+    assert "Nothing of this step was committed" in str(refused.value)
+    assert rows() == [(1, "a"), (2, "b"), (2, "b")]  # nothing committed
+    # read again, the same change commits
+    table = writer.load("t")
+    row_delta(table, table.currentSnapshot().snapshotId())
+    assert rows() == [(1, "a"), (2, "b2")]
+
+    # the state commit refuses when the pipeline's state changed since this run read it; another
+    # pipeline's state (another partition) is no conflict
+    mine, other = (Lakehouse(spark, "lake", "valid", "merge-on-read", None) for _ in range(2))
+    mine.read_state("p")  # creates the state table
+    mine.write_state("p", {"public.t": TableState("t", 1, set(), "b0")})
+    for pipeline in ("p", "q"):
+        mine.read_state(pipeline)
+        other.read_state(pipeline)
+    other.write_state("p", {"public.t": TableState("t", 7, set(), "b1")})
+    with pytest.raises(ConcurrentCommit, match="_pglogical_state"):
+        mine.write_state("p", {"public.t": TableState("t", 5, set(), "b1")})
+    mine.write_state("q", {"public.t": TableState("t", 9, set(), "b1")})  # read before p changed: no conflict
+    assert mine.read_state("p")["public.t"].position == 7
+    mine.write_state("p", {"public.t": TableState("t", 8, set(), "b2")})  # read again: commits
+    assert {p: other.read_state(p)["public.t"].position for p in ("p", "q")} == {"p": 8, "q": 9}
