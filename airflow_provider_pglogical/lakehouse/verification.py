@@ -1,7 +1,9 @@
-"""Verify: compare the source's published projection with the lakehouse, through the Spark comparison job.
+"""Verify: compare the source's published projection with the lakehouse, an independent witness.
 
-Library code (the operator, the demo and the tests call it): stage the projection at one snapshot,
-spark-submit ``spark/verify_tables.py`` through the Spark provider's hook, read its result file.
+Library code (the operator, the demo and the tests call it): PostgreSQL digests the projection in
+one snapshot (``capture/source_projection.py``), ``spark/verify_tables.py`` digests Iceberg and
+compares per bucket (spark-submitted through the Spark provider's hook), and PostgreSQL compares
+the rows of the buckets that differ. No step reads the source through the capture's code.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import ObjectStoragePath
@@ -19,7 +24,7 @@ from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.staging.contract import RESULT_CONF
-from airflow_provider_pglogical.staging.job_result import read_result
+from airflow_provider_pglogical.staging.job_result import read_result, storage_path
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 
 VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
@@ -33,41 +38,82 @@ class LakehouseDiffers(PgLogicalError):
     permanent = True
 
 
-def run_verify_job(specs: list[dict], snapshot_dir: str, iceberg: IcebergConfig, *, conn_id: str = "spark_default",
-                   driver_memory: str = "2g", limit: int = 10) -> dict:
+def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spark_default",
+                   driver_memory: str = "2g") -> dict:
     """spark-submit the comparison job through the Spark provider's hook; returns its JSON result.
 
-    The job writes the result next to the snapshot it compares (``<snapshot_dir>/_result.json``),
-    read back through ObjectStoragePath: the driver's stdout is not needed (cluster deploy modes).
+    The job writes the result next to its plan, read back through ObjectStoragePath: the driver's
+    stdout is not needed (cluster deploy modes).
     """
-    result_at = f"{snapshot_dir.rstrip('/')}/_result-{uuid.uuid4().hex}.json"
+    result_at = f"{plan_uri.rsplit('/', 1)[0]}/_result-{uuid.uuid4().hex}.json"
     hook = SparkSubmitHook(
         conf={**iceberg.spark_conf(), RESULT_CONF: result_at}, conn_id=conn_id, name="pglogical-verify",
-        driver_memory=driver_memory, py_files=with_job_bundle(None),
-        application_args=["--snapshot-dir", snapshot_dir, "--tables", json.dumps(specs), "--limit", str(limit)],
+        driver_memory=driver_memory, py_files=with_job_bundle(None), application_args=["--plan", plan_uri],
     )
     hook.submit(application=str(VERIFY_JOB))
     return read_result(result_at, job="verify")
+
+
+def verify_tables(connect_kwargs: Mapping[str, Any], tables: list[source_projection.SourceTable],
+                  root: ObjectStoragePath, pipeline: str, compare: Callable[[str], dict], *, limit: int = 10) -> dict:
+    """Digest the source in PostgreSQL, have ``compare`` (the Spark job) digest Iceberg, explain differences.
+
+    :param compare: runs the Spark comparison on a plan file (its URI) and returns the job's result.
+    :returns: the job's result, each differing table completed by PostgreSQL's row comparison
+        (``missing_rows``, ``extra_rows``, ``only_in_source``, ``only_in_target``, ``first_differing_keys``).
+    """
+    directory = root / source_projection.VERIFY_DIR / pipeline / uuid.uuid4().hex
+    try:
+        with source_projection.source_snapshot(connect_kwargs) as (cursor, lsn):
+            for table in tables:
+                source_projection.bucket_sums(cursor, table)
+            directory.mkdir(parents=True, exist_ok=True)
+            plan = directory / "plan.json"
+            plan.write_text(json.dumps({"output": str(directory / "rows"),
+                                        "tables": [table.spec() for table in tables]}))
+            result = compare(str(plan))
+            for table, verdict in zip(tables, result["tables"]):
+                if verdict.get("buckets"):
+                    verdict.update(source_projection.differences(
+                        cursor, table, verdict["buckets"], _target_rows(verdict["rows_at"]), limit))
+    finally:
+        if directory.exists():
+            directory.rmdir(recursive=True)
+    result["source_lsn"] = str(lsn)
+    result["summary"] = source_projection.describe_differences(result)
+    return result
+
+
+def _target_rows(uri: str) -> dict[str, list]:
+    """The Spark job's rows of the differing buckets (Parquet parts under ``uri``), column by column."""
+    parts = []
+    for part in sorted(storage_path(uri).iterdir(), key=str):
+        if part.name.endswith(".parquet"):
+            with part.open("rb") as fh:
+                parts.append(pq.read_table(fh))
+    if not parts:
+        return {"kd": [], "rd": [], "n": [], "row": []}
+    table = pa.concat_tables(parts)
+    return {name: table[name].to_pylist() for name in ("kd", "rd", "n", "row")}
 
 
 def verify_pipeline(
     *, postgres_conn_id: str, publications: Sequence[str], staging_path: str, pipeline: str,
     iceberg: IcebergConfig | None = None, table_map: dict[str, str] | None = None,
     source_conn_id: str | None = None, spark_conn_id: str = "spark_default", report=print,
-    type_overrides: dict[str, str] | None = None,
+    type_overrides: dict[str, str] | None = None, limit: int = 10,
 ) -> dict:
-    """Compare the published projection (read from ``source_conn_id`` or the publisher) with Iceberg."""
+    """Compare the published projection (read from ``source_conn_id`` or the publisher) with Iceberg.
+
+    The source is read by PostgreSQL itself (row digests in one snapshot), never through the
+    capture's COPY parser, so a capture bug cannot hide from the comparison (docs/reliability.md).
+    """
     iceberg = iceberg or IcebergConfig()
     publisher = PgLogicalHook(postgres_conn_id=postgres_conn_id)
-    tables = publisher.published_tables(list(publications))
+    tables = source_projection.source_tables(
+        publisher.published_tables(list(publications)), iceberg.catalog, iceberg.namespace, table_map=table_map,
+        type_overrides=type_overrides, apply_row_filters=source_conn_id is None)
     source = PgLogicalHook(postgres_conn_id=source_conn_id) if source_conn_id else publisher
-    root = ObjectStoragePath(staging_path)
-    directory, manifest = source_projection.stage_source_projection(
-        source.connect_kwargs(), tables, root, pipeline, apply_row_filters=source_conn_id is None,
-        type_overrides=type_overrides, report=report,
-    )
-    specs = source_projection.comparison_specs(manifest, iceberg.catalog, iceberg.namespace, table_map)
-    result = run_verify_job(specs, directory, iceberg, conn_id=spark_conn_id)
-    result["source_lsn"] = manifest.start_lsn
-    result["summary"] = source_projection.describe_differences(result)
-    return result
+    report(f"verify: digesting {len(tables)} table(s) in PostgreSQL, then comparing them with Iceberg in Spark")
+    return verify_tables(source.connect_kwargs(), tables, ObjectStoragePath(staging_path), pipeline,
+                         lambda plan: run_verify_job(plan, iceberg, conn_id=spark_conn_id), limit=limit)

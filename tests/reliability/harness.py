@@ -36,7 +36,7 @@ from tests.reliability.workload import (  # noqa: E402
     Counts, Workload,
 )
 from tests.support.processes import kill_tree  # noqa: E402
-from tests.support.spark_jobs import job_result, run_job, start_job, submit_command  # noqa: E402
+from tests.support.spark_jobs import job_result, start_job, submit_command  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = "rel"
@@ -343,38 +343,24 @@ class Harness:
         self.figures.toast_cells = self.compare_filtered_with_subscriber()
         self.figures.verified_rounds += 1
 
-    def run_verify(self, publications: list[str], source_conn_id: str | None = None) -> dict:
-        """``verify_pipeline``'s verdict. When it finds differences, the comparison job is run again
-        directly to list up to 200 differing rows per table (``diagnosis``); the verdict stays the
-        first run's, whatever the second says."""
+    def run_verify(self, publications: list[str], source_conn_id: str | None = None, limit: int = 10) -> dict:
+        """``verify_pipeline``'s verdict. When it finds differences, verify runs again to list up to
+        200 differing rows per table (``diagnosis``); the verdict stays the first run's, whatever the
+        second says."""
         from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 
         self.figures.spark_submits += 1
         result = verify_pipeline(postgres_conn_id=self.publisher.conn_id, publications=publications,
                                  staging_path=self.staging, pipeline=PIPELINE, iceberg=self.iceberg(),
-                                 source_conn_id=source_conn_id, type_overrides=TYPE_OVERRIDES, report=lambda m: None)
+                                 source_conn_id=source_conn_id, type_overrides=TYPE_OVERRIDES, report=lambda m: None,
+                                 limit=limit)
+        if limit > 10:
+            return result
         self.figures.compared_tables += len(result["tables"])
         self.figures.differing_tables += sum(1 for table in result["tables"] if not table["equal"])
         if not result["equal"]:
-            result["diagnosis"] = self.diagnose()
+            result["diagnosis"] = self.run_verify(publications, source_conn_id, limit=200)
         return result
-
-    def diagnose(self, limit: int = 200) -> dict:
-        from airflow_provider_pglogical.lakehouse.verification import RESULT_PREFIX, VERIFY_JOB
-        from airflow_provider_pglogical.staging import layout
-        from airflow_provider_pglogical.capture import source_projection
-
-        name = layout.committed_batches(self.root, f"{source_projection.VERIFY_DIR}/{PIPELINE}")[-1][0]
-        manifest = layout.read_manifest(self.root, f"{source_projection.VERIFY_DIR}/{PIPELINE}", name)
-        specs = source_projection.comparison_specs(manifest, "lake", NAMESPACE)
-        directory = str(self.root / source_projection.VERIFY_DIR / PIPELINE / name).replace("file://", "")
-        command = self.spark_command(VERIFY_JOB, ["--snapshot-dir", directory, "--tables", json.dumps(specs),
-                                                  "--limit", str(limit)])
-        self.figures.spark_submits += 1
-        code, output = run_job(command, with_stderr=False)  # up to 200 rows per table: a long result line
-        if code != 0:
-            self.fail(f"the diagnosis verify job failed (exit {code}):\n{output[-5000:]}")
-        return job_result(output, RESULT_PREFIX)
 
     @staticmethod
     def explain(result: dict) -> str:
