@@ -229,8 +229,9 @@ class ApplyLease:
 
     Taken by a compare-and-swap of the table's metadata (``TableOperations.commit(base, new)``
     refuses a stale ``base`` and never retries), renewed by a thread every third of its length,
-    removed at the end. A killed apply cannot remove it: it blocks the next apply until it
-    expires. Works on every Iceberg catalog, as atomically as the catalog commits (a Hadoop
+    removed at the end. A killed apply cannot remove it: when its driver ran on the same machine
+    (and pid namespace) as the next apply's, the next one sees that process gone and takes the lease
+    over at once (an Airflow retry of a killed task); a driver elsewhere blocks it until it expires. Works on every Iceberg catalog, as atomically as the catalog commits (a Hadoop
     catalog on a file system without an atomic rename-if-absent leaves a window of milliseconds,
     which the read back after the swap narrows further).
 
@@ -289,9 +290,13 @@ class ApplyLease:
     # the swap --------------------------------------------------------------------------------------
     def _take(self, lease: dict | None) -> dict | str | None:
         if lease is not None and lease.get("id") != self.id and lease.get("expires_at", 0) > time.time():
-            raise self._held(lease)
+            if not holder_is_gone(lease.get("process")):
+                raise self._held(lease)
+            log.warning("pipeline %r: the apply holding the lease (%s) is no longer running on this machine: "
+                        "taking its lease over", self.pipeline, lease.get("holder"))
         now = time.time()
-        return {"id": self.id, "holder": self.holder, "taken_at": now, "expires_at": now + self.seconds}
+        return {"id": self.id, "holder": self.holder, "taken_at": now, "expires_at": now + self.seconds,
+                "process": this_process()}
 
     def _swap(self, change, what: str, attempts: int = 20) -> None:
         """Compare-and-swap the lease property: ``change`` maps the lease read (None when absent) to
@@ -344,6 +349,38 @@ class ApplyLease:
             f"lasts until {_utc(expires)} unless renewed. Nothing was applied. Run one apply per pipeline "
             "(max_active_tis_per_dag=1 on the apply task, or max_active_runs=1 on the DAG) and let Airflow "
             "retry: a killed apply's lease expires by itself.", lease)
+
+
+def this_process() -> dict | None:
+    """What tells this driver process apart on its machine: the boot, the pid namespace, the pid and
+    its start time (a reused pid starts later); None where /proc does not say (not Linux)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()
+        return {"boot": boot_id, "pid_namespace": os.readlink("/proc/self/ns/pid"), "pid": os.getpid(),
+                "start": _start_time(os.getpid())}
+    except OSError:
+        return None
+
+
+def holder_is_gone(process: dict | None) -> bool:
+    """True only when the lease's holder ran in this machine's boot and pid namespace and that
+    process has ended (a killed task's driver): its lease need not be waited out. A holder elsewhere
+    (a driver on another host or container) is never judged: its lease expires by itself."""
+    here = this_process()
+    if not process or here is None or (process.get("boot"), process.get("pid_namespace")) != \
+            (here["boot"], here["pid_namespace"]):
+        return False
+    try:
+        return _start_time(int(process["pid"])) != process.get("start")
+    except OSError:  # no such process
+        return True
+
+
+def _start_time(pid: int) -> int:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
 
 
 def _utc(seconds: float) -> str:

@@ -11,6 +11,7 @@ by Spark in this process and compared with the source read by psycopg2.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -95,11 +96,12 @@ class Lake:
             found[name] = rows[0].snapshot_id if rows else None
         return found
 
-    def set_lease(self, holder: str, expires_in: float) -> None:
-        """Leave a lease as another apply would: alive, or (``expires_in`` < 0) one a killed apply left."""
+    def set_lease(self, holder: str, expires_in: float, process: dict | None = None) -> None:
+        """Leave a lease as another apply would: alive, or (``expires_in`` < 0) one a killed apply left;
+        ``process``: the holder's driver process (``driver_commits.this_process()``)."""
         now = time.time()
         lease = json.dumps({"id": f"other-{holder}", "holder": holder, "taken_at": now - 30,
-                            "expires_at": now + expires_in})
+                            "expires_at": now + expires_in, "process": process})
         self.spark.sql(f"ALTER TABLE {self.table('_pglogical_state')} SET TBLPROPERTIES "
                        f"('{APPLY_LEASE_PROPERTY_PREFIX}p' = '{lease}')")
 
@@ -192,7 +194,23 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
     assert "another apply is running" in str(raised.value) and raised.value.lease["holder"].startswith("task sync")
     assert lake.snapshots() == before[0] and lake.lake() == before[1]
 
-    # a killed apply's lease blocks only until it expires: then the next apply takes it over
+    # a live lease whose driver ran on this machine and has ended (a killed task, retried here) is
+    # taken over at once, without waiting for it to expire
+    from airflow_provider_pglogical.spark.driver_commits import _start_time, this_process
+
+    killed = subprocess.Popen(["sleep", "600"])
+    process = {**this_process(), "pid": killed.pid, "start": _start_time(killed.pid)}
+    lake.set_lease("task sync.apply, run manual_1, try 1", expires_in=600, process=process)
+    with pytest.raises(ApplyLeaseHeld):  # while that process runs, it holds the lease
+        lake.run_in_process()
+    killed.kill()
+    killed.wait()
+    assert lake.run_in_process()["steps"] and lake.lake() == lake.source()
+    assert lake.lease() is None
+
+    # a killed apply's lease on another machine blocks only until it expires: then the next apply takes it over
+    publisher.execute(ROUNDS[1])
+    lake.pull_all()
     lake.set_lease("task sync.apply, run manual_1, try 1", expires_in=-1)
     steps = lake.run_in_process()["steps"]
     assert steps and lake.lake() == lake.source()
