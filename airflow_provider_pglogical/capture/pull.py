@@ -28,7 +28,12 @@ from airflow_provider_pglogical.capture.initial_sync import check_sync_arguments
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.capture.peek import peek_window
 from airflow_provider_pglogical.decoding.window import DecodedWindow
-from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming
+from airflow_provider_pglogical.staging.pipeline_record import (
+    PipelineRecord,
+    read_record,
+    record_staged,
+    require_streaming,
+)
 from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
@@ -40,12 +45,28 @@ from airflow_provider_pglogical.management.validation import check_count
 log = logging.getLogger(__name__)
 
 
-def find_staged(root: StagingPath, pipeline: str, position: Lsn) -> tuple[str, Lsn] | None:
+def find_staged(root: StagingPath, pipeline: str, position: Lsn,
+                batches: list[tuple[str, Lsn, Lsn, str]] | None = None) -> tuple[str, Lsn] | None:
     """A committed change batch that covers ``position`` (a run died before advancing past it)."""
-    for name, start, end, kind in layout.committed_batches(root, pipeline):
+    for name, start, end, kind in layout.committed_batches(root, pipeline) if batches is None else batches:
         if kind == "changes" and start <= position < end:
             return name, end
     return None
+
+
+def previous_end(root: StagingPath, pipeline: str, batches: list[tuple[str, Lsn, Lsn, str]], position: Lsn) -> Lsn:
+    """Where the pipeline's chain of change batches ends, for the next batch (at ``position``) to
+    record as its ``previous_end`` (invariant 12): the end of the newest committed change batch, or
+    of the newest one the pipeline's record knows of, or the slot's creation (initial sync or
+    resync), whichever is latest. Between there and ``position`` the slot decoded nothing (empty
+    windows advance it without a batch)."""
+    ends = [end for _name, _start, end, kind in batches if kind == "changes"]
+    record = read_record(root, pipeline)
+    if record is not None:
+        ends.append(Lsn.parse(record.created_lsn))
+        if record.staged_through:
+            ends.append(Lsn.parse(record.staged_through))
+    return min(max(ends, default=position), position)
 
 
 def run_pull(
@@ -130,9 +151,11 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
     with hook.autocommit_cursor() as cursor:
         slot_info = assert_slot_usable(cursor, slot)
         position = slot_info.confirmed_flush_lsn
-        staged = find_staged(root, pipeline, position)
+        batches = layout.committed_batches(root, pipeline)
+        staged = find_staged(root, pipeline, position, batches)
         if staged is not None:
             name, end = staged
+            record_staged(root, pipeline, end)
             advance_slot(cursor, slot, end)
             report(f"batch {name} was committed by an earlier run that died before advancing the slot; "
                    f"advanced {slot} to {end}, staged nothing new")
@@ -154,7 +177,9 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
                 "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
 
     _snapshot_new_tables(hook, record, window, publications, root, pipeline, new_tables, report, type_overrides)
-    manifest = stage_batch(hook, root, pipeline, position, end, window, type_overrides)
+    manifest = stage_batch(hook, root, pipeline, position, end, window, type_overrides,
+                           previous=previous_end(root, pipeline, batches, position))
+    record_staged(root, pipeline, end)
     path = str(root / pipeline / manifest.name)
     if before_advance is not None:
         before_advance(path)
@@ -207,10 +232,14 @@ def _snapshot_new_tables(hook, record: PipelineRecord, window: DecodedWindow, pu
 
 
 def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: DecodedWindow,
-                type_overrides: Mapping[str, str] | None = None) -> BatchManifest:
-    """Build, TOAST-fill and write the batch; the manifest is written last."""
+                type_overrides: Mapping[str, str] | None = None, previous: Lsn | None = None) -> BatchManifest:
+    """Build, TOAST-fill and write the batch; the manifest is written last.
+
+    :param previous: where the change batch before this one ended (:func:`previous_end`).
+    """
     tables = window.tables
-    manifest = BatchManifest(pipeline=pipeline, kind="changes", start_lsn=str(start), end_lsn=str(end))
+    manifest = BatchManifest(pipeline=pipeline, kind="changes", start_lsn=str(start), end_lsn=str(end),
+                             previous_end=None if previous is None else str(previous))
     manifest.details = {"transactions": window.transaction_count, "decoded_rows": window.rows,
                         "decoded_bytes": window.bytes}
     manifest.messages = window.messages

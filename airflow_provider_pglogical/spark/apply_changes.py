@@ -57,6 +57,8 @@ One apply per pipeline and lakehouse: the run holds a lease (a property of the s
 fails at once, writing nothing (its result says ``error.kind`` = ``apply-lease-held``, which the
 operator raises as a retryable error). A killed apply's lease expires after ``--lease-seconds``.
 Every commit validates against the snapshot its step read, so no retry applies a change twice.
+Before any step writes, the chain of change batches from each table's position is proven to
+have no hole and every file a step reads to match its manifest (``retention.prove_staging``).
 """
 
 
@@ -80,7 +82,7 @@ from airflow_provider_pglogical.spark.keyed import KeyedTables
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multisets import Multisets
 from airflow_provider_pglogical.spark.plan import ApplyError, Step, TableState, batches_that_matter, plan_table
-from airflow_provider_pglogical.spark.retention import apply_retention, missing_history
+from airflow_provider_pglogical.spark.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
@@ -165,10 +167,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
             steps, superseded = plan_table(source, wanted, state)
             state.snapshots.update(superseded)
             plans[source] = steps
-        problems = missing_history(plans, staging.read_file(RETENTION_RECORD))
-        if problems:
-            raise ApplyError("; ".join(problems) + ". Nothing was applied")
         record = staging.read_file(PIPELINE_RECORD) or {}
+        prove_staging(staging, pipeline, batches, plans, states, staging.read_file(RETENTION_RECORD), record)
         check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
         phases.end("planning")
         # Tables advance in rounds, one step each (the tables of a round side by side), then one state

@@ -9,11 +9,19 @@ forks ``chmod`` for each file it creates where it has no native library.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import Batch
-from airflow_provider_pglogical.staging.contract import MANIFEST, RESULT_CONF, keyed_tables
+from airflow_provider_pglogical.staging.contract import (
+    FILE_SHA256,
+    FILE_SIZE,
+    MANIFEST,
+    RESULT_CONF,
+    format_lsn,
+    keyed_tables,
+)
 
 
 def local_path(spark, uri: str) -> str | None:
@@ -67,6 +75,58 @@ class Staging:
                 batch.committed_ms = status.getModificationTime()
                 found.append(batch)
         return sorted(found, key=lambda batch: batch.name)
+
+    def uncommitted(self, committed: list[Batch]) -> list[Batch]:
+        """Batch directories without a manifest: a pull writing one now, a dead attempt's
+        leftovers, or a batch whose manifest was deleted (one listing of the pipeline's directory)."""
+        names = {batch.name for batch in committed}
+        found = [Batch.parse(status.getPath().getName()) for status in self._fs.listStatus(self._path(self.directory))
+                 if status.isDirectory()]
+        return sorted((batch for batch in found if batch and batch.name not in names), key=lambda batch: batch.name)
+
+    def damaged_files(self, reads: dict[str, tuple[Batch, set[str]]]) -> list[str]:
+        """Files the steps will read that differ from their manifest: missing, of another size, or
+        of another SHA-256. Sizes come from one listing per batch; every file is read once more
+        to hash it (by Python on ``file:``, else by one Spark job on the executors): on the order of
+        a second per GB. Files staged before sizes and hashes were recorded are not checked."""
+        problems, expected = [], {}
+        for batch, sources in reads.values():
+            directory = self._path(f"{self.directory}/{batch.name}")
+            sizes = {status.getPath().getName(): status.getLen() for status in self._fs.listStatus(directory)}
+            for source in sorted(sources):
+                for entry in batch.manifest["tables"][source]["files"]:
+                    name, size = entry["path"], entry.get(FILE_SIZE)
+                    if name not in sizes:
+                        problems.append(_damaged(batch, source, name, "is missing"))
+                    elif size is not None and sizes[name] != size:
+                        problems.append(_damaged(batch, source, name, f"is {sizes[name]:,} bytes, its manifest says "
+                                                                      f"{size:,} (truncated or replaced)"))
+                    elif entry.get(FILE_SHA256):
+                        expected[f"{self.directory}/{batch.name}/{name}"] = (batch, source, name, entry[FILE_SHA256])
+        actual = self._sha256(list(expected))
+        for uri, (batch, source, name, sha256) in expected.items():
+            if actual.get(_batch_file(uri)) != sha256:
+                problems.append(_damaged(batch, source, name, "has other bytes than were staged (its SHA-256 differs "
+                                                              "from the manifest's)"))
+        return problems
+
+    def _sha256(self, uris: list[str]) -> dict[str, str]:
+        """``{"<batch>/<file>": SHA-256 hex}`` of staged files."""
+        out, remote = {}, []
+        for uri in uris:
+            local = local_path(self.spark, uri)
+            if local is None:
+                remote.append(uri)
+                continue
+            digest = hashlib.sha256()
+            with open(local, "rb") as file:
+                for chunk in iter(lambda: file.read(1 << 20), b""):
+                    digest.update(chunk)
+            out[_batch_file(uri)] = digest.hexdigest()
+        if remote:
+            hashed = self.spark.sparkContext.binaryFiles(",".join(remote)).map(_sha256_of).collect()
+            out.update((_batch_file(uri), digest) for uri, digest in hashed)
+        return out
 
     def read_file(self, name: str) -> dict | None:
         """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when absent."""
@@ -131,6 +191,23 @@ class Staging:
 
     def files(self, batch: Batch, source: str) -> list[str]:
         return [f"{self.directory}/{batch.name}/{f['path']}" for f in batch.manifest["tables"][source]["files"]]
+
+
+def _batch_file(uri: str) -> str:
+    """``<batch>/<file>`` of a staged file's URI: unique in a pipeline whatever form the URI has."""
+    return "/".join(uri.rstrip("/").rsplit("/", 2)[-2:])
+
+
+def _sha256_of(item: tuple[str, bytes]) -> tuple[str, str]:
+    """On an executor: a whole file's SHA-256."""
+    return item[0], hashlib.sha256(item[1]).hexdigest()
+
+
+def _damaged(batch: Batch, source: str, name: str, problem: str) -> str:
+    return (f"batch {batch.name} ({batch.kind}, LSN {format_lsn(batch.start)} to {format_lsn(batch.end)}): file "
+            f"{name} of table {source} {problem}, so applying it would leave {source} silently wrong. Restore the "
+            f"batch if you have a copy, or run a backfill of the table (PgBackfillOperator(tables=[{source!r}])): its "
+            "snapshot supersedes the batch")
 
 
 def write_result(spark, summary: dict) -> None:

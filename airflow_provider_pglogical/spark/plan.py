@@ -1,7 +1,8 @@
 """Which steps bring each table from what the lakehouse holds to the end of the staged batches.
 
 Pure functions over batch names and manifests: no Spark, so the unit tests cover every ordering
-(late backfills, superseded snapshots, partly applied batches) in milliseconds.
+(late backfills, superseded snapshots, partly applied batches) in milliseconds; and the proof
+that the chain of change batches has no hole (invariant 12), from the same inputs.
 """
 
 from __future__ import annotations
@@ -9,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.identifiers import quote, sql_literal
-from airflow_provider_pglogical.staging.contract import is_multiset, parse_batch_name
+from airflow_provider_pglogical.staging.contract import (
+    MANIFEST,
+    PREVIOUS_END,
+    format_lsn,
+    is_multiset,
+    parse_batch_name,
+    parse_lsn,
+)
 
 
 class ApplyError(RuntimeError):
@@ -142,3 +150,99 @@ def batches_that_matter(batches: list[Batch], states: dict[str, TableState]) -> 
     pending = [b.start for b in batches if b.kind == "snapshot" and b.name not in applied_anywhere]
     floor = min([s.position for s in states.values()] + pending) if states else 0
     return [b for b in batches if (b.kind == "snapshot" and b.name not in applied_anywhere) or b.end > floor]
+
+
+# --- the chain of change batches (invariant 12) --------------------------------------------------
+
+def chain_intervals(batches: list[Batch]) -> list[tuple[Batch, int, int]]:
+    """Each committed change batch (name order) with the WAL range ``[from, end)`` it vouches for:
+    from the ``previous_end`` its manifest records (the slot decoded nothing between there and its
+    start), else, for a batch staged before that was recorded, from the end of the change batch
+    before it (0 for the first): an old chain is taken on trust, as before. A batch whose manifest
+    was not read (it ends before anything a table needs) vouches for its own range only."""
+    out, before = [], 0
+    for batch in batches:
+        if batch.kind != "changes":
+            continue
+        recorded = batch.manifest.get(PREVIOUS_END) if batch.manifest else None
+        start = parse_lsn(recorded) if recorded else (before if batch.manifest else batch.start)
+        out.append((batch, min(start, batch.start), batch.end))
+        before = batch.end
+    return out
+
+
+def merged(intervals: list[tuple[int, int]]) -> list[list[int]]:
+    """``intervals`` as the fewest ``[from, end)`` ranges covering the same positions."""
+    out: list[list[int]] = []
+    for low, high in sorted(intervals):
+        if out and low <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], high)
+        else:
+            out.append([low, high])
+    return out
+
+
+def uncovered(covered: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of ``[start, end)`` that no range of ``covered`` holds."""
+    holes, at = [], start
+    for low, high in merged(covered):
+        if at >= end:
+            break
+        if low > at:
+            holes.append((at, min(low, end)))
+        at = max(at, high)
+    if at < end:
+        holes.append((at, end))
+    return holes
+
+
+def needed_from(steps: list[Step], state: TableState) -> int:
+    """The position from which a table needs every change: its first step's (a snapshot's
+    position, or where its changes continue), else where it stands."""
+    return min((step.position for step in steps), default=state.position)
+
+
+def chain_holes(pipeline: str, batches: list[Batch], needed: dict[str, int], removed: list[list[int]],
+                staged_through: int | None, uncommitted: list[Batch]) -> list[str]:
+    """What breaks the chain of change batches between each table's needed position and the end
+    of staging (the newest change batch, or the end the pull recorded, whichever is later), each
+    with the batches around the hole and the fix.
+
+    :param removed: the ranges of the change batches staging retention removed (``_retention.json``).
+    :param uncommitted: batch directories without a manifest: named where they lie in a hole.
+    """
+    chain = chain_intervals(batches)
+    end = max([high for _batch, _low, high in chain] + [staged_through or 0])
+    covered = [(low, high) for _batch, low, high in chain] + [(low, high) for low, high in removed]
+    problems = []
+    for low, high in uncovered(covered, min(needed.values(), default=end), end):
+        tables = sorted(source for source, position in needed.items() if position < high)
+        if not tables:
+            continue
+        before = [batch.name for batch, _low, batch_end in chain if batch_end <= low]
+        after = [batch.name for batch, batch_low, _high in chain if batch_low >= high]
+        where = ", ".join(filter(None, [
+            f"after batch {before[-1]}" if before else None,
+            f"before batch {after[0]}" if after else
+            f"the last pull recorded change batches up to LSN {format_lsn(high)}",
+        ]))
+        unfinished = [b.name for b in uncommitted if b.kind == "changes" and b.start < high and b.end > low]
+        if unfinished:
+            where += f"; batch directory {', '.join(unfinished)} has no {MANIFEST} (deleted or never committed)"
+        problems.append(
+            f"pipeline {pipeline!r}: no committed change batch covers LSN {format_lsn(low)} to {format_lsn(high)} "
+            f"({where}), and the slot has moved past those changes, so applying the batches after them would leave "
+            f"{', '.join(tables)} silently wrong. Restore the missing batch if you have a copy, or run a backfill of "
+            f"the affected tables (PgBackfillOperator(tables={tables!r})): its snapshot supersedes the hole"
+        )
+    return problems
+
+
+def files_read(plans: dict[str, list[Step]]) -> dict[str, tuple[Batch, set[str]]]:
+    """``{batch name: (batch, the tables whose files the steps read)}``."""
+    out: dict[str, tuple[Batch, set[str]]] = {}
+    for source, steps in plans.items():
+        for step in steps:
+            for batch in [step.batch, *(step.window or [])]:
+                out.setdefault(batch.name, (batch, set()))[1].add(source)
+    return out

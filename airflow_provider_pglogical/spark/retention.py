@@ -19,7 +19,9 @@ source table, the end of the last removed batch that held it, and the names it i
 Iceberg table rebuilt from staging, a backfill whose snapshot is older than what was removed -
 fails before anything changes, naming the backfill that rebuilds the table
 (:func:`missing_history`). The manifest of a removed initial snapshot is kept in the record, so a
-re-run of the initial sync still finds its work done.
+re-run of the initial sync still finds its work done. The record also keeps the WAL ranges the
+removed change batches covered (``removed_chain``), so the chain of change batches is still
+proven complete after they are gone (:func:`prove_staging`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,23 @@ import os
 import signal
 import time
 
-from airflow_provider_pglogical.spark.plan import Batch, Step, TableState
-from airflow_provider_pglogical.staging.contract import ARCHIVE_DIRECTORY, RETENTION_RECORD
+from airflow_provider_pglogical.spark.plan import (
+    ApplyError,
+    Batch,
+    Step,
+    TableState,
+    chain_holes,
+    chain_intervals,
+    files_read,
+    merged,
+    needed_from,
+)
+from airflow_provider_pglogical.staging.contract import (
+    ARCHIVE_DIRECTORY,
+    RETENTION_RECORD,
+    STAGED_THROUGH,
+    parse_lsn,
+)
 
 log = logging.getLogger("pglogical.retention")
 
@@ -73,6 +90,28 @@ def missing_history(plans: dict[str, list[Step]], record: dict | None) -> list[s
     return problems
 
 
+def prove_staging(staging, pipeline: str, batches: list[Batch], plans: dict[str, list[Step]],
+                  states: dict[str, TableState], record: dict | None, pipeline_record: dict) -> None:
+    """Invariant 12, before anything is written: staging holds every change each table needs (the
+    chain of change batches from its position to the end of staging has no hole, counting what
+    retention removed as held) and every file the steps read is the one staged. Raises
+    :class:`ApplyError` naming each batch, LSN range and fix.
+
+    :param record: the retention record; :param pipeline_record: the pipeline's (``PIPELINE_RECORD``).
+    """
+    problems = missing_history(plans, record)
+    if not problems:
+        through = pipeline_record.get(STAGED_THROUGH)
+        needed = {source: needed_from(steps, states[source]) for source, steps in plans.items()}
+        removed, end = (record or {}).get("removed_chain", []), parse_lsn(through) if through else None
+        problems = chain_holes(pipeline, batches, needed, removed, end, [])
+        if problems:  # list the directories without a manifest only to name them
+            problems = chain_holes(pipeline, batches, needed, removed, end, staging.uncommitted(batches))
+        problems += staging.damaged_files(files_read(plans))
+    if problems:
+        raise ApplyError("; ".join(problems) + ". Nothing was applied")
+
+
 def apply_retention(staging, batches: list[Batch], states: dict[str, TableState], retention_hours: float,
                     archive: bool = False) -> dict:
     """Remove (or archive) what :func:`removable` allows; returns what it did."""
@@ -90,6 +129,9 @@ def apply_retention(staging, batches: list[Batch], states: dict[str, TableState]
     chosen = removable(batches, states, now_ms, retention_ms)
     if not chosen and not leftovers:
         return {"removed": 0}
+    gone = {batch.name for batch in chosen}
+    record["removed_chain"] = merged([tuple(r) for r in record.get("removed_chain", [])] + [
+        (low, high) for batch, low, high in chain_intervals(batches) if batch.name in gone])
     through = record.setdefault("removed_through", {})
     for batch in chosen:
         for source in batch.manifest["tables"]:

@@ -7,6 +7,7 @@ a batch that is not committed does not exist for any reader.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_pglogical.staging.contract import FILE_SHA256, FILE_SIZE
 from airflow_provider_pglogical.staging.layout import MANIFEST, BatchManifest, StagingPath, TableManifest
 
 log = logging.getLogger(__name__)
@@ -56,17 +58,24 @@ class BatchWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         return table, entry
 
-    def _count(self, table: TableManifest, entry: dict, rows: int) -> None:
+    def _count(self, table: TableManifest, entry: dict, rows: int, written: "_HashingFile") -> None:
         with self._lock:
             entry["rows"] = rows
+            entry[FILE_SIZE] = written.size
+            entry[FILE_SHA256] = written.sha256.hexdigest()
             table.rows += rows
+
+    @contextlib.contextmanager
+    def _open(self, entry: dict) -> Iterator["_HashingFile"]:
+        with (self.directory / entry["path"]).open("wb") as fh:
+            yield _HashingFile(fh)
 
     def write_part(self, qualified_name: str, data: pa.Table) -> None:
         """Write one Parquet file of ``data`` for a table."""
         table, entry = self._next_file(qualified_name)
-        with (self.directory / entry["path"]).open("wb") as fh:
+        with self._open(entry) as fh:
             pq.write_table(data, fh, **PARQUET_OPTIONS)
-        self._count(table, entry, data.num_rows)
+        self._count(table, entry, data.num_rows, fh)
 
     def write_parts(self, qualified_name: str, data: pa.Table, workers: int, min_rows: int) -> None:
         """Write ``data`` as up to ``workers`` Parquet files of at least ``min_rows`` rows each, in
@@ -81,9 +90,9 @@ class BatchWriter:
 
         def write(item: tuple[pa.Table, tuple[TableManifest, dict]]) -> None:
             part, (table, entry) = item
-            with (self.directory / entry["path"]).open("wb") as fh:
+            with self._open(entry) as fh:
                 pq.write_table(part, fh, **PARQUET_OPTIONS)
-            self._count(table, entry, part.num_rows)
+            self._count(table, entry, part.num_rows, fh)
 
         with ThreadPoolExecutor(len(slices)) as pool:
             list(pool.map(write, zip(slices, files)))
@@ -92,13 +101,13 @@ class BatchWriter:
     def part_writer(self, qualified_name: str, schema: pa.Schema) -> Iterator["_CountingWriter"]:
         """Stream record batches into one Parquet file of a table (thread-safe across tables/parts)."""
         table, entry = self._next_file(qualified_name)
-        with (self.directory / entry["path"]).open("wb") as fh:
+        with self._open(entry) as fh:
             writer = _CountingWriter(pq.ParquetWriter(fh, schema, **PARQUET_OPTIONS))
             try:
                 yield writer
             finally:
                 writer.close()
-        self._count(table, entry, writer.rows)
+        self._count(table, entry, writer.rows, fh)
 
     def commit(self) -> str:
         """Write the manifest last, through a temporary name, and return the batch path."""
@@ -109,6 +118,30 @@ class BatchWriter:
         tmp.rename(self.directory / MANIFEST)
         log.info("committed batch %s (%d tables)", self.manifest.name, len(self.manifest.tables))
         return str(self.directory)
+
+
+class _HashingFile:
+    """A file being written that counts and hashes the bytes on their way to it, so the manifest
+    records each file's size and SHA-256 without reading the file again (the apply job checks
+    both before it writes anything: invariant 12). ``hashlib`` releases the GIL on large writes."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.size += view.nbytes
+        written = self._raw.write(data)
+        return view.nbytes if written is None else written
+
+    def tell(self) -> int:
+        return self.size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 class _CountingWriter:

@@ -43,6 +43,34 @@ def parse_batch_name(name: str) -> tuple[int, int, str] | None:
     return (int(match.group(1), 16), int(match.group(2), 16), match.group(3)) if match else None
 
 
+# --- the chain of change batches (invariant 12) --------------------------------------------------
+
+#: a change batch's manifest key: where the change batch before it ended (``X/Y``). The slot
+#: decoded nothing of the pipeline's publications between there and the batch's own start (empty
+#: windows advance the slot without a batch), so ``[previous_end, end)`` of consecutive batches
+#: tile the WAL: a batch that is missing leaves a hole the apply finds. Batches staged before
+#: this key existed have none.
+PREVIOUS_END = "previous_end"
+#: the key of the pipeline's record (:data:`PIPELINE_RECORD`) holding the end of the newest change
+#: batch the pull committed: a deleted newest batch is a hole too
+STAGED_THROUGH = "staged_through"
+#: keys of a manifest's file entries (``{"path", "rows", "size", "sha256"}``): the file's length in
+#: bytes and its SHA-256 (hex), computed while it was written
+FILE_SIZE = "size"
+FILE_SHA256 = "sha256"
+
+
+def parse_lsn(text: str) -> int:
+    """``"16/B374D848"`` -> its integer (the manifests' LSN text)."""
+    high, _, low = text.partition("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def format_lsn(value: int) -> str:
+    """An LSN as PostgreSQL prints it (``16/B374D848``), for messages."""
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
 # --- change rows ---------------------------------------------------------------------------------
 
 #: metadata columns of a staged change row; the source columns follow, then ``_old_<key>`` columns

@@ -50,6 +50,7 @@ class TableManifest:
     replica_identity: str = "d"
     #: no replica-identity column at all (``key`` then lists every column): a multiset
     keyless: bool = False
+    #: ``[{"path", "rows", "size", "sha256"}]`` (size and sha256: see ``contract.FILE_SIZE``)
     files: list[dict] = field(default_factory=list)
     rows: int = 0
     #: free-form facts the apply job needs: ``{"truncated": true, "backfill_where": ...}``
@@ -74,6 +75,9 @@ class BatchManifest:
     #: logical messages (``pg_logical_emit_message``) decoded in the batch
     messages: list[dict] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    #: a change batch: where the change batch before it ended (``contract.PREVIOUS_END``); None
+    #: for snapshots and for change batches staged before it was recorded
+    previous_end: str | None = None
 
     @property
     def name(self) -> str:

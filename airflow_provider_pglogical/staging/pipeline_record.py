@@ -49,6 +49,9 @@ class PipelineRecord:
     #: tables with a full snapshot in staging: ``{"schema.table": relation oid or None}``
     tables: dict[str, int | None] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    #: the end of the newest change batch a pull committed (``contract.STAGED_THROUGH``): the
+    #: apply refuses a staging whose change batches end before it (the newest one was removed)
+    staged_through: str | None = None
 
     def same_publications(self, publications: Sequence[str]) -> bool:
         return sorted(set(self.publications)) == sorted(set(publications))
@@ -87,6 +90,14 @@ def _read_json(root: StagingPath, pipeline: str) -> dict | None:
 def write_record(root: StagingPath, pipeline: str, record: PipelineRecord) -> None:
     """Write the record through a temporary name and a rename, so readers never see half of it."""
     write_pipeline_file(root, pipeline, RECORD, asdict(record))
+
+
+def record_staged(root: StagingPath, pipeline: str, end: Lsn) -> None:
+    """Note that change batches are committed up to ``end`` (the pull holds the consumer lock)."""
+    record = read_record(root, pipeline)
+    if record is not None and (record.staged_through is None or Lsn.parse(record.staged_through) < end):
+        record.staged_through = str(end)
+        write_record(root, pipeline, record)
 
 
 def upgraded_legacy_record(root: StagingPath, pipeline: str) -> PipelineRecord | None:
