@@ -49,6 +49,9 @@ class PipelineRecord:
     #: tables with a full snapshot in staging: ``{"schema.table": relation oid or None}``
     tables: dict[str, int | None] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    #: per table OID (a string): its identity, columns with attnums, key and enum labels as the
+    #: pipeline last saw them (``capture/ddl.py`` compares the catalog with them)
+    relations: dict[str, dict] = field(default_factory=dict)
 
     def same_publications(self, publications: Sequence[str]) -> bool:
         return sorted(set(self.publications)) == sorted(set(publications))
