@@ -21,7 +21,7 @@ from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.management.connector import Connector
-from airflow_provider_pglogical.exceptions import PublicationError
+from airflow_provider_pglogical.exceptions import PipelineStateError, PublicationError
 from airflow_provider_pglogical.management import validation
 from airflow_provider_pglogical.capture.initial_sync import require_tables, snapshot_result
 from airflow_provider_pglogical.staging.contract import decimal_of, override_key
@@ -88,9 +88,13 @@ def run_backfill(
     replace = None
     if key_range is None:  # a table with DDL since the pipeline saw it is replaced whole (capture/ddl.py)
         with hook.autocommit_cursor() as cursor:
-            found = ddl.catalog_review(cursor, record, chosen, {}, Lsn(0), Lsn(0))
-        replace = {oid: why for oid, why in found.resnapshot.items()}
-        replace.update({oid: "its columns were renamed or dropped" for oid in found.evolution})
+            found = ddl.catalog_review(cursor, record, connector.published_tables(hook, publications), {},
+                                       Lsn(0), Lsn(0))
+        if found.refused:
+            raise PipelineStateError("; ".join(found.refused) + ". Nothing was changed")
+        wanted = {t.oid for t in chosen}
+        replace = {oid: why for oid, why in found.resnapshot.items() if oid in wanted}
+        replace.update({oid: "its columns were renamed or dropped" for oid in found.evolution if oid in wanted})
     return snapshot_tables(hook, record, chosen, root, pipeline, key_range=key_range, extra_where=extra,
                            parallelism=parallelism, type_overrides=type_overrides, report=report, replace=replace)
 

@@ -120,8 +120,7 @@ def review(record_tables: Mapping[str, int | None], relations: Mapping[str, dict
     out = Review()
     for name, oid in record_tables.items():  # a pipeline recorded before relations were: adopt them
         if oid is not None and str(oid) not in relations and oid in published:
-            table = published[oid]
-            out.relations[str(oid)] = relation_entry(table, enums, (table.schema, table.name), None)
+            out.relations[str(oid)] = relation_entry(published[oid], enums, tuple(name.split(".", 1)), None)
     known = {**relations, **out.relations}
     for key, entry in known.items():
         oid = int(key)
