@@ -228,29 +228,29 @@ def _by_attnum(versions: Sequence, shapes: list[list], current: Mapping[int, tup
 
 def restage(data: pa.Table, columns: list[dict], moves: Mapping[str, str | None]) -> tuple[pa.Table, list[dict]]:
     """Stage a window's columns under their current names: a renamed column's older values join
-    the new name's, a dropped column goes (its unchanged-TOAST marks are renamed or go too)."""
-    present = set(data.column_names)
+    the new name's, a dropped column goes, and so do their unchanged-TOAST marks."""
+    both = {old: new for old, new in moves.items() if new is not None
+            and contract.staged_name(old) in data.column_names and contract.staged_name(new) in data.column_names}
     for old, new in moves.items():
         old_name = contract.staged_name(old)
-        if old_name not in present:
+        if old_name not in data.column_names:
             continue
         values = data[old_name]
         data = data.drop_columns([old_name])
-        if new is not None:
-            new_name = contract.staged_name(new)
-            if new_name in data.column_names:
-                index = data.schema.get_field_index(new_name)
-                merged = pc.coalesce(data[new_name], values.cast(data.schema.field(new_name).type))
-                data = data.set_column(index, new_name, merged)
-            else:
-                data = data.append_column(pa.field(new_name, values.type), values)
-        present = set(data.column_names)
-    if contract.UNCHANGED in present:
+        if new is None:
+            continue
+        new_name = contract.staged_name(new)
+        if new_name in data.column_names:
+            index = data.schema.get_field_index(new_name)
+            merged = pc.coalesce(data[new_name], values.cast(data.schema.field(new_name).type))
+            data = data.set_column(index, new_name, merged)
+        else:
+            data = data.append_column(pa.field(new_name, values.type), values)
+    if contract.UNCHANGED in data.column_names:
         marks = data[contract.UNCHANGED]
-        renamed = [None if row is None else [moves.get(c, c) for c in row if moves.get(c, c) is not None]
-                   for row in marks.to_pylist()]
+        kept = [None if row is None else (_marks(row, moves, both) or None) for row in marks.to_pylist()]
         data = data.set_column(data.schema.get_field_index(contract.UNCHANGED), contract.UNCHANGED,
-                               pa.array(renamed, type=marks.type))
+                               pa.array(kept, type=marks.type))
     entries, seen = [], set()
     for column in columns:
         name = moves.get(column["name"], column["name"])
@@ -260,6 +260,24 @@ def restage(data: pa.Table, columns: list[dict], moves: Mapping[str, str | None]
         entries.append({**column, "name": name})
     return data, entries
 
+
+def _marks(row: list[str], moves: Mapping[str, str | None], both: Mapping[str, str]) -> list[str]:
+    """A row's unchanged marks under the current names. A row of a version without a column has
+    it marked (the lakehouse keeps its value): when a window holds a column under its old and its
+    new name, the current one keeps the lakehouse's value only if neither name carried one."""
+    marked, olds = set(row), {new: old for old, new in both.items()}
+    out: list[str] = []
+    for name in row:
+        if name in moves:
+            new = moves[name]
+            if new is None or (name in both and new not in marked):
+                continue
+            name = new
+        elif name in olds and olds[name] not in marked:
+            continue
+        if name not in out:
+            out.append(name)
+    return out
 
 def record_snapshot(record: PipelineRecord, manifest: BatchManifest) -> None:
     """Keep in the record what a whole-table snapshot batch saw of its tables: the apply holds

@@ -89,11 +89,14 @@ def test_a_renamed_table_keeps_its_identity_and_a_new_oid_under_its_name_is_resn
 
 
 def test_restage_moves_old_values_and_unchanged_marks_to_the_new_name():
-    data = pa.table({contract.OP: ["U", "U"], "id": [1, 2], "c": [None, "new"], "b": ["old", None],
-                     "gone": ["x", "y"], contract.UNCHANGED: [["b", "gone"], None]})
+    # rows of the old layout (b) and of the new one (c): each marks the name its layout lacks;
+    # the third row's b was unchanged TOAST, the fourth's c
+    data = pa.table({contract.OP: ["U"] * 4, "id": [1, 2, 3, 4], "c": [None, "new", None, None],
+                     "b": ["old", None, None, None], "gone": ["x", None, "z", None],
+                     contract.UNCHANGED: [["c"], ["b", "gone"], ["b", "c"], ["c", "b", "gone"]]})
     columns = [{"name": n} for n in ("id", "c", "b", "gone")]
     staged, entries = ddl.restage(data, columns, {"b": "c", "gone": None})
-    assert staged.column("c").to_pylist() == ["old", "new"]
+    assert staged.column("c").to_pylist() == ["old", "new", None, None]
     assert "b" not in staged.column_names and "gone" not in staged.column_names
-    assert staged.column(contract.UNCHANGED).to_pylist() == [["c"], None]
+    assert staged.column(contract.UNCHANGED).to_pylist() == [None, None, ["c"], ["c"]]
     assert [e["name"] for e in entries] == ["id", "c"]
