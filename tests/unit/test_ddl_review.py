@@ -100,3 +100,19 @@ def test_restage_moves_old_values_and_unchanged_marks_to_the_new_name():
     assert "b" not in staged.column_names and "gone" not in staged.column_names
     assert staged.column(contract.UNCHANGED).to_pylist() == [None, None, ["c"], ["c"]]
     assert [e["name"] for e in entries] == ["id", "c"]
+
+
+def test_verify_compares_a_renamed_table_with_the_target_of_its_first_name(tmp_path):
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_pglogical.lakehouse.verification import followed_renames
+    from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, write_record
+
+    root = ObjectStoragePath(tmp_path.as_uri())
+    record = PipelineRecord(slot="s1", plugin="pgoutput", database="d", created_lsn="0/1", publications=["p"],
+                            tables={"public.t": OID, "public.u": OID + 1})
+    record.relations = {str(OID): ddl.relation_entry(BEFORE, {}, ("public", "t"), None)}
+    write_record(root, "p", record)
+    tables = [table((1, "id", INT4), name="t2"), table((1, "id", INT4), name="u", oid=OID + 1)]
+    assert followed_renames(root, "p", tables, None) == {"public.t2": "public__t"}
+    assert followed_renames(root, "p", tables, {"public.t": "orders"}) == {"public.t": "orders", "public.t2": "orders"}
