@@ -216,9 +216,14 @@ def _by_attnum(versions: Sequence, shapes: list[list], current: Mapping[int, tup
         signature = [(c.name, c.type_oid, c.typmod) for c in version.columns]
         attnums = {tuple(a for a, *_ in s) for s in shapes if [(n, t, m) for _, n, t, m in s] == signature}
         if len(attnums) != 1:
-            if straddles:  # rows older than the table's snapshot are skipped by the apply
-                continue
-            return None
+            if not straddles:
+                return None
+            # rows older than the table's snapshot, which the apply skips: only keep their columns
+            # from coming back (a column the snapshot no longer had is not staged)
+            names = {name for name, *_ in current.values()}
+            for column in version.columns:
+                mapping.setdefault(column.name, column.name if column.name in names else None)
+            continue
         for column, attnum in zip(version.columns, attnums.pop()):
             target = current[attnum][0] if attnum in current else None
             if mapping.setdefault(column.name, target) != target:

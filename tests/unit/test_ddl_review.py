@@ -72,6 +72,7 @@ def test_versions_no_known_layout_explains_resnapshot_unless_older_than_the_tabl
     assert OID in review(now, now, middle, since="0/C8").superseded  # all of the window predates it
     straddling = review(now, now, middle, since="0/96")
     assert not straddling.resnapshot and OID not in straddling.superseded
+    assert straddling.columns == {OID: {"c": None}}  # the older rows' column is not staged
 
 
 def test_a_renamed_table_keeps_its_identity_and_a_new_oid_under_its_name_is_resnapshotted():
