@@ -167,7 +167,7 @@ def snapshot_tables(
                     extra_where=extra_where, type_overrides=type_overrides, report=report, identities=identities)
         for table in tables:
             if (replace or {}).get(table.oid):
-                name = "{}.{}".format(*identities.get(table.qualified_name, (table.schema, table.name)))
+                name = contract.table_key(*identities.get(table.qualified_name, (table.schema, table.name)))
                 manifest.tables[name].details[contract.REPLACE_TABLE] = replace[table.oid]
         writer.commit()
     if key_range is None:

@@ -120,7 +120,7 @@ def review(record_tables: Mapping[str, int | None], relations: Mapping[str, dict
     out = Review()
     for name, oid in record_tables.items():  # a pipeline recorded before relations were: adopt them
         if oid is not None and str(oid) not in relations and oid in published:
-            out.relations[str(oid)] = relation_entry(published[oid], enums, tuple(name.split(".", 1)), None)
+            out.relations[str(oid)] = relation_entry(published[oid], enums, contract.parse_table_key(name), None)
     known = {**relations, **out.relations}
     for key, entry in known.items():
         oid = int(key)
@@ -129,7 +129,7 @@ def review(record_tables: Mapping[str, int | None], relations: Mapping[str, dict
             continue  # dropped, or no longer published: the lakehouse keeps its last rows
         _review_table(out, oid, entry, table, defaults, enums, window.get(oid), start, end)
     by_identity = {tuple(e["identity"]): int(k) for k, e in known.items()}
-    by_identity.update({tuple(n.split(".", 1)): o for n, o in record_tables.items() if o is not None})
+    by_identity.update({contract.parse_table_key(n): o for n, o in record_tables.items() if o is not None})
     for oid, table in published.items():
         if str(oid) in known:
             continue

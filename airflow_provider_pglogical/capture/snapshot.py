@@ -32,6 +32,7 @@ from psycopg2 import sql
 from airflow_provider_pglogical.capture import copy_text, ddl
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.management.published import ResolvedTable
+from airflow_provider_pglogical.staging.contract import table_key
 from airflow_provider_pglogical.staging.layout import TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.typemap import MappedType, apply_overrides, map_column
@@ -275,7 +276,7 @@ def copy_tables(
         mappings[table.qualified_name] = {c["name"]: map_column(c) for c in columns}
         schema, name = identity[table.qualified_name] = (identities or {}).get(
             table.qualified_name, (table.schema, table.name))
-        staged_as[table.qualified_name] = f"{schema}.{name}"
+        staged_as[table.qualified_name] = table_key(schema, name)
         writer.add_table(
             TableManifest(
                 schema=schema, name=name,

@@ -23,9 +23,8 @@ from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.staging.contract import RESULT_CONF
+from airflow_provider_pglogical.staging.contract import RESULT_CONF, default_target_name, table_key
 from airflow_provider_pglogical.staging.job_result import read_result, storage_path
-from airflow_provider_pglogical.staging.contract import default_target_name
 from airflow_provider_pglogical.staging.pipeline_record import read_record
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 
@@ -106,7 +105,7 @@ def followed_renames(root, pipeline: str, tables, table_map: dict[str, str] | No
     mapped = dict(table_map or {})
     for table in tables:
         entry = (record.relations if record else {}).get(str(table.oid))
-        identity = ".".join(entry["identity"]) if entry else table.qualified_name
+        identity = table_key(*entry["identity"]) if entry else table.qualified_name
         if identity != table.qualified_name and table.qualified_name not in mapped:
             mapped[table.qualified_name] = mapped.get(identity) or default_target_name(identity)
     return mapped
