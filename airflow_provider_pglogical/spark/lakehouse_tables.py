@@ -323,6 +323,10 @@ class Lakehouse:
     def replace(self, table: str, why: str) -> None:
         """Drop the table before a snapshot that replaces it: DDL at the source it cannot follow."""
         log.warning("replacing %s (%s)", self.name(table), why)
+        existing = self.loaded_table(table)
+        owner = existing.properties().get(OWNER_PROPERTY) if existing is not None else None
+        if owner is not None:  # the table created again records the owner the run checked
+            self.owners.setdefault(table, owner)
         self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)} PURGE")
 
     def _create(self, table: str, manifest: dict, wanted: dict[str, str]) -> dict[str, str]:

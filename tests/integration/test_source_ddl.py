@@ -144,6 +144,9 @@ def test_ddl_is_followed_or_resnapshotted_and_the_lakehouse_equals_the_source(pu
         assert_lakehouse_equals_source(spark, publisher)
         tables = {r.tableName for r in spark.sql("SHOW TABLES IN lake.ddl").collect()}
         assert not tables & {"public__renamed_tbl2", "other__moved"}, tables
+        for replaced in ("public__recreated", "public__retyped"):  # created again with the owner it had
+            properties = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES lake.ddl.{replaced}").collect()}
+            assert '"table": "public.' in properties.get("pglogical.owner", ""), properties
     finally:
         spark.stop()
 
