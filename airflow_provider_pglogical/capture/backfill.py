@@ -16,9 +16,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from psycopg2 import sql
 
+from airflow_provider_pglogical.capture import ddl
+from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.management.connector import Connector
-from airflow_provider_pglogical.exceptions import PublicationError
+from airflow_provider_pglogical.exceptions import PipelineStateError, PublicationError
 from airflow_provider_pglogical.management import validation
 from airflow_provider_pglogical.capture.initial_sync import require_tables, snapshot_result
 from airflow_provider_pglogical.staging.contract import decimal_of, override_key
@@ -82,8 +85,18 @@ def run_backfill(
             for table in chosen:
                 text = range_column_is_text(table, key_range.column, type_overrides)
                 extra[table.qualified_name] = key_range.where(text).as_string(cursor)
+    replace = None
+    if key_range is None:  # a table with DDL since the pipeline saw it is replaced whole (capture/ddl.py)
+        with hook.autocommit_cursor() as cursor:
+            found = ddl.catalog_review(cursor, record, connector.published_tables(hook, publications), {},
+                                       Lsn(0), Lsn(0))
+        if found.refused:
+            raise PipelineStateError("; ".join(found.refused) + ". Nothing was changed")
+        wanted = {t.oid for t in chosen}
+        replace = {oid: why for oid, why in found.resnapshot.items() if oid in wanted}
+        replace.update({oid: "its columns were renamed or dropped" for oid in found.evolution if oid in wanted})
     return snapshot_tables(hook, record, chosen, root, pipeline, key_range=key_range, extra_where=extra,
-                           parallelism=parallelism, type_overrides=type_overrides, report=report)
+                           parallelism=parallelism, type_overrides=type_overrides, report=report, replace=replace)
 
 
 #: column types whose order PostgreSQL and Spark agree on (text-like ones compared in byte order);
@@ -131,9 +144,16 @@ def snapshot_tables(
     hook, record: PipelineRecord, tables: list[ResolvedTable], root: StagingPath, pipeline: str, *,
     key_range: KeyRange | None = None, extra_where: dict[str, str] | None = None, parallelism: int = 2,
     report: Callable[[str], None] = log.info, reason: str = "backfill",
-    type_overrides: Mapping[str, str] | None = None,
+    type_overrides: Mapping[str, str] | None = None, replace: Mapping[int, str] | None = None,
 ) -> dict:
-    """Stage a snapshot batch of ``tables`` at a fresh LSN; a whole-table one joins the record's tables."""
+    """Stage a snapshot batch of ``tables`` at a fresh LSN; a whole-table one joins the record's tables.
+
+    A table is staged under its identity (the name the pipeline first snapshotted it by: a renamed
+    table keeps its Iceberg target). ``replace``: table OID -> why the apply must replace the Iceberg
+    table itself (DDL it cannot follow), not only its rows.
+    """
+    identities = {t.qualified_name: tuple(record.relations[str(t.oid)]["identity"]) for t in tables
+                  if str(t.oid) in record.relations}
     temporary_slot = f"pglogical_backfill_{uuid.uuid4().hex[:12]}"
     with connector.exported_snapshot(hook, temporary_slot, temporary=True) as snapshot:
         lsn = str(snapshot.consistent_lsn)
@@ -144,8 +164,13 @@ def snapshot_tables(
         )
         writer = BatchWriter(root, manifest)
         copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
-                    extra_where=extra_where, type_overrides=type_overrides, report=report)
+                    extra_where=extra_where, type_overrides=type_overrides, report=report, identities=identities)
+        for table in tables:
+            if (replace or {}).get(table.oid):
+                name = contract.table_key(*identities.get(table.qualified_name, (table.schema, table.name)))
+                manifest.tables[name].details[contract.REPLACE_TABLE] = replace[table.oid]
         writer.commit()
-    if key_range is None and record.add_tables((t.qualified_name, t.oid) for t in tables):
+    if key_range is None:
+        ddl.record_snapshot(record, manifest)
         write_record(root, pipeline, record)
     return snapshot_result(root, manifest)

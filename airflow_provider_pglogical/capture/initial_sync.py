@@ -11,6 +11,7 @@ import json
 import logging
 from typing import Callable, Mapping, Sequence
 
+from airflow_provider_pglogical.capture import ddl
 from airflow_provider_pglogical.management import connector, slots
 from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import (
@@ -249,6 +250,7 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
             _drop_own_slot(hook, slot)
         raise
     record.state, record.snapshot_batch = STREAMING, manifest.name
+    ddl.record_snapshot(record, manifest)
     write_record(root, pipeline, record)
     return snapshot_result(root, manifest)
 

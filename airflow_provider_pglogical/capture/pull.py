@@ -21,7 +21,7 @@ from airflow_provider_pglogical.exceptions import InvalidInputError, PipelineSta
 from airflow_provider_pglogical.decoding import staged_tables
 from airflow_provider_pglogical.decoding import columnar
 from airflow_provider_pglogical.staging import layout
-from airflow_provider_pglogical.capture import toast
+from airflow_provider_pglogical.capture import ddl, toast
 from airflow_provider_pglogical.capture.backfill import published_by_name, snapshot_tables
 from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
 from airflow_provider_pglogical.capture.initial_sync import check_sync_arguments, lost_slot_message, resync
@@ -33,6 +33,7 @@ from airflow_provider_pglogical.staging.pipeline_record import (
     read_record,
     record_staged,
     require_streaming,
+    write_record,
 )
 from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable
 from airflow_provider_pglogical.staging import values
@@ -74,6 +75,7 @@ def run_pull(
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
     before_advance: Callable[[str], None] | None = None, lock_wait_seconds: float = 60.0,
     new_tables: str = "snapshot", on_slot_lost: str = "fail", type_overrides: Mapping[str, str] | None = None,
+    on_ddl: str = "snapshot",
 ) -> dict:
     """Stage the slot's next window of changes as one batch, then advance the slot past it.
 
@@ -93,11 +95,17 @@ def run_pull(
         :class:`SlotLostError`, or ``"resync"``: recreate the slot and re-snapshot every table.
     :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as PostgreSQL's
         text (docs/types.md); the same mapping as the pipeline's initial sync and backfills.
+    :param on_ddl: DDL the lakehouse cannot follow exactly (``capture/ddl.py``: a re-created table, a
+        column added with a default, a type change Iceberg cannot promote, a renamed enum label):
+        ``"snapshot"`` the table again (the apply replaces its Iceberg table), or ``"fail"`` naming
+        the backfill to run. Renamed tables and columns, dropped and added columns are followed.
     """
     if on_slot_lost not in SLOT_LOST_POLICIES:
         raise InvalidInputError(f"on_slot_lost must be one of {SLOT_LOST_POLICIES}, not {on_slot_lost!r}")
     if new_tables not in NEW_TABLE_POLICIES:
         raise InvalidInputError(f"new_tables must be one of {NEW_TABLE_POLICIES}, not {new_tables!r}")
+    if on_ddl not in NEW_TABLE_POLICIES:
+        raise InvalidInputError(f"on_ddl must be one of {NEW_TABLE_POLICIES}, not {on_ddl!r}")
     publications = check_sync_arguments(slot, publications, root, pipeline)
     max_changes = check_count(max_changes, "max_changes")
     max_bytes = check_count(max_bytes, "max_bytes", optional=True)
@@ -114,7 +122,7 @@ def run_pull(
                     "advanced_to": result["lsn"], "tables": result["tables"], "transactions": 0, "changes": 0,
                     "recovered": False, "resynced": True}
         return _pull_locked(hook, record, publications, root, pipeline, max_changes, max_bytes, report,
-                            before_advance, new_tables, type_overrides)
+                            before_advance, new_tables, type_overrides, on_ddl)
 
 
 SLOT_LOST_POLICIES = ("fail", "resync")
@@ -145,7 +153,7 @@ def require_logical_wal(cursor) -> None:
 def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
                  max_changes: int, max_bytes: int | None, report: Callable[[str], None],
                  before_advance: Callable[[str], None] | None, new_tables: str,
-                 type_overrides: Mapping[str, str] | None) -> dict:
+                 type_overrides: Mapping[str, str] | None, on_ddl: str = "snapshot") -> dict:
     started = time.monotonic()
     slot = record.slot
     with hook.autocommit_cursor() as cursor:
@@ -169,6 +177,8 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
     else:
         end = max(upto, position)
 
+    followed = _follow_ddl(hook, record, window, publications, root, pipeline, position, end, on_ddl, report,
+                           type_overrides)
     if not window.transaction_count:
         with hook.autocommit_cursor() as cursor:
             moved = advance_slot(cursor, slot, end) if end > position else position
@@ -177,9 +187,15 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
                 "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
 
     _snapshot_new_tables(hook, record, window, publications, root, pipeline, new_tables, report, type_overrides)
-    manifest = stage_batch(hook, root, pipeline, position, end, window, type_overrides,
+    manifest = stage_batch(hook, root, pipeline, position, end, window, type_overrides, followed,
                            previous=previous_end(root, pipeline, batches, position))
-    record_staged(root, pipeline, end)
+    staged = set(window.tables)
+    kept = {key: entry for key, entry in followed.relations.items()
+            if int(key) in staged or key not in record.relations}
+    if kept:  # only now that the batch holds the renames and drops: a crash before re-detects them
+        record.relations.update(kept)
+        write_record(root, pipeline, record)
+    record_staged(root, pipeline, end)  # after write_record: it only moves staged_through forward
     path = str(root / pipeline / manifest.name)
     if before_advance is not None:
         before_advance(path)
@@ -232,12 +248,15 @@ def _snapshot_new_tables(hook, record: PipelineRecord, window: DecodedWindow, pu
 
 
 def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, window: DecodedWindow,
-                type_overrides: Mapping[str, str] | None = None, previous: Lsn | None = None) -> BatchManifest:
+                type_overrides: Mapping[str, str] | None = None, followed: ddl.Review | None = None,
+                previous: Lsn | None = None) -> BatchManifest:
     """Build, TOAST-fill and write the batch; the manifest is written last.
 
+    :param followed: the renames and drops the pull's DDL review proved (``capture/ddl.py``).
     :param previous: where the change batch before this one ended (:func:`previous_end`).
     """
     tables = window.tables
+    followed = followed or ddl.Review()
     manifest = BatchManifest(pipeline=pipeline, kind="changes", start_lsn=str(start), end_lsn=str(end),
                              previous_end=None if previous is None else str(previous))
     manifest.details = {"transactions": window.transaction_count, "decoded_rows": window.rows,
@@ -256,12 +275,19 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
             for oid, batch in tables.items():
                 data = batch.build(types, type_overrides)
                 rel = batch.relation
+                schema, name = followed.identities.get(oid, (rel.namespace, rel.name))
                 table = TableManifest(
-                    schema=rel.namespace, name=rel.name, columns=batch.columns, key=batch.key,
+                    schema=schema, name=name, columns=batch.columns, key=batch.key,
                     replica_identity=rel.replica_identity, keyless=batch.keyless,
                     details={"partitioned": oid in partitioned,
                              "truncated": batch.truncated},
                 )
+                if oid in followed.identities:
+                    table.details[contract.SOURCE_NAME] = rel.qualified_name
+                if oid in followed.columns:
+                    data, table.columns = ddl.restage(data, table.columns, followed.columns[oid])
+                if oid in followed.evolution:
+                    table.details[contract.COLUMN_EVOLUTION] = followed.evolution[oid]
                 writer.add_table(table)
                 data, fetched = toast.fill_unchanged_toast(cursor, data, table, relation_oid=rel.oid)
                 if fetched:
@@ -272,6 +298,40 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
         conn.close()
     writer.commit()
     return manifest
+
+
+def _follow_ddl(hook, record: PipelineRecord, window: DecodedWindow, publications: list[str], root: StagingPath,
+                pipeline: str, start: Lsn, end: Lsn, policy: str, report: Callable[[str], None],
+                type_overrides: Mapping[str, str] | None) -> ddl.Review:
+    """Compare the window and the catalog with what the pipeline saw of its tables (``capture/ddl.py``).
+
+    Before anything is staged: a table whose DDL cannot be followed is snapshotted again (a batch
+    that replaces its Iceberg table, at an LSN past the window, whose changes of it are dropped), or,
+    with ``policy="fail"``, the pull stops naming the backfill, with the slot untouched.
+    """
+    published = connector.published_tables(hook, publications)
+    versions = {oid: table.versions for oid, table in window.tables.items()}
+    with hook.autocommit_cursor() as cursor:
+        found = ddl.catalog_review(cursor, record, published, versions, start, end)
+    if found.refused:
+        raise PipelineStateError("; ".join(found.refused) + ". Nothing was changed")
+    if found.resnapshot:
+        by_oid = {t.oid: t for t in published}
+        whys = "; ".join(f"{by_oid[oid].qualified_name}: {why}" for oid, why in sorted(found.resnapshot.items()))
+        names = sorted(by_oid[oid].qualified_name for oid in found.resnapshot)
+        if policy == "fail":
+            raise PipelineStateError(
+                f"DDL at the source that pipeline {pipeline!r} cannot follow exactly ({whys}). Run a backfill of "
+                f"them (PgBackfillOperator(tables={names})), which replaces their Iceberg tables, or pull with "
+                "on_ddl='snapshot'. Nothing was changed"
+            )
+        report(f"DDL at the source ({whys}): snapshotting {', '.join(names)} again before staging the changes")
+        snapshot_tables(hook, record, [by_oid[oid] for oid in sorted(found.resnapshot)], root, pipeline,
+                        parallelism=1, report=report, reason="DDL at the source", type_overrides=type_overrides,
+                        replace=found.resnapshot)
+    for oid in found.superseded:
+        window.tables.pop(oid, None)
+    return found
 
 
 def _partitioned(cursor, oids: list[int]) -> set[int]:

@@ -29,9 +29,10 @@ import psycopg2
 import pyarrow as pa
 from psycopg2 import sql
 
-from airflow_provider_pglogical.capture import copy_text
+from airflow_provider_pglogical.capture import copy_text, ddl
 from airflow_provider_pglogical.staging import values
 from airflow_provider_pglogical.management.published import ResolvedTable
+from airflow_provider_pglogical.staging.contract import table_key
 from airflow_provider_pglogical.staging.layout import TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.typemap import MappedType, apply_overrides, map_column
@@ -170,7 +171,7 @@ def _session(connect_kwargs: Mapping[str, Any], snapshot_name: str):
 
 
 def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | None, progress: Progress,
-               trusted_utf8: bool, mapping: dict[str, MappedType]) -> int:
+               trusted_utf8: bool, mapping: dict[str, MappedType], staged_as: str) -> int:
     """Run one COPY; parse its text stream and write Parquet in two more threads; returns rows.
 
     Three stages, so none waits for another: this thread feeds COPY into a pipe, a parser thread
@@ -213,7 +214,7 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
 
     def write() -> None:
         try:
-            with writer.part_writer(table.qualified_name, schema) as part:
+            with writer.part_writer(staged_as, schema) as part:
                 while (batch := batches.get()) is not None:
                     part.write_batch(batch)
                     result["rows"] += batch.num_rows
@@ -252,6 +253,7 @@ def copy_tables(
     extra_where: Mapping[str, str] | None = None,
     type_overrides: Mapping[str, str] | None = None,
     report: Callable[[str], None] = log.info,
+    identities: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, int]:
     """Copy ``tables`` as seen by ``snapshot_name`` into ``writer``'s batch; returns rows per table.
 
@@ -261,16 +263,23 @@ def copy_tables(
     :param extra_where: per qualified table name, an extra filter (a ranged backfill).
     :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
         PostgreSQL's text output (docs/types.md); recorded per column in the manifest.
+    :param identities: per qualified table name, the ``(schema, name)`` the pipeline stages it under
+        when it was renamed since the pipeline first snapshotted it (``capture/ddl.py``).
     :raises UnrepresentableValue: a value has no exact form in its column's type and the column has
         no override; nothing of the batch is left in staging.
     """
     mappings: dict[str, dict[str, MappedType]] = {}
+    staged_as: dict[str, str] = {}
+    identity: dict[str, tuple[str, str]] = {}
     for table in tables:
         columns = manifest_columns(table, type_overrides)
         mappings[table.qualified_name] = {c["name"]: map_column(c) for c in columns}
+        schema, name = identity[table.qualified_name] = (identities or {}).get(
+            table.qualified_name, (table.schema, table.name))
+        staged_as[table.qualified_name] = table_key(schema, name)
         writer.add_table(
             TableManifest(
-                schema=table.schema, name=table.name,
+                schema=schema, name=name,
                 columns=columns, key=table.key,
                 replica_identity=table.replica_identity, keyless=table.keyless,
                 details={"row_filter": table.row_filter, "extra_where": (extra_where or {}).get(table.qualified_name)},
@@ -282,6 +291,11 @@ def copy_tables(
             units = plan_work_units(cur, tables, parallelism)
             cur.execute("SELECT current_setting('server_encoding') = 'UTF8'")
             trusted_utf8 = bool(cur.fetchone()[0])
+            # the columns (with attnums) and enum labels as of the snapshot: later pulls compare with them
+            enums = ddl.enum_labels(cur, [c.type_oid for t in tables for c in t.columns])
+            for table in tables:
+                writer.manifest.tables[staged_as[table.qualified_name]].details["relation"] = ddl.relation_entry(
+                    table, enums, identity[table.qualified_name], None)
     finally:
         setup.close()
     progress = Progress(units, report)
@@ -297,7 +311,7 @@ def copy_tables(
                 connections.append(local.conn)
         where = (extra_where or {}).get(unit.table.qualified_name)
         return _copy_unit(local.conn, unit, writer, where, progress, trusted_utf8,
-                          mappings[unit.table.qualified_name])
+                          mappings[unit.table.qualified_name], staged_as[unit.table.qualified_name])
 
     stop = threading.Event()
 

@@ -23,8 +23,9 @@ from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.staging.contract import RESULT_CONF
+from airflow_provider_pglogical.staging.contract import RESULT_CONF, default_target_name, table_key
 from airflow_provider_pglogical.staging.job_result import read_result, storage_path
+from airflow_provider_pglogical.staging.pipeline_record import read_record
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 
 VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
@@ -97,6 +98,19 @@ def _target_rows(uri: str) -> dict[str, list]:
     return {name: table[name].to_pylist() for name in ("kd", "rd", "n", "row")}
 
 
+def followed_renames(root, pipeline: str, tables, table_map: dict[str, str] | None) -> dict[str, str]:
+    """``table_map`` with each renamed table's current name mapped to the target of its identity
+    (the name the pipeline first snapshotted it by: the apply follows the table by OID)."""
+    record = read_record(root, pipeline)
+    mapped = dict(table_map or {})
+    for table in tables:
+        entry = (record.relations if record else {}).get(str(table.oid))
+        identity = table_key(*entry["identity"]) if entry else table.qualified_name
+        if identity != table.qualified_name and table.qualified_name not in mapped:
+            mapped[table.qualified_name] = mapped.get(identity) or default_target_name(identity)
+    return mapped
+
+
 def verify_pipeline(
     *, postgres_conn_id: str, publications: Sequence[str], staging_path: str, pipeline: str,
     iceberg: IcebergConfig | None = None, table_map: dict[str, str] | None = None,
@@ -110,8 +124,10 @@ def verify_pipeline(
     """
     iceberg = iceberg or IcebergConfig()
     publisher = PgLogicalHook(postgres_conn_id=postgres_conn_id)
+    published = publisher.published_tables(list(publications))
+    table_map = followed_renames(ObjectStoragePath(staging_path), pipeline, published, table_map)
     tables = source_projection.source_tables(
-        publisher.published_tables(list(publications)), iceberg.catalog, iceberg.namespace, table_map=table_map,
+        published, iceberg.catalog, iceberg.namespace, table_map=table_map,
         type_overrides=type_overrides, apply_row_filters=source_conn_id is None)
     source = PgLogicalHook(postgres_conn_id=source_conn_id) if source_conn_id else publisher
     report(f"verify: digesting {len(tables)} table(s) in PostgreSQL, then comparing them with Iceberg in Spark")

@@ -32,6 +32,10 @@ class PgSlotPullOperator(CaptureOperator):
     :param max_bytes: stop at a transaction boundary once this many bytes were decoded.
     :param new_tables: a table added to the publications after the initial sync: ``"snapshot"`` it
         before its changes are staged (default), or ``"fail"`` naming the backfill to run.
+    :param on_ddl: DDL at the source the lakehouse cannot follow exactly (a re-created table, a column
+        added with a default, a type change Iceberg cannot promote, a renamed enum label):
+        ``"snapshot"`` the table again, replacing its Iceberg table (default), or ``"fail"`` naming the
+        backfill to run. Renamed tables and columns, dropped and added columns are always followed.
     :param on_slot_lost: the slot was invalidated or dropped: ``"fail"`` (default; no retries help) or
         ``"resync"``: recreate it and re-snapshot every table, replacing the lakehouse tables.
     :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
@@ -44,13 +48,13 @@ class PgSlotPullOperator(CaptureOperator):
 
     template_fields: Sequence[str] = (
         "slot", "publications", "staging_root", "pipeline", "max_changes", "max_bytes", "new_tables", "on_slot_lost",
-        "type_overrides", "postgres_conn_id",
+        "on_ddl", "type_overrides", "postgres_conn_id",
     )
     ui_color = "#d8f0ff"
 
     def __init__(
         self, *, slot: str, max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
-        on_slot_lost: str = "fail", **kwargs: Any,
+        on_slot_lost: str = "fail", on_ddl: str = "snapshot", **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
@@ -59,6 +63,7 @@ class PgSlotPullOperator(CaptureOperator):
         self.max_bytes = max_bytes
         self.new_tables = new_tables
         self.on_slot_lost = on_slot_lost
+        self.on_ddl = on_ddl
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -67,5 +72,5 @@ class PgSlotPullOperator(CaptureOperator):
                 hook, slot=self.slot, publications=self.publications, root=root,
                 pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,
                 new_tables=self.new_tables, on_slot_lost=self.on_slot_lost, type_overrides=self.type_overrides,
-                report=self.log.info,
+                on_ddl=self.on_ddl, report=self.log.info,
             ))

@@ -47,8 +47,9 @@ MERGE/UPDATE/DELETE on a table with identifier fields (apache/iceberg#11709). RE
 tables (key = every column) get neither, and two metadata columns (``_pglogical_occurrence``,
 ``_pglogical_batch``) that make (row, occurrence) a key. Added columns are
 added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
-refused with an error; columns dropped at the source stay as nullable columns, NULL in rows
-inserted afterwards and unchanged in rows updated afterwards. A target table that was dropped is
+refused with an error; columns the pull proved renamed or dropped at the source (its
+``column_evolution``) are renamed (same field id) or dropped, and a snapshot marked
+``replace_table`` (DDL the lakehouse cannot follow) drops and creates the table first. A target table that was dropped is
 rebuilt from the staged batches (its state is reset), as far as staging retention kept them: after
 the run's last state commit, applied batches older than the retention are removed
 (``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
@@ -92,6 +93,7 @@ from airflow_provider_pglogical.staging.contract import (
     DEFAULT_RETENTION_HOURS,
     OCCURRENCE,
     PIPELINE_RECORD,
+    REPLACE_TABLE,
     RETENTION_RECORD,
     SOURCE_IDENTITY,
     WRITE_MODES,
@@ -224,7 +226,11 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
                 step: Step) -> dict:
     started = time.monotonic()
     group = spark_job_group(keyed.spark, f"{source} {step.kind} {step.batch.name}")
-    types = lakehouse.ensure_table(state.target, step.batch.manifest["tables"][source])
+    manifest = step.batch.manifest["tables"][source]
+    replace = (manifest.get("details") or {}).get(REPLACE_TABLE)
+    if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
+        lakehouse.replace(state.target, replace)
+    types = lakehouse.ensure_table(state.target, manifest)
     applier = multisets if OCCURRENCE in types else keyed
     if step.kind == "snapshot":
         rows = applier.snapshot(step, source, state.target, types)

@@ -12,6 +12,7 @@ from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, 
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import ApplyError, TableState
 from airflow_provider_pglogical.staging.contract import (
+    COLUMN_EVOLUTION,
     KEY_PROPERTY,
     MULTISET_COLUMNS,
     OCCURRENCE,
@@ -284,6 +285,8 @@ class Lakehouse:
         if iceberg_table is None:
             return self._create(table, manifest, wanted)
         current = self.spark_types(iceberg_table)
+        if self._follow_columns(table, (manifest.get("details") or {}).get(COLUMN_EVOLUTION), current, wanted):
+            current = self.spark_types(self.iceberg_table(table))
         if is_multiset(manifest) and self._unnumbered(table, current, iceberg_table):
             current = self._number_copies(table, current)
         for name, kind in wanted.items():
@@ -299,6 +302,32 @@ class Lakehouse:
                     )
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ALTER COLUMN {quote(name)} TYPE {kind}")
         return {**current, **wanted}
+
+    def _follow_columns(self, table: str, evolution: dict | None, current: dict[str, str],
+                        wanted: dict[str, str]) -> bool:
+        """Rename (same field id, same values) and drop the columns the source renamed and dropped
+        (``capture/ddl.py`` proved it by attnum); a re-run finds them done. Returns whether it changed any."""
+        changed = False
+        for old, new in ((evolution or {}).get("renamed") or {}).items():
+            if old in current and new not in current:
+                self.spark.sql(f"ALTER TABLE {self.name(table)} RENAME COLUMN {quote(old)} TO {quote(new)}")
+                log.info("renamed column %s of %s to %s", old, table, new)
+                changed = True
+        for name in (evolution or {}).get("dropped") or ():
+            if name in current and name not in wanted:
+                self.spark.sql(f"ALTER TABLE {self.name(table)} DROP COLUMN {quote(name)}")
+                log.info("dropped column %s of %s", name, table)
+                changed = True
+        return changed
+
+    def replace(self, table: str, why: str) -> None:
+        """Drop the table before a snapshot that replaces it: DDL at the source it cannot follow."""
+        log.warning("replacing %s (%s)", self.name(table), why)
+        existing = self.loaded_table(table)
+        owner = existing.properties().get(OWNER_PROPERTY) if existing is not None else None
+        if owner is not None:  # the table created again records the owner the run checked
+            self.owners.setdefault(table, owner)
+        self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)} PURGE")
 
     def _create(self, table: str, manifest: dict, wanted: dict[str, str]) -> dict[str, str]:
         key = manifest["key"]

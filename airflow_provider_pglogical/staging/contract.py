@@ -100,6 +100,17 @@ def staged_name(column: str) -> str:
     return column
 
 
+#: key of a snapshot table's manifest ``details``: why the apply replaces the Iceberg table itself (drops
+#: and creates it) before writing the snapshot: DDL at the source that the lakehouse cannot follow
+REPLACE_TABLE = "replace_table"
+#: key of a change table's manifest ``details``: ``{"renamed": {old: new}, "dropped": [names]}``, the
+#: columns renamed (same attnum) or dropped at the source, which the apply renames (same field id)
+#: or drops in the Iceberg table before the batch
+COLUMN_EVOLUTION = "column_evolution"
+#: key of a table manifest's ``details``: the table's name at the source when it differs from the
+#: name it is staged under (its identity: the name the pipeline first snapshotted it by)
+SOURCE_NAME = "source_name"
+
 #: key of a change table's manifest ``details``: what the pull knows of the rows it staged, so the
 #: apply job need not read them once to learn it (``rows``, ``first_commit_lsn``, ``unchanged``:
 #: some row keeps a value, ``old_keys``: some row has an old key); see :func:`facts_decide`

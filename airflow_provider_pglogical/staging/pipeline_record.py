@@ -52,6 +52,9 @@ class PipelineRecord:
     #: the end of the newest change batch a pull committed (``contract.STAGED_THROUGH``): the
     #: apply refuses a staging whose change batches end before it (the newest one was removed)
     staged_through: str | None = None
+    #: per table OID (a string): its identity, columns with attnums, key and enum labels as the
+    #: pipeline last saw them (``capture/ddl.py`` compares the catalog with them)
+    relations: dict[str, dict] = field(default_factory=dict)
 
     def same_publications(self, publications: Sequence[str]) -> bool:
         return sorted(set(self.publications)) == sorted(set(publications))
