@@ -3,6 +3,10 @@
 The snapshot streams ``COPY … TO STDOUT`` through a pipe; this module cuts the stream at row ends
 (a row larger than a chunk gets a chunk of its own size, so memory follows the largest row) and
 parses each chunk with the column types of the staging type map.
+
+The CSV reader is not a COPY reader, so two of its conveniences are turned off: it skips empty
+lines (in COPY, a row whose only column holds ``''``) and drops a UTF-8 byte order mark at the
+start of its input (in COPY, the first character of a value that begins with U+FEFF).
 """
 
 from __future__ import annotations
@@ -58,11 +62,18 @@ def row_chunks(source, block_size: int) -> Iterator[pa.Buffer]:
         carry = bytes(buf[cut + 1 : filled])
 
 
-_PARSE = pcsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False)
+_PARSE = pcsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False,
+                           ignore_empty_lines=False)
+_BOM = b"\xef\xbb\xbf"
 
 
 def _read_chunk(chunk: pa.Buffer, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
-    """pyarrow's CSV reader over whole rows of COPY text format: tabs, no quotes, ``\\N`` is NULL."""
+    """pyarrow's CSV reader over whole rows of COPY text format: tabs, no quotes, ``\\N`` is NULL,
+    an empty line is a row."""
+    if chunk.size >= len(_BOM) and chunk[: len(_BOM)].to_pybytes() == _BOM:
+        # The reader skips one byte order mark at the start of its input: give it one to skip
+        # (a copy, but only of chunks whose first value starts with U+FEFF).
+        chunk = pa.py_buffer(_BOM + chunk.to_pybytes())
     return pcsv.read_csv(
         pa.BufferReader(chunk),
         read_options=pcsv.ReadOptions(column_names=names, block_size=chunk.size + 1, use_threads=False),
@@ -81,8 +92,7 @@ def parse_chunk(chunk: pa.Buffer, mapping: dict[str, MappedType], types: dict[st
     their names too: ``values.text_to_arrow`` converts them exactly, or names the value."""
     try:
         return _read_chunk(chunk, list(mapping), types), []
-    except pa.ArrowInvalid as err:
-        if "conversion error" not in str(err):
-            raise
+    except pa.ArrowInvalid:
+        pass  # the reader's messages differ by type ("not a valid decimal128 number"): read as text
     as_text = [name for name, m in mapping.items() if m.parser in values.COPY_NATIVE]
     return _read_chunk(chunk, list(mapping), {**types, **dict.fromkeys(as_text, pa.string())}), as_text
