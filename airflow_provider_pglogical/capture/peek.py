@@ -92,6 +92,7 @@ def peek_window(
     :param vectorised: False forces the message-by-message assembler (for comparisons).
     """
     conn = psycopg2.connect(**connect_kwargs)
+    conn.set_client_encoding(values.CLIENT_ENCODING)  # pgoutput sends values in the session's encoding
     conn.autocommit = True
     try:
         with conn.cursor() as cursor:

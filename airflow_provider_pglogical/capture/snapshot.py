@@ -160,7 +160,7 @@ class Progress:
 
 def _session(connect_kwargs: Mapping[str, Any], snapshot_name: str):
     conn = psycopg2.connect(**connect_kwargs)
-    conn.set_client_encoding("UTF8")
+    conn.set_client_encoding(values.CLIENT_ENCODING)
     with conn.cursor() as cur:
         values.apply_session_settings(cur)
     conn.commit()

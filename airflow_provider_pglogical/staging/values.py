@@ -1,6 +1,7 @@
 """Turn PostgreSQL's text output into typed Arrow columns, exactly.
 
-The session that produces the text runs with ``DateStyle=ISO``, ``TimeZone=UTC``,
+The session that produces the text runs with client encoding UTF8 (:data:`CLIENT_ENCODING`: the
+server converts from a LATIN1 or other database's encoding), ``DateStyle=ISO``, ``TimeZone=UTC``,
 ``IntervalStyle=iso_8601``, ``bytea_output=hex`` and ``extra_float_digits=3`` (see
 :data:`SESSION_SETTINGS`), so the text parses unambiguously and floats round-trip.
 Vectorised pyarrow casts do the common types; only bytea and arrays need per-value Python.
@@ -17,6 +18,9 @@ import pyarrow.compute as pc
 from airflow_provider_pglogical.exceptions import UnrepresentableValue
 from airflow_provider_pglogical.staging.typemap import MappedType
 
+#: client encoding of every session whose text output we parse: PostgreSQL converts COPY output
+#: and pgoutput's tuple values from the database's encoding, and Arrow strings are UTF-8
+CLIENT_ENCODING = "UTF8"
 #: settings of every session whose text output we parse (snapshot COPY and slot pulls alike)
 SESSION_SETTINGS: dict[str, str] = {
     "DateStyle": "ISO, YMD",
