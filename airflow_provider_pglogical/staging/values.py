@@ -188,6 +188,11 @@ def _arrays_to_arrow(texts: pa.Array, element: MappedType, arrow_type: pa.DataTy
     )
 
 
+#: what PostgreSQL's array_out counts as white space (it quotes elements holding any); Python's
+#: ``str.strip()`` would also strip U+001C..U+001F, U+0085, U+00A0 and more off unquoted elements
+_ARRAY_SPACE = " \t\n\r\v\f"
+
+
 def parse_array_literal(text: str) -> list[str | None]:
     """Split a one-dimensional PostgreSQL array literal into element texts (NULL -> None).
 
@@ -219,7 +224,7 @@ def parse_array_literal(text: str) -> list[str | None]:
         else:
             j = body.find(",", i)
             j = n if j < 0 else j
-            token = body[i:j].strip()
+            token = body[i:j].strip(_ARRAY_SPACE)
             out.append(None if token == "NULL" else token)
             i = j
         i += 1  # the comma
