@@ -294,6 +294,9 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
                     table.details["toast_fetch"] = fetched
                 table.details[contract.CHANGE_FACTS] = change_facts(data, table.key)
                 writer.write_parts(table.qualified_name, data, columnar.WORKERS, columnar.PART_ROWS)
+    except BaseException:
+        _remove_uncommitted(writer)  # e.g. a value without an exact form: leave no parts behind
+        raise
     finally:
         conn.close()
     writer.commit()
@@ -345,6 +348,16 @@ def _clear_uncommitted(writer: BatchWriter) -> None:
     if directory.exists():
         for child in directory.iterdir():
             child.unlink()
+
+
+def _remove_uncommitted(writer: BatchWriter) -> None:
+    """A failed staging leaves no files behind (the batch has no manifest, so it never existed)."""
+    try:
+        _clear_uncommitted(writer)
+        if writer.directory.exists():
+            writer.directory.rmdir()
+    except Exception as err:  # noqa: BLE001 - the staging's own error matters more
+        log.warning("could not remove the files of the failed batch %s: %s", writer.directory, err)
 
 
 def _pull_result(root: StagingPath, manifest: BatchManifest, *, recovered: bool, advanced_to: Lsn) -> dict:
