@@ -304,3 +304,63 @@ def test_values_of_9_and_40_mib_through_the_snapshot(publisher, publisher_hook, 
 def fingerprints(rows: list[dict]) -> list[tuple]:
     return [(r["id"], len(r["v"]), hashlib.md5(r["v"].encode()).hexdigest(), len(r["b"]),
              hashlib.md5(r["b"]).hexdigest()) for r in rows]
+
+
+@pytest.mark.spark
+def test_byte_order_marks_and_empty_rows_land_exactly(publisher, publisher_hook, root, spark):
+    # COPY's first value starts with U+FEFF (a chunk's start, where a CSV reader drops a byte order
+    # mark), and rows whose only column holds '' are empty COPY lines.
+    publisher.execute("""
+        CREATE TABLE words (k text PRIMARY KEY, v text);
+        INSERT INTO words VALUES (E'\\uFEFFkey', 'first'), ('other', E'\\uFEFF');
+        CREATE TABLE one (v text);
+        ALTER TABLE one REPLICA IDENTITY FULL;
+        INSERT INTO one VALUES (''), (''), ('x'), (NULL);
+        CREATE PUBLICATION pub FOR TABLE words, one;
+    """)
+    snapshot = run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    assert snapshot["tables"] == {"public.words": 2, "public.one": 4}
+    publisher.execute("""
+        UPDATE words SET v = 'changed' WHERE k = E'\\uFEFFkey';
+        INSERT INTO one VALUES ('');
+        DELETE FROM one WHERE ctid = (SELECT min(ctid) FROM one WHERE v = '');
+    """)
+    run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    apply_changes.run(spark, str(root), "p", catalog="lake", namespace="text",
+                      table_map={"public.words": "words", "public.one": "one"})
+    for table, columns in (("words", ["k", "v"]), ("one", ["v"])):
+        lake = sorted((tuple(r) for r in spark.table(f"lake.text.{table}").select(*columns).collect()), key=repr)
+        source = sorted(publisher.query(f"SELECT {', '.join(columns)} FROM {table}"), key=repr)
+        assert lake == source, (table, lake, source)
+    assert sorted(publisher.query("SELECT v FROM one"), key=repr) == [("",), ("",), ("x",), (None,)]
+
+
+def test_a_numeric_nan_is_refused_naming_the_override_before_anything_is_staged(publisher, publisher_hook, root):
+    publisher.execute("""
+        CREATE TABLE prices (id int PRIMARY KEY, amount numeric(10,2));
+        INSERT INTO prices SELECT g, g / 100.0 FROM generate_series(1, 1000) g;
+        INSERT INTO prices VALUES (1001, 'NaN');
+        CREATE PUBLICATION pub FOR TABLE prices;
+    """)
+    sync = PgInitialSyncOperator(task_id="sync", slot="s1", publications=["pub"], staging_root=str(root),
+                                 pipeline="p", postgres_conn_id=publisher.conn_id)
+    with pytest.raises(AirflowFailException) as caught:  # permanent: Airflow does not retry it
+        sync.execute({})
+    assert isinstance(caught.value.__cause__, UnrepresentableValue)
+    message = str(caught.value)
+    assert ("table public.prices, column amount: value 'NaN' cannot be stored exactly as decimal(10,2) "
+            "(a decimal has no NaN)") in message
+    assert "type_overrides={'public.prices.amount': 'string'}" in message
+    assert publisher.query("SELECT slot_name FROM pg_replication_slots") == []
+    assert [p.name for p in (root / "p").iterdir()] == ["_pipeline.json"]  # no batch, no Parquet part
+
+    # A pull meets a NaN: the same error, the slot stays where it was, nothing is staged.
+    publisher.execute("DELETE FROM prices WHERE id = 1001")
+    run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    (position,) = publisher.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
+    staged = sorted(p.name for p in (root / "p").iterdir())
+    publisher.execute("UPDATE prices SET amount = 'NaN' WHERE id = 7")
+    with pytest.raises(UnrepresentableValue, match=r"column amount: value 'NaN'.*type_overrides=\{'public.prices.amount"):
+        run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
+    assert publisher.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots") == [position]
+    assert sorted(p.name for p in (root / "p").iterdir()) == staged

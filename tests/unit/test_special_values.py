@@ -105,3 +105,32 @@ def test_a_chunk_with_special_values_is_read_again_as_text():
     assert data["d"].type == pa.string() and data["d"].to_pylist() == ["2020-01-01", "0044-03-15 BC"]
     plain, none = copy_text.parse_chunk(pa.py_buffer(b"2020-01-01\t1.5\ta\n"), mapping, types)
     assert none == [] and plain["d"].type == pa.date32()
+
+
+def test_copy_chunks_keep_empty_rows_and_a_leading_byte_order_mark():
+    # COPY writes a row whose only column holds '' as an empty line; a CSV reader skips those, and
+    # drops a byte order mark at the start of its input (here: of a value, at a chunk's start).
+    mapping = {"v": map_type("text")}
+    types, _ = values.copy_read_types(mapping)
+    bom = "\ufeff".encode()
+    stream = bom + b"first\n\n\\N\n" + bom + bom + b"\n\nlast\n"
+    for block in (1, 4, 64):  # chunks of one row each, a few rows, or all of them
+        texts = []
+        for chunk in copy_text.row_chunks(io.BytesIO(stream), block):
+            data, _ = copy_text.parse_chunk(chunk, mapping, types)
+            texts += data["v"].to_pylist()
+        assert texts == ["\ufefffirst", "", None, "\ufeff\ufeff", "", "last"], block
+
+
+def test_a_numeric_nan_in_a_copy_chunk_names_the_override():
+    mapping = {"id": map_type("int4"), "n": map_type("numeric", formatted="numeric(10,2)")}
+    types, _ = values.copy_read_types(mapping)
+    data, as_text = copy_text.parse_chunk(pa.py_buffer(b"1\t1.50\n2\tNaN\n"), mapping, types)
+    assert as_text == ["id", "n"]
+    with pytest.raises(UnrepresentableValue, match=r"value 'NaN' .* type_overrides=\{'public.t.n': 'string'\}"):
+        values.text_to_arrow(data["n"].combine_chunks(), mapping["n"], "n", "public.t")
+
+
+def test_unquoted_array_elements_keep_what_postgresql_does_not_call_white_space():
+    assert values.parse_array_literal('{\x1cfs\x1f,\xa0nb\u2028,"  q ",NULL,"NULL"}') == [
+        "\x1cfs\x1f", "\xa0nb\u2028", "  q ", None, "NULL"]
