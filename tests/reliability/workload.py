@@ -82,7 +82,10 @@ SPECIAL_VALUES = {
 }
 
 REGIONS = ["EU", "US", "APAC"]
-WORDS = ["alpha", "Ünïcødé", "日本語", "emoji 🚀", "quote ' and \" and \\", "tab\tnew\nline", "", "comma, {brace}"]
+WORDS = ["alpha", "Ünïcødé", "日本語", "emoji 🚀", "quote ' and \" and \\", "tab\tnew\nline", "", "comma, {brace}",
+         # text that COPY's and the CSV reader's rules touch: a leading byte order mark, COPY-escape
+         # look-alikes, control characters, white space str.strip() knows and PostgreSQL does not
+         "\ufeffbom", "\\N \\. \\x41 \\101", "ctl\x01\x08\x1b\x7f", "\x1cfs\x1f", "nbsp\xa0\u2028"]
 MOODS = ["sad", "ok", "happy", "ünïcødé"]
 ADDED_TYPES = ["int4", "text", "numeric(8,2)", "jsonb", "timestamptz", "bool"]
 
