@@ -20,11 +20,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.class_archive import with_java_options
-from airflow_provider_pglogical.lakehouse.driver_jit import (
-    DEFAULT_QUICK_JIT_MAX_ROWS,
-    quick_jit_options,
-    standing_driver_jit_options,
-)
+from airflow_provider_pglogical.lakehouse.driver_jit import DEFAULT_QUICK_JIT_MAX_ROWS, quick_jit_options
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
@@ -45,9 +41,8 @@ from airflow_provider_pglogical.management.validation import (
     check_staging_root,
     check_table_map,
 )
-from airflow_provider_pglogical.operators._class_archive import driver_class_archive, driver_runs_here
+from airflow_provider_pglogical.operators._class_archive import driver_class_archive
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.operators._standing_driver import apply_on_standing_driver
 
 try:
     from airflow.sdk.exceptions import AirflowSkipException
@@ -116,21 +111,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         (``~/.cache/...``).
     :param quick_jit_max_rows: when the apply marker shows at most this many staged rows pending,
         the driver JVM compiles with HotSpot's quick C1 compiler only (``-XX:TieredStopAtLevel=1``):
-        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). A standing
-        driver (below) always compiles with C1 only: it serves many small ticks, and the
-        optimising compiler keeps competing with them for the cores. ``None`` keeps the JVM's
-        default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
-    :param standing_driver: keep the Spark driver running between ticks, for up to this long without
-        an apply (for example ``timedelta(minutes=15)``): the task then asks that driver over a Unix
-        socket instead of starting spark-submit, and a small tick takes a second or two instead of
-        a JVM start plus a cold JVM's first Iceberg queries (docs/operators.md). One driver per
-        configuration on this machine, shared by the pipelines that use it, one apply at a time;
-        started by the first task that needs it, ended after that idle time or 1,000 applies,
-        and at once when the task that asked is killed during its apply (so the apply stops).
-        Only where the driver runs here (local master or client deploy mode); ``None`` (the
-        default) runs spark-submit per tick.
-    :param standing_driver_dir: where its socket, lock and log live (mode 0700); default
-        ``$PGLOGICAL_DRIVER_DIR``, else ``<tmp>/pglogical-drivers-<uid>``.
+        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). ``None``
+        keeps the JVM's default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
@@ -159,8 +141,6 @@ class IcebergApplyOperator(SparkSubmitOperator):
         class_archive: bool = True,
         class_archive_dir: str | None = None,
         quick_jit_max_rows: int | None = DEFAULT_QUICK_JIT_MAX_ROWS,
-        standing_driver: timedelta | None = None,
-        standing_driver_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -186,11 +166,6 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.class_archive = class_archive
         self.class_archive_dir = class_archive_dir
         self.quick_jit_max_rows = check_count(quick_jit_max_rows, "quick_jit_max_rows", optional=True)
-        if standing_driver is not None and standing_driver <= timedelta(0):
-            raise ValueError(f"standing_driver must be a positive idle time, not {standing_driver}; "
-                             "None runs spark-submit per tick")
-        self.standing_driver = standing_driver
-        self.standing_driver_dir = standing_driver_dir
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -221,22 +196,13 @@ class IcebergApplyOperator(SparkSubmitOperator):
             if self.skip_when_idle:
                 self.skip_if_idle(pending, lakehouse)
             self.py_files = with_job_bundle(self.py_files)
-            if self.standing_driver is not None and driver_runs_here(self._get_hook()._connection):
-                # a session that outlives the tick must see other jobs' commits (maintenance, backfills)
-                self.conf = {f"spark.sql.catalog.{self.iceberg.catalog}.cache-enabled": "false",
-                             **self.iceberg.spark_conf(), **(self.conf or {})}
-                self.conf = with_java_options(self.conf, standing_driver_jit_options(self.quick_jit_max_rows, self.conf))
-                result = apply_on_standing_driver(self, self.job_args(), self.standing_driver,
-                                                  self.standing_driver_dir)
-            else:
-                result = self.run_spark_submit(context, root, pending)
+            result = self.run_spark_submit(context, root, pending)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []))
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})
-            self._driver = result.get("driver")  # the standing driver's pid and run number, if one served
             if self.asset_alias and context.get("outlet_events") is not None:  # absent when called by hand
                 emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
             return {
