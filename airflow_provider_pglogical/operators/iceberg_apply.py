@@ -30,11 +30,13 @@ from airflow_provider_pglogical.staging.contract import (
     DEFAULT_CONCURRENCY,
     DEFAULT_RETENTION_HOURS,
     RESULT_CONF,
+    STAGING_FILE_MODE_CONF,
 )
 from airflow_provider_pglogical.staging.job_result import job_error, read_result, result_uri, storage_path
 from airflow_provider_pglogical.staging.apply_marker import pending_batches, pending_rows, write_marker
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
+from airflow_provider_pglogical.staging.private_files import file_mode
 from airflow_provider_pglogical.management.validation import (
     check_count,
     check_pipeline_name,
@@ -216,7 +218,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
     def run_spark_submit(self, context: Context, root, pending: list[str] | None) -> dict:
         """The apply as its own spark-submit; returns the job's result."""
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
-        self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
+        self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at,
+                     STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
         self.choose_driver_jit(root, pending)
         self.application_args = [*self.job_args(), *lease_holder_args(context)]
         with driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
