@@ -232,12 +232,25 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
         lakehouse.replace(state.target, replace)
     types = lakehouse.ensure_table(state.target, manifest)
     applier = multisets if OCCURRENCE in types else keyed
+    try:
+        if step.kind == "snapshot":
+            rows = applier.snapshot(step, source, state.target, types)
+        else:
+            rows = applier.changes(step, source, state.target, types)
+    except Exception as error:
+        damaged = _damaged_staged_file(error, keyed.staging.files(step.batch, source))
+        if damaged is None:
+            raise
+        raise ApplyError(
+            f"batch {step.batch.name}, table {source}: staged file {damaged[0]} cannot be read as Parquet "
+            f"({damaged[1]}); it changed after the batch was committed (truncated or overwritten). This step "
+            f"was not applied. Fix: run a backfill of {source} (PgBackfillOperator): its snapshot replaces "
+            "this batch for the table; or restore the file from a copy"
+        ) from None
     if step.kind == "snapshot":
-        rows = applier.snapshot(step, source, state.target, types)
         state.snapshots.add(step.batch.name)
         state.position = step.position if step.through is None else step.through
     else:
-        rows = applier.changes(step, source, state.target, types)
         state.position = step.batch.end
     state.last_batch = step.batch.name
     seconds = round(time.monotonic() - started, 3)
@@ -247,6 +260,24 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
              rows, ", a row delta" if row_delta else "", seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
             "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta}
+
+
+#: what Spark's Parquet reader and pyarrow say of a file that is not whole Parquet
+_DAMAGED_PARQUET = ("is not a Parquet file", "magic bytes not found", "CANNOT_READ_FILE_FOOTER", "Could not read footer",
+                    "Couldn't deserialize thrift", "Unexpected end of stream", "FAILED_READ_FILE")
+
+
+def _damaged_staged_file(error: Exception, files: list[str]) -> tuple[str, str] | None:
+    """The staged file a damaged-Parquet error names (or the step's files) and the reader's complaint."""
+    text = str(error)
+    marker = next((m for m in _DAMAGED_PARQUET if m in text), None)
+    if marker is None:
+        return None
+    named = [path for path in files if path.rsplit("/", 1)[-1] in text]
+    line = next(line.strip() for line in text.splitlines() if marker in line)
+    if not named and len(files) == 1:  # the driver's own read names no file: its step has one
+        named = files
+    return (named[0] if named else "one of " + ", ".join(files)), line[:300]
 
 
 def spark_job_group(spark, description: str) -> str:

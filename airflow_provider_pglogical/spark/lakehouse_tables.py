@@ -53,6 +53,16 @@ _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 _STATE_COLUMNS = ("source_table", "target_table", "position", "applied_snapshots", "last_batch")
 
 
+def _unreadable_metadata(error: Exception) -> str | None:
+    """The first line of Iceberg's complaint when a table's metadata file is gone or unreadable."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if "Exception" in line and "metadata" in line.lower()]
+    if not lines or not any(word in text for word in ("is missing", "NotFound", "not found", "does not exist",
+                                                        "Failed to open", "Cannot parse", "JsonParse")):
+        return None
+    return lines[0][:300]
+
+
 class Lakehouse:
     """One Iceberg namespace: its target tables and this job's state table."""
 
@@ -108,6 +118,17 @@ class Lakehouse:
         except AnalysisException as error:  # Spark's NoSuchTableException
             if error.getErrorClass() != "TABLE_OR_VIEW_NOT_FOUND":
                 raise
+        except Exception as error:  # py4j's: the catalog found the table, but not its metadata
+            reason = _unreadable_metadata(error)
+            if reason is None:
+                raise
+            raise ApplyError(
+                f"Iceberg table {self.name(table)} cannot be loaded: its current metadata file is missing or "
+                f"damaged ({reason}). Nothing was applied. Fix: restore that file from a backup; or drop the "
+                f"table (DROP TABLE {self.name(table)} PURGE; with a Hadoop catalog, remove the table's "
+                "directory) and the next apply rebuilds it from staging (a backfill, if staging retention "
+                "removed its history)"
+            ) from None
         return None
 
     def size(self, table: str) -> TableSize:
