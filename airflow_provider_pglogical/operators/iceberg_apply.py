@@ -33,7 +33,12 @@ from airflow_provider_pglogical.staging.contract import (
     STAGING_FILE_MODE_CONF,
 )
 from airflow_provider_pglogical.staging.job_result import job_error, read_result, result_uri, storage_path
-from airflow_provider_pglogical.staging.apply_marker import pending_batches, pending_rows, write_marker
+from airflow_provider_pglogical.staging.apply_marker import (
+    pending_batches,
+    pending_rows,
+    recorded_targets,
+    write_marker,
+)
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.staging.private_files import file_mode
@@ -196,12 +201,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
             root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
             pending = pending_batches(root, str(self.pipeline), lakehouse)
             if self.skip_when_idle:
-                self.skip_if_idle(pending, lakehouse)
+                self.skip_if_idle(pending, lakehouse, root)
             self.py_files = with_job_bundle(self.py_files)
             result = self.run_spark_submit(context, root, pending)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
-            write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []))
+            write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})
@@ -238,13 +243,23 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "catalog_impl": self.iceberg.catalog_impl, "namespace": self.iceberg.namespace,
                 "warehouse": self.iceberg.warehouse or default_warehouse(), "table_map": self.table_map or {}}
 
-    def skip_if_idle(self, pending: list[str] | None, lakehouse: dict) -> None:
-        """End as skipped, without spark-submit, when no committed batch is new to the lakehouse."""
+    def skip_if_idle(self, pending: list[str] | None, lakehouse: dict, root) -> None:
+        """End as skipped, without spark-submit, when no committed batch is new to the lakehouse and
+        every target table the last run left is still there."""
         if pending is None:
             self.log.info("no apply marker for this lakehouse yet: starting Spark to find what is pending")
             return
         if pending:
             self.log.info("%d committed batch(es) not applied yet (first %s): starting Spark", len(pending), pending[0])
+            return
+        targets = recorded_targets(root, str(self.pipeline), lakehouse)
+        if targets is None:
+            self.log.info("the apply marker records no target tables (an older version wrote it): starting Spark")
+            return
+        gone = sorted(name for name, location in targets.items() if location and not storage_path(location).exists())
+        if gone:
+            self.log.warning("Iceberg table(s) %s lost their metadata file since the last apply (dropped?): "
+                             "starting Spark, which rebuilds them from staging", ", ".join(gone))
             return
         raise AirflowSkipException(
             f"nothing to apply: every committed batch of pipeline {self.pipeline} was applied to "

@@ -132,7 +132,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     batches = staging.committed()
     if not batches:
         log.info("no committed batch under %s", staging.directory)
-        return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": []}
+        return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": [], "targets": {}}
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
@@ -190,6 +190,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
                 lease.check()  # a run that outlived its lease records nothing: another may be applying
                 lakehouse.write_state(pipeline, states)
                 phases.end("state_commits")
+        # each target's metadata file: an idle tick checks they still exist without a JVM (a dropped table)
+        summary["targets"] = {state.target: lakehouse.metadata_location(state.target) for state in states.values()}
         if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
             lease.check()
             summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)

@@ -131,6 +131,13 @@ class Lakehouse:
             ) from None
         return None
 
+    def metadata_location(self, table: str) -> str | None:
+        """Where the table's current metadata file is (what a dropped table loses), None without one."""
+        loaded = self.loaded_table(table)
+        if loaded is None or not hasattr(loaded, "operations"):
+            return None
+        return loaded.operations().current().metadataFileLocation()
+
     def size(self, table: str) -> TableSize:
         """The table's rows and bytes of files by its current snapshot's summary (Iceberg
         metadata: no Spark job); zeros for a table without a snapshot."""

@@ -126,6 +126,13 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
     assert third["tables"] == ["public.orders"] and third["rows"] == 1
     assert "TieredStopAtLevel" not in operator.conf.get("spark.driver.extraJavaOptions", "")  # turned off
 
+    # An Iceberg table dropped while the pipeline is idle (a Hadoop catalog's DROP TABLE removes its
+    # directory): the idle tick finds its metadata file gone, without a JVM, and runs the job,
+    # which rebuilds it from staging, instead of skipping until the next batch
+    shutil.rmtree(tmp_path / "warehouse" / "shop" / "public__customers")
+    rebuilt, _, _ = _apply(staging, iceberg, "rebuild")
+    assert rebuilt["tables"] == ["public.customers"] and rebuilt["rows"] == 7
+
     verified = PgVerifyOperator(task_id="verify", publications=["shop"], iceberg=iceberg,
                                 **common).execute({})
     assert verified["equal"] is True and verified["tables"] == {"public.orders": 39, "public.customers": 7}
