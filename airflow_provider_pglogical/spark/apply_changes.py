@@ -77,7 +77,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow_provider_pglogical.spark.driver_commits import ApplyLease, ApplyLeaseHeld
-from airflow_provider_pglogical.spark.hadoop_files import Staging, write_result
+from airflow_provider_pglogical.spark.hadoop_files import Staging, damaged_file_error, write_result
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.keyed import KeyedTables
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
@@ -190,8 +190,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
                 lease.check()  # a run that outlived its lease records nothing: another may be applying
                 lakehouse.write_state(pipeline, states)
                 phases.end("state_commits")
-        # each target's metadata file: an idle tick checks they still exist without a JVM (a dropped table)
-        summary["targets"] = {state.target: lakehouse.metadata_location(state.target) for state in states.values()}
+        summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
         if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
             lease.check()
             summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
@@ -233,23 +232,12 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
         lakehouse.replace(state.target, replace)
     types = lakehouse.ensure_table(state.target, manifest)
-    applier = multisets if OCCURRENCE in types else keyed
+    applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
     try:
-        if step.kind == "snapshot":
-            rows = applier.snapshot(step, source, state.target, types)
-        else:
-            rows = applier.changes(step, source, state.target, types)
-    except Exception as error:
-        damaged = _damaged_staged_file(error, keyed.staging.files(step.batch, source))
-        if damaged is None:
-            raise
-        raise ApplyError(
-            f"batch {step.batch.name}, table {source}: staged file {damaged[0]} cannot be read as Parquet "
-            f"({damaged[1]}); it changed after the batch was committed (truncated or overwritten). This step "
-            f"was not applied. Fix: run a backfill of {source} (PgBackfillOperator): its snapshot replaces "
-            "this batch for the table; or restore the file from a copy"
-        ) from None
-    if step.kind == "snapshot":
+        rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
+    except Exception as error:  # a staged file damaged after its commit is named, with the fix
+        raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
+    if snapshot:
         state.snapshots.add(step.batch.name)
         state.position = step.position if step.through is None else step.through
     else:
@@ -262,24 +250,6 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
              rows, ", a row delta" if row_delta else "", seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
             "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta}
-
-
-#: what Spark's Parquet reader and pyarrow say of a file that is not whole Parquet
-_DAMAGED_PARQUET = ("is not a Parquet file", "magic bytes not found", "CANNOT_READ_FILE_FOOTER", "Could not read footer",
-                    "Couldn't deserialize thrift", "Unexpected end of stream", "FAILED_READ_FILE")
-
-
-def _damaged_staged_file(error: Exception, files: list[str]) -> tuple[str, str] | None:
-    """The staged file a damaged-Parquet error names (or the step's files) and the reader's complaint."""
-    text = str(error)
-    marker = next((m for m in _DAMAGED_PARQUET if m in text), None)
-    if marker is None:
-        return None
-    named = [path for path in files if path.rsplit("/", 1)[-1] in text]
-    line = next(line.strip() for line in text.splitlines() if marker in line)
-    if not named and len(files) == 1:  # the driver's own read names no file: its step has one
-        named = files
-    return (named[0] if named else "one of " + ", ".join(files)), line[:300]
 
 
 def spark_job_group(spark, description: str) -> str:

@@ -7,7 +7,7 @@ import logging
 import re
 from typing import NamedTuple
 
-from airflow_provider_pglogical.spark.hadoop_files import local_path
+from airflow_provider_pglogical.spark.hadoop_files import local_path, unreadable_table_error
 from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, sql_string
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import ApplyError, TableState
@@ -51,16 +51,6 @@ NUMBERED_PROPERTY = "pglogical.multiset-numbered"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 #: the state table's columns a run reads, in ``TableState``'s order after the source table
 _STATE_COLUMNS = ("source_table", "target_table", "position", "applied_snapshots", "last_batch")
-
-
-def _unreadable_metadata(error: Exception) -> str | None:
-    """The first line of Iceberg's complaint when a table's metadata file is gone or unreadable."""
-    text = str(error)
-    lines = [line.strip() for line in text.splitlines() if "Exception" in line and "metadata" in line.lower()]
-    if not lines or not any(word in text for word in ("is missing", "NotFound", "not found", "does not exist",
-                                                        "Failed to open", "Cannot parse", "JsonParse")):
-        return None
-    return lines[0][:300]
 
 
 class Lakehouse:
@@ -118,25 +108,16 @@ class Lakehouse:
         except AnalysisException as error:  # Spark's NoSuchTableException
             if error.getErrorClass() != "TABLE_OR_VIEW_NOT_FOUND":
                 raise
-        except Exception as error:  # py4j's: the catalog found the table, but not its metadata
-            reason = _unreadable_metadata(error)
-            if reason is None:
-                raise
-            raise ApplyError(
-                f"Iceberg table {self.name(table)} cannot be loaded: its current metadata file is missing or "
-                f"damaged ({reason}). Nothing was applied. Fix: restore that file from a backup; or drop the "
-                f"table (DROP TABLE {self.name(table)} PURGE; with a Hadoop catalog, remove the table's "
-                "directory) and the next apply rebuilds it from staging (a backfill, if staging retention "
-                "removed its history)"
-            ) from None
+        except Exception as error:  # py4j's: the catalog knows the table, but its metadata file is gone
+            raise unreadable_table_error(error, self.name(table)) or error
         return None
 
-    def metadata_location(self, table: str) -> str | None:
-        """Where the table's current metadata file is (what a dropped table loses), None without one."""
-        loaded = self.loaded_table(table)
-        if loaded is None or not hasattr(loaded, "operations"):
-            return None
-        return loaded.operations().current().metadataFileLocation()
+    def metadata_locations(self, states) -> dict[str, str | None]:
+        """Each target's current metadata file (what a dropped table loses: the operator's idle tick
+        checks they still exist, without a JVM); None for a table that is not there."""
+        found = {state.target: self.loaded_table(state.target) for state in states}
+        return {target: table.operations().current().metadataFileLocation() if table is not None else None
+                for target, table in found.items()}
 
     def size(self, table: str) -> TableSize:
         """The table's rows and bytes of files by its current snapshot's summary (Iceberg
