@@ -68,12 +68,11 @@ def test_a_truncated_staged_file_and_a_deleted_metadata_file_are_named_with_thei
     for row_deltas in (True, False):  # the driver's own read (pyarrow), and Spark's (a MERGE)
         with pytest.raises(ApplyError) as raised:
             apply(row_deltas=row_deltas)
+        # the chain check (size and SHA-256 against the manifest) catches it before Spark reads it; a
+        # manifest without them (older batches) gets the reader's error, named the same way
         message = str(raised.value)
-        assert message.startswith(f"batch {name}, table public.t: staged file {(tmp_path / 'staging').as_uri()}"
-                                  f"/p/{name}/{part.name} cannot be read as Parquet (")
-        assert message.endswith("it changed after the batch was committed (truncated or overwritten). This step "
-                                "was not applied. Fix: run a backfill of public.t (PgBackfillOperator): its "
-                                "snapshot replaces this batch for the table; or restore the file from a copy")
+        assert message.startswith(f"batch {name}") and part.name in message, message
+        assert "public.t" in message and "backfill" in message and "PgBackfillOperator" in message, message
         assert lakehouse(spark) == before
         after = files(tmp_path / "staging")
         assert {str(p): len(b) for p, b in after.items() if staged.get(p) != b} == {}
