@@ -80,7 +80,7 @@ def main() -> None:
             names = stage(root, count)
             lakehouse = IcebergApplyOperator(task_id="x", staging_root=staging, pipeline="p",
                                              iceberg=IcebergConfig(warehouse=warehouse, namespace="bench"))
-            write_marker(root, "p", lakehouse.lakehouse_identity(), names)
+            write_marker(root, "p", lakehouse.lakehouse_identity(), names, targets={})
             runs = [idle_tick(staging, warehouse) for _ in range(args.repeat)]
             median = statistics.median(runs)
             print(f"idle apply tick, {count:>5} committed batches: median {median:.3f} s "

@@ -2,8 +2,8 @@
 
     python bench/bench_mixed_ab.py [--variants default,no-facts] [--ticks 7] [--rows 20000]
 
-One database and one in-process pipeline (``apply_changes.run`` in a long-lived session, as a
-standing driver runs it) per variant, each getting the same seeded workload every tick; the
+One database and one in-process pipeline (``apply_changes.run`` in a long-lived session) per
+variant, each getting the same seeded workload every tick; the
 variants apply one after the other, their order reversed every tick. Variants:
 
 - ``default``: the job as it is;

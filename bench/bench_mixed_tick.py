@@ -1,6 +1,6 @@
 """Benchmark of a tick of about 2,000 changes over five tables of different shapes.
 
-    python bench/bench_mixed_tick.py [--ticks 6] [--rows 20000] [--quick-jit off,on] [--standing-driver]
+    python bench/bench_mixed_tick.py [--ticks 6] [--rows 20000] [--quick-jit off,on]
 
 Five tables: two with an 8 kB value the changes leave unchanged (its TOAST is not sent) and key
 changes among their updates, a plain keyed table, a keyless table (``REPLICA IDENTITY FULL``)
@@ -9,10 +9,8 @@ full of identical rows, and a table partitioned by range (published through its 
 
 - ``submit``: the apply task (``IcebergApplyOperator.execute``), a spark-submit per tick, as an
   Airflow deployment on the embedded default runs it;
-- ``in-process``: ``apply_changes.run`` in one long-lived Spark session (what a standing Spark
-  would pay: no JVM start, no cold first queries);
-- ``standing`` (with ``--standing-driver``): the apply task with a standing driver
-  (``IcebergApplyOperator(standing_driver=…)``): a third database, the same workload.
+- ``in-process``: ``apply_changes.run`` in one long-lived Spark session (what a long-lived Spark
+  would pay: no JVM start, no cold first queries).
 
 Both report the job's own apply time ("in-job": listing, manifests, state read, every step,
 state commit; the JVM start excluded) and each table's step, and the submit pipeline the apply
@@ -138,7 +136,6 @@ def main() -> None:
     parser.add_argument("--quick-jit", default="off,on", choices=["on", "off", "off,on", "on,off"])
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--driver-memory", default="2g")
-    parser.add_argument("--standing-driver", action="store_true", help="a third pipeline, applied by a standing driver")
     args = parser.parse_args()
     quiet_logs()
     with tempfile.TemporaryDirectory() as tmp, bench_tick.cluster("bench_mixed") as pg:
@@ -146,16 +143,13 @@ def main() -> None:
         baseline = bench_tick.bare_spark_submit_seconds(tmp_path)
         print(f"bare spark-submit of an empty PySpark job: {baseline:.2f} s (load {bench_tick.load()})", flush=True)
         pipelines = {}
-        for db in ("submit", "inproc", *(["standing"] if args.standing_driver else [])):
+        for db in ("submit", "inproc"):
             pg.create_database(db)
             create_source(pg, db, args.rows)
             pipelines[db] = bench_tick.Pipeline(pg, db, tmp_path, db)
             pipelines[db].sync()
         submit = pipelines["submit"]
         submit.apply()  # the first run marks the class archive's directory
-        standing = pipelines.get("standing")
-        if standing:
-            standing.apply(standing_driver=True)  # the snapshot, and the driver's start
         warehouse = tmp_path / "warehouse-inproc"
         spark = spark_session(warehouse, args.driver_memory)
         staging = tmp_path / "staging-inproc"
@@ -180,10 +174,6 @@ def main() -> None:
             warm, warm_steps = apply_in_process()
             row = {"tick": tick, "quick_jit": quick, "changes": pulled["submit"], "apply_task": wall,
                    "in_job_submit": cold, "in_job_inproc": warm, "load": bench_tick.load()}
-            if standing:
-                row["standing_task"], row["in_job_standing"] = standing.apply(standing_driver=True)
-                print(f"tick {tick}: standing driver: apply task {row['standing_task']:.2f} s, in-job "
-                      f"{row['in_job_standing']:.2f} s [{steps_line(standing.steps)}]", flush=True)
             print(f"tick {tick}: {row['changes']} changes (in-process pipeline {pulled['inproc']}); quick JIT {quick}: "
                   f"apply task {wall:.2f} s, in-job {cold:.2f} s [{cold_steps}]; in-process in-job {warm:.2f} s "
                   f"[{steps_line(warm_steps)}] (load {row['load']})", flush=True)
@@ -197,15 +187,7 @@ def main() -> None:
                   f"{medians['in_job_submit']:.2f} s")
         print(f"in-job in the long-lived session, median over {len(rows)} ticks: "
               f"{statistics.median(r['in_job_inproc'] for r in rows):.2f} s")
-        if standing:
-            print(f"standing driver, medians over {len(rows)} ticks: apply task "
-                  f"{statistics.median(r['standing_task'] for r in rows):.2f} s "
-                  f"({statistics.median(r['standing_task'] for r in rows) / baseline:.2f}x bare spark-submit), "
-                  f"in-job {statistics.median(r['in_job_standing'] for r in rows):.2f} s")
-            bench_tick.kill_naming(standing.drivers)
         wrong = differences(pg, "submit", spark, tmp_path / "warehouse-submit") + differences(pg, "inproc", spark, warehouse)
-        if standing:
-            wrong += differences(pg, "standing", spark, tmp_path / "warehouse-standing")
         finish(spark, wrong)
 
 

@@ -5,7 +5,7 @@
 
 A pipeline of N tables (``bench_tick``'s: 1,000 rows, half with an 8 kB value left unchanged, 100
 changes per table per tick with key changes) applied by ``apply_changes.run`` in one long-lived
-session (what a standing driver runs). From the third tick on it prints, per tick, the seconds
+session. From the third tick on it prints, per tick, the seconds
 spent in the job's parts (the reduction with its aggregate, the MERGE statement, the state read
 and commit, DataFrame calls) and every Spark job the tick ran, with its duration, stages and
 tasks (from Spark's status REST API). ``--conf`` sets Spark properties on the session, for an

@@ -1,18 +1,15 @@
 """Benchmark of one sync tick by number of tables, and of freshness over a steady workload.
 
     python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4] [--class-archive off,on]
-                                     [--quick-jit off,on] [--standing-driver off,on] [--updates same|spread]
-    python bench/bench_tick.py freshness [--tables 5] [--ticks 20] [--standing-driver]
+                                     [--quick-jit off,on] [--updates same|spread]
+    python bench/bench_tick.py freshness [--tables 5] [--ticks 20]
 
 ``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
 the changes leave unchanged, so its TOAST is not sent), one initial sync and a first apply; then
 per tick 100 changes per table (updates, key changes, inserts, deletes), one pull and the apply
 task (``IcebergApplyOperator.execute``, spark-submit included), timed. The baseline, measured in
 the same run, is a bare spark-submit of an empty PySpark job. Prints the medians, the ratios the
-issue asks for, and the job's own apply time (sum of its steps, JVM start excluded). With
-``--standing-driver on`` the apply task asks a standing driver (``IcebergApplyOperator(standing_driver=…)``)
-instead of starting spark-submit; the first tick of that setting starts the driver (reported, not
-in the medians).
+issue asks for, and the job's own apply time (sum of its steps, JVM start excluded).
 
 ``freshness``: a writer commits a small transaction every 50 ms on N tables while ticks (pull,
 then apply) run back to back; a change's freshness is the end of the apply that made it readable
@@ -32,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +47,6 @@ from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E4
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
-from tests.support.processes import kill_naming  # noqa: E402
 from tests.support.spark_jobs import bare_spark_submit_seconds  # noqa: E402
 
 ROWS = 1000
@@ -103,7 +98,6 @@ class Pipeline:
         self.iceberg = IcebergConfig(warehouse=(tmp / f"warehouse-{tag}").as_uri(), namespace="bench")
         self.slot = f"bench_{tag}"
         self.archives = str(tmp / "class-archives")  # the driver's class archive, one per run of the bench
-        self.drivers = tmp / "drivers"  # standing drivers' sockets (kill_naming ends them)
 
     def sync(self) -> None:
         run_initial_sync(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
@@ -114,14 +108,12 @@ class Pipeline:
                         report=lambda message: None)
 
     def apply(self, concurrency: int = 4, class_archive: bool = True, quick_jit: bool = True,
-              conf: dict[str, str] | None = None, standing_driver: bool = False) -> tuple[float, float]:
+              conf: dict[str, str] | None = None) -> tuple[float, float]:
         """Wall time of the apply task, and the job's own apply time (JVM start excluded); the Spark
         jobs and stages of each step go to ``self.work``."""
         operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
                                         iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency,
                                         class_archive=class_archive, class_archive_dir=self.archives, conf=conf,
-                                        standing_driver=timedelta(minutes=10) if standing_driver else None,
-                                        standing_driver_dir=str(self.drivers),
                                         **({} if quick_jit else {"quick_jit_max_rows": None}))
         started = time.perf_counter()
         operator.execute({})
@@ -139,9 +131,8 @@ def ticks(args: argparse.Namespace) -> None:
         baseline = statistics.median(baseline_runs)
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
               f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
-        settings = [(int(c), archive == "on", quick == "on", None, standing == "on") for c in args.concurrency.split(",")
-                    for archive in args.class_archive.split(",") for quick in args.quick_jit.split(",")
-                    for standing in args.standing_driver.split(",")]
+        settings = [(int(c), archive == "on", quick == "on", None) for c in args.concurrency.split(",")
+                    for archive in args.class_archive.split(",") for quick in args.quick_jit.split(",")]
         medians: dict[tuple[int, tuple], float] = {}
         for count in [int(c) for c in args.tables.split(",")]:
             db = f"tick{count}"
@@ -161,9 +152,6 @@ def ticks(args: argparse.Namespace) -> None:
                     change_tables(pg, db, names, tick, args.updates)
                     pipeline.pull()
                     wall, job = pipeline.apply(*setting)
-                    if tick <= len(settings) and setting[4]:
-                        print(f"{count:>4} tables, {describe(setting)}: first tick (starts the driver) {wall:.2f} s, "
-                              f"in-job {job:.2f} s", flush=True)
                     if tick > len(settings):  # the first round writes the archive: not measured
                         walls[setting].append(wall)
                         in_job[setting].append(job)
@@ -179,7 +167,6 @@ def ticks(args: argparse.Namespace) -> None:
             print(f"{count:>4} tables: Spark jobs per step median {statistics.median(j for j, _ in work)}, "
                   f"max {max(j for j, _ in work)}; stages per step median {statistics.median(s for _, s in work)}, "
                   f"max {max(s for _, s in work)}")
-        kill_naming(tmp_path / "drivers")
         for (count, setting), median in medians.items():
             if count != 1 and (1, setting) in medians:
                 print(f"{describe(setting)}: {count} tables / 1 table: {median / medians[1, setting]:.2f}x")
@@ -193,9 +180,7 @@ def phase_medians(runs: list[dict]) -> str:
 
 
 def describe(setting: tuple) -> str:
-    concurrency, archive, quick, _, standing = setting
-    if standing:
-        return f"concurrency {concurrency}, standing driver"
+    concurrency, archive, quick, _ = setting
     return (f"concurrency {concurrency}, class archive {'on' if archive else 'off'}, "
             f"quick JIT {'on' if quick else 'off'}")
 
@@ -210,7 +195,7 @@ def freshness(args: argparse.Namespace) -> None:
         names = create_tables(pg, db, args.tables)
         pipeline = Pipeline(pg, db, Path(tmp), db)
         pipeline.sync()
-        pipeline.apply(standing_driver=args.standing_driver == "on")  # a standing driver starts here
+        pipeline.apply()
         commits: list[tuple[float, int]] = []  # (commit wall time, WAL position right after it)
         stop = threading.Event()
         thread = threading.Thread(target=write_steadily, args=(pg, db, names, commits, stop), daemon=True)
@@ -219,12 +204,11 @@ def freshness(args: argparse.Namespace) -> None:
         timings: list[dict] = []
         try:
             for _ in range(args.ticks):
-                timings.append(fresh_tick(pipeline, visible, args.standing_driver == "on"))
+                timings.append(fresh_tick(pipeline, visible))
                 print(f"tick {len(timings):>2}: {format_tick(timings[-1])} (load {load()})", flush=True)
         finally:
             stop.set()
             thread.join()
-            kill_naming(Path(tmp) / "drivers")
         report_freshness(args, commits, visible, timings, baseline)
 
 
@@ -245,12 +229,12 @@ def write_steadily(pg, db: str, names: list[str], commits: list[tuple[float, int
     conn.close()
 
 
-def fresh_tick(pipeline: Pipeline, visible: list[tuple[int, float]], standing_driver: bool = False) -> dict:
+def fresh_tick(pipeline: Pipeline, visible: list[tuple[int, float]]) -> dict:
     """One tick (pull, then the apply task); records when its batch became readable."""
     started = time.perf_counter()
     pulled = pipeline.pull()
     pulled_at = time.perf_counter()
-    wall, job = pipeline.apply(standing_driver=standing_driver)
+    wall, job = pipeline.apply()
     end = pulled.get("end_lsn")
     if end:
         visible.append((Lsn.parse(end).value, time.time()))
@@ -297,8 +281,6 @@ def main() -> None:
                         help="ticks mode: the driver's class archive; off,on compares both tick by tick")
     parser.add_argument("--quick-jit", default="on", choices=["on", "off", "off,on", "on,off"],
                         help="ticks mode: C1 only for small pending work (quick_jit_max_rows); off,on compares both")
-    parser.add_argument("--standing-driver", default="off", choices=["on", "off", "off,on", "on,off"],
-                        help="ticks mode: a standing driver instead of spark-submit per tick; freshness mode: on or off")
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="ticks mode: the 70 updates per table hit the same rows every tick, or rows drawn anew")
     args = parser.parse_args()

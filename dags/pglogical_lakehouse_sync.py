@@ -87,7 +87,6 @@ with DAG(
         staging_root=settings.STAGING,
         pipeline=settings.PIPELINE,
         iceberg=ICEBERG,
-        standing_driver=settings.STANDING_DRIVER,
     )
 
     # after an apply that succeeded or had nothing to do (skipped); not after a failed one

@@ -9,8 +9,6 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
 - ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
   Airflow retries a failed task of the sync DAG (default 2, after 30 s)
-- ``PGLOGICAL_STANDING_DRIVER_MINUTES``: keep the apply's Spark driver running between ticks for
-  up to this many idle minutes (docs/operators.md, "A standing driver"); unset: spark-submit per tick
 """
 
 from __future__ import annotations
@@ -47,7 +45,3 @@ MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENAN
 #: retries of the sync DAG's tasks: every task is idempotent, so a retry applies exactly what is left
 TASK_RETRIES = int(os.environ.get("PGLOGICAL_TASK_RETRIES", "2"))
 RETRY_DELAY = dt.timedelta(seconds=float(os.environ.get("PGLOGICAL_RETRY_DELAY_SECONDS", "30")))
-
-#: the apply's standing driver: None runs spark-submit per tick
-STANDING_DRIVER = (dt.timedelta(minutes=float(os.environ["PGLOGICAL_STANDING_DRIVER_MINUTES"]))
-                   if os.environ.get("PGLOGICAL_STANDING_DRIVER_MINUTES") else None)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from typing import Iterator
 
+import psycopg2
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
@@ -28,13 +31,37 @@ def _bytes(value: int | None) -> str:
     return str(value)
 
 
+@contextlib.contextmanager
+def _clear_errors(args) -> Iterator[None]:
+    """A failure the user can fix ends the command with a message naming the fix, not a traceback."""
+    try:
+        yield
+    except PgLogicalError as err:
+        raise SystemExit(f"error: {err}") from None
+    except psycopg2.OperationalError as err:
+        try:
+            conn = PgLogicalHook.get_connection(args.conn_id)
+            where = f" at {conn.host}:{conn.port or 5432}"
+        except Exception:  # the connection was found a moment ago; never hide the real error behind this
+            where = ""
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SystemExit(
+            f"error: cannot reach the publisher of Airflow connection {args.conn_id!r}{where}: {reason}. "
+            f"Fix: check that connection's host, port and credentials (airflow connections get {args.conn_id}) "
+            "and that PostgreSQL accepts connections there"
+        ) from None
+    except Exception as err:
+        if type(err).__name__ != "AirflowNotFoundException":
+            raise
+        raise SystemExit(f"error: {err}. Fix: define the publisher's postgres connection {args.conn_id!r} "
+                         "(airflow connections add, or AIRFLOW_CONN_<ID>) or pass the right --conn-id") from None
+
+
 def status(args) -> None:
     """``airflow pglogical status``."""
-    try:
+    with _clear_errors(args):
         hook, root, pipeline = _target(args)
         result = pipeline_status(hook, root, pipeline)
-    except PgLogicalError as err:
-        raise SystemExit(f"error: {err}")
     if args.output == "json":
         print(json.dumps(result.as_dict(), sort_keys=True))  # one line: the last line of the output
         return
@@ -63,10 +90,11 @@ def status(args) -> None:
 def drop(args) -> None:
     """``airflow pglogical drop``."""
     try:
-        hook, root, pipeline = _target(args)
-        result = drop_pipeline(hook, root, pipeline, dry_run=not args.yes, report=print)
-    except PgLogicalError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(1)
+        with _clear_errors(args):
+            hook, root, pipeline = _target(args)
+            result = drop_pipeline(hook, root, pipeline, dry_run=not args.yes, report=print)
+    except SystemExit as err:
+        print(err.code, file=sys.stderr)
+        raise SystemExit(1) from None
     if args.yes:
         print(json.dumps(result, sort_keys=True))

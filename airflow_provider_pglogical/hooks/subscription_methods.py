@@ -61,8 +61,9 @@ class SubscriptionMethods:
         statement = subscriptions.create_subscription_sql(name, info, publications, options)
 
         def create() -> None:
-            with self.autocommit_cursor() as cursor:
-                # The statement holds the publisher's password: log only the name.
+            with self.autocommit_cursor() as cursor, subscriptions.statement_kept_out_of_logs(cursor, info, name):
+                # The statement holds the publisher's password: log only the name, and keep the
+                # server from logging it (a failed statement is logged whole by default).
                 self.log.info("Creating subscription %s to publication(s) %s", name, ", ".join(publications))
                 cursor.execute(statement)
 
@@ -111,7 +112,7 @@ class SubscriptionMethods:
         self, name: str, *, publisher_conn_id: str | None = None, conninfo: str | None = None
     ) -> None:
         info = self._publisher_conninfo(publisher_conn_id, conninfo)
-        with self.autocommit_cursor() as cursor:
+        with self.autocommit_cursor() as cursor, subscriptions.statement_kept_out_of_logs(cursor, info, name):
             self.log.info("Changing the publisher connection of subscription %s", name)
             cursor.execute(subscriptions.alter_subscription_sql(name, sql.SQL("CONNECTION {}").format(sql.Literal(info))))
 

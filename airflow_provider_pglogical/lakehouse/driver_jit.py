@@ -42,18 +42,3 @@ def quick_jit_options(pending_rows: int | None, max_rows: int | None,
         return ()
     return QUICK_JIT_OPTIONS
 
-
-def standing_driver_jit_options(max_rows: int | None, conf: Mapping[str, object]) -> tuple[str, ...]:
-    """The JVM options of a standing driver: C1 only, unless ``max_rows`` is None (quick JIT
-    turned off) or the user set the JIT in ``conf``.
-
-    A standing driver lives for many ticks, and C2 never stops costing it: Spark generates new
-    classes for every query, so C2 keeps compiling. On two cores, ticks of 50 small tables took
-    4.0-4.5 s with C1 only against 4.9-6.3 s (C2 used 2-4 s of CPU per tick, even at the tenth
-    tick: docs/benchmarks.md). The price is a large batch's MERGE, 1.1-1.4x slower in a warm
-    JVM; a driver started for one cannot know the next tick's size, and frequent small ticks are
-    what a standing driver is for.
-    """
-    if max_rows is None or user_chose_jit(conf):
-        return ()
-    return QUICK_JIT_OPTIONS

@@ -23,9 +23,10 @@ from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.staging.contract import RESULT_CONF, default_target_name, table_key
+from airflow_provider_pglogical.staging.contract import RESULT_CONF, STAGING_FILE_MODE_CONF, default_target_name, table_key
 from airflow_provider_pglogical.staging.job_result import read_result, storage_path
 from airflow_provider_pglogical.staging.pipeline_record import read_record
+from airflow_provider_pglogical.staging.private_files import file_mode
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 
 VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
@@ -48,7 +49,8 @@ def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spa
     """
     result_at = f"{plan_uri.rsplit('/', 1)[0]}/_result-{uuid.uuid4().hex}.json"
     hook = SparkSubmitHook(
-        conf={**iceberg.spark_conf(), RESULT_CONF: result_at}, conn_id=conn_id, name="pglogical-verify",
+        conf={**iceberg.spark_conf(), RESULT_CONF: result_at, STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
+        conn_id=conn_id, name="pglogical-verify",
         driver_memory=driver_memory, py_files=with_job_bundle(None), application_args=["--plan", plan_uri],
     )
     hook.submit(application=str(VERIFY_JOB))

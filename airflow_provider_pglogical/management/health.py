@@ -122,6 +122,7 @@ def find_publisher_problems(cursor, publications: Sequence[str], tables: Sequenc
     for name in missing:
         problems.append(f"publication {name!r} does not exist: create it (create_publication) or fix the name")
     problems += _reserved_column_problems(cursor, publications)
+    problems += _columnless_problems(cursor, publications)
     if not replica_identity:
         return problems
     for pub, updates_or_deletes, table, relkind, replident, attrs, filter_cols, ri_cols, oid in _fetch(
@@ -300,6 +301,24 @@ def publisher_warnings(cursor) -> list[str]:
         "(invalidation_reason = idle_timeout) and needs a resync. Pulls must come more often than that, outages "
         "included: raise it to a day or more (ALTER SYSTEM SET idle_replication_slot_timeout = '1d'), or 0 to "
         "disable it"
+    ]
+
+
+_COLUMNLESS = """
+SELECT format('%%I.%%I', schemaname, tablename), string_agg(quote_ident(pubname), ', ' ORDER BY pubname)
+  FROM pg_publication_tables
+ WHERE pubname = ANY(%s) AND coalesce(cardinality(attnames), 0) = 0
+ GROUP BY 1 ORDER BY 1
+"""
+
+
+def _columnless_problems(cursor, publications: Sequence[str]) -> list[str]:
+    """Tables published with no column at all (``CREATE TABLE t()``): an Iceberg table needs one."""
+    return [
+        f"table {table} is published (publication {pubs}) with no columns: a lakehouse table needs at least "
+        f"one column, so its rows could not be applied. Add a column (ALTER TABLE {table} ADD COLUMN ...), "
+        f"or remove the table from the publication (ALTER PUBLICATION {pubs.split(', ')[0]} DROP TABLE {table})"
+        for table, pubs in _fetch(cursor, _COLUMNLESS, (list(publications),))
     ]
 
 

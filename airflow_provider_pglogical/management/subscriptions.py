@@ -1,10 +1,14 @@
-"""Subscriptions on a subscriber cluster: SQL builders (pure) and status read-outs."""
+"""Subscriptions on a subscriber cluster: SQL builders (pure), status read-outs, and the session
+settings that keep a publisher's password out of the subscriber's server log."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+import psycopg2.errors
+import psycopg2.extensions
 from psycopg2 import sql
 
 from airflow_provider_pglogical.exceptions import SubscriptionError
@@ -83,6 +87,60 @@ def conninfo_from(params: Mapping[str, Any]) -> str:
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
     return " ".join(f"{key}={quote(value)}" for key, value in params.items() if value not in (None, ""))
+
+
+#: the settings under which the server writes a statement's text somewhere others read it: logged
+#: before it runs, when it is slow, when it fails (the default, ``error``: a failed CREATE
+#: SUBSCRIPTION would log its CONNECTION string), and pg_stat_statements' query texts
+QUIET_STATEMENT_SETTINGS = (
+    ("log_statement", "none"),
+    ("log_min_duration_statement", "-1"),
+    ("log_min_error_statement", "panic"),
+    ("pg_stat_statements.track_utility", "off"),
+)
+
+
+def has_password(conninfo: str) -> bool:
+    """Whether a libpq connection string (keywords or URI) carries a password."""
+    try:
+        return bool(psycopg2.extensions.parse_dsn(conninfo).get("password"))
+    except psycopg2.ProgrammingError:  # PostgreSQL says what is wrong with it; assume the worst
+        return True
+
+
+@contextlib.contextmanager
+def statement_kept_out_of_logs(cursor, conninfo: str, subscription: str) -> Iterator[None]:
+    """Run the block with this session's statements kept out of the server's log, when ``conninfo``
+    holds a password: PostgreSQL writes a failing statement into its log, CONNECTION string and all.
+
+    The settings are superuser-only; CREATE SUBSCRIPTION needs a superuser on PostgreSQL 15, so the
+    role has them. A role that may not set them (PostgreSQL 16+ ``pg_create_subscription``) gets a
+    :class:`SubscriptionError` before anything is sent with the password.
+    """
+    if not has_password(conninfo):
+        yield
+        return
+    changed = []
+    for name, value in QUIET_STATEMENT_SETTINGS:
+        cursor.execute("SELECT current_setting(%s, true)", (name,))
+        if cursor.fetchone()[0] is None:  # an extension's setting, and the extension is not loaded
+            continue
+        try:
+            cursor.execute("SELECT set_config(%s, %s, false)", (name, value))
+        except psycopg2.errors.InsufficientPrivilege as err:
+            raise SubscriptionError(
+                f"subscription {subscription!r}: the publisher's password would be written into the "
+                f"subscriber's server log if the statement failed, and this role may not turn that off "
+                f"({str(err).strip()}). Fix: GRANT SET ON PARAMETER {', '.join(n for n, _ in QUIET_STATEMENT_SETTINGS[:3])} "
+                "to this role, or give a conninfo without a password (passfile=<file on the subscriber "
+                "host, mode 0600, owned by the server's OS user>)"
+            ) from None
+        changed.append(name)
+    try:
+        yield
+    finally:
+        for name in changed:
+            cursor.execute(sql.SQL("RESET {}").format(sql.Identifier(*name.split("."))))
 
 
 @dataclass

@@ -20,11 +20,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.class_archive import with_java_options
-from airflow_provider_pglogical.lakehouse.driver_jit import (
-    DEFAULT_QUICK_JIT_MAX_ROWS,
-    quick_jit_options,
-    standing_driver_jit_options,
-)
+from airflow_provider_pglogical.lakehouse.driver_jit import DEFAULT_QUICK_JIT_MAX_ROWS, quick_jit_options
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
@@ -34,20 +30,26 @@ from airflow_provider_pglogical.staging.contract import (
     DEFAULT_CONCURRENCY,
     DEFAULT_RETENTION_HOURS,
     RESULT_CONF,
+    STAGING_FILE_MODE_CONF,
 )
 from airflow_provider_pglogical.staging.job_result import job_error, read_result, result_uri, storage_path
-from airflow_provider_pglogical.staging.apply_marker import pending_batches, pending_rows, write_marker
+from airflow_provider_pglogical.staging.apply_marker import (
+    pending_batches,
+    pending_rows,
+    recorded_targets,
+    write_marker,
+)
 from airflow_provider_pglogical.staging.applied_positions import record_applied
 from airflow_provider_pglogical.staging.layout import parse_batch_name
+from airflow_provider_pglogical.staging.private_files import file_mode
 from airflow_provider_pglogical.management.validation import (
     check_count,
     check_pipeline_name,
     check_staging_root,
     check_table_map,
 )
-from airflow_provider_pglogical.operators._class_archive import driver_class_archive, driver_runs_here
+from airflow_provider_pglogical.operators._class_archive import driver_class_archive
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.operators._standing_driver import apply_on_standing_driver
 
 try:
     from airflow.sdk.exceptions import AirflowSkipException
@@ -116,21 +118,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         (``~/.cache/...``).
     :param quick_jit_max_rows: when the apply marker shows at most this many staged rows pending,
         the driver JVM compiles with HotSpot's quick C1 compiler only (``-XX:TieredStopAtLevel=1``):
-        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). A standing
-        driver (below) always compiles with C1 only: it serves many small ticks, and the
-        optimising compiler keeps competing with them for the cores. ``None`` keeps the JVM's
-        default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
-    :param standing_driver: keep the Spark driver running between ticks, for up to this long without
-        an apply (for example ``timedelta(minutes=15)``): the task then asks that driver over a Unix
-        socket instead of starting spark-submit, and a small tick takes a second or two instead of
-        a JVM start plus a cold JVM's first Iceberg queries (docs/operators.md). One driver per
-        configuration on this machine, shared by the pipelines that use it, one apply at a time;
-        started by the first task that needs it, ended after that idle time or 1,000 applies,
-        and at once when the task that asked is killed during its apply (so the apply stops).
-        Only where the driver runs here (local master or client deploy mode); ``None`` (the
-        default) runs spark-submit per tick.
-    :param standing_driver_dir: where its socket, lock and log live (mode 0700); default
-        ``$PGLOGICAL_DRIVER_DIR``, else ``<tmp>/pglogical-drivers-<uid>``.
+        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). ``None``
+        keeps the JVM's default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
@@ -159,8 +148,6 @@ class IcebergApplyOperator(SparkSubmitOperator):
         class_archive: bool = True,
         class_archive_dir: str | None = None,
         quick_jit_max_rows: int | None = DEFAULT_QUICK_JIT_MAX_ROWS,
-        standing_driver: timedelta | None = None,
-        standing_driver_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -186,11 +173,6 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.class_archive = class_archive
         self.class_archive_dir = class_archive_dir
         self.quick_jit_max_rows = check_count(quick_jit_max_rows, "quick_jit_max_rows", optional=True)
-        if standing_driver is not None and standing_driver <= timedelta(0):
-            raise ValueError(f"standing_driver must be a positive idle time, not {standing_driver}; "
-                             "None runs spark-submit per tick")
-        self.standing_driver = standing_driver
-        self.standing_driver_dir = standing_driver_dir
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -219,24 +201,15 @@ class IcebergApplyOperator(SparkSubmitOperator):
             root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
             pending = pending_batches(root, str(self.pipeline), lakehouse)
             if self.skip_when_idle:
-                self.skip_if_idle(pending, lakehouse)
+                self.skip_if_idle(pending, lakehouse, root)
             self.py_files = with_job_bundle(self.py_files)
-            if self.standing_driver is not None and driver_runs_here(self._get_hook()._connection):
-                # a session that outlives the tick must see other jobs' commits (maintenance, backfills)
-                self.conf = {f"spark.sql.catalog.{self.iceberg.catalog}.cache-enabled": "false",
-                             **self.iceberg.spark_conf(), **(self.conf or {})}
-                self.conf = with_java_options(self.conf, standing_driver_jit_options(self.quick_jit_max_rows, self.conf))
-                result = apply_on_standing_driver(self, self.job_args(), self.standing_driver,
-                                                  self.standing_driver_dir)
-            else:
-                result = self.run_spark_submit(context, root, pending)
+            result = self.run_spark_submit(context, root, pending)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
-            write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []))
+            write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})
-            self._driver = result.get("driver")  # the standing driver's pid and run number, if one served
             if self.asset_alias and context.get("outlet_events") is not None:  # absent when called by hand
                 emit_table_assets(context, self.asset_alias, self.iceberg, str(self.pipeline), steps)
             return {
@@ -250,7 +223,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
     def run_spark_submit(self, context: Context, root, pending: list[str] | None) -> dict:
         """The apply as its own spark-submit; returns the job's result."""
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
-        self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at}
+        self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at,
+                     STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
         self.choose_driver_jit(root, pending)
         self.application_args = [*self.job_args(), *lease_holder_args(context)]
         with driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
@@ -269,13 +243,23 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "catalog_impl": self.iceberg.catalog_impl, "namespace": self.iceberg.namespace,
                 "warehouse": self.iceberg.warehouse or default_warehouse(), "table_map": self.table_map or {}}
 
-    def skip_if_idle(self, pending: list[str] | None, lakehouse: dict) -> None:
-        """End as skipped, without spark-submit, when no committed batch is new to the lakehouse."""
+    def skip_if_idle(self, pending: list[str] | None, lakehouse: dict, root) -> None:
+        """End as skipped, without spark-submit, when no committed batch is new to the lakehouse and
+        every target table the last run left is still there."""
         if pending is None:
             self.log.info("no apply marker for this lakehouse yet: starting Spark to find what is pending")
             return
         if pending:
             self.log.info("%d committed batch(es) not applied yet (first %s): starting Spark", len(pending), pending[0])
+            return
+        targets = recorded_targets(root, str(self.pipeline), lakehouse)
+        if targets is None:
+            self.log.info("the apply marker records no target tables (an older version wrote it): starting Spark")
+            return
+        gone = sorted(name for name, location in targets.items() if location and not storage_path(location).exists())
+        if gone:
+            self.log.warning("Iceberg table(s) %s lost their metadata file since the last apply (dropped?): "
+                             "starting Spark, which rebuilds them from staging", ", ".join(gone))
             return
         raise AirflowSkipException(
             f"nothing to apply: every committed batch of pipeline {self.pipeline} was applied to "

@@ -77,7 +77,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow_provider_pglogical.spark.driver_commits import ApplyLease, ApplyLeaseHeld
-from airflow_provider_pglogical.spark.hadoop_files import Staging, write_result
+from airflow_provider_pglogical.spark.hadoop_files import Staging, damaged_file_error, write_result
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.keyed import KeyedTables
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
@@ -132,7 +132,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     batches = staging.committed()
     if not batches:
         log.info("no committed batch under %s", staging.directory)
-        return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": []}
+        return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": [], "targets": {}}
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
@@ -190,6 +190,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
                 lease.check()  # a run that outlived its lease records nothing: another may be applying
                 lakehouse.write_state(pipeline, states)
                 phases.end("state_commits")
+        summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
         if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
             lease.check()
             summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
@@ -231,13 +232,15 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
         lakehouse.replace(state.target, replace)
     types = lakehouse.ensure_table(state.target, manifest)
-    applier = multisets if OCCURRENCE in types else keyed
-    if step.kind == "snapshot":
-        rows = applier.snapshot(step, source, state.target, types)
+    applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
+    try:
+        rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
+    except Exception as error:  # a staged file damaged after its commit is named, with the fix
+        raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
+    if snapshot:
         state.snapshots.add(step.batch.name)
         state.position = step.position if step.through is None else step.through
     else:
-        rows = applier.changes(step, source, state.target, types)
         state.position = step.batch.end
     state.last_batch = step.batch.name
     seconds = round(time.monotonic() - started, 3)

@@ -4,23 +4,31 @@ The job reads staging where the executors can: a driver in a cluster has no loca
 listing and manifests go through the same FileSystem the Parquet reader uses. A whole file the
 driver reads or writes itself on a ``file:`` location is read or written by Python: py4j carries
 a ``byte[]`` at about 1.7 MB/s (51 ms for an 87 kB file here), and Hadoop's local file system
-forks ``chmod`` for each file it creates where it has no native library.
+forks ``chmod`` for each file it creates where it has no native library. A staged file or a
+table's metadata file damaged by hand is named, with its fix (``damaged_file_error``,
+``unreadable_table_error``), instead of the reader's raw error. What Python writes on a
+``file:`` location is created with the staging mode (private unless the operator widened it:
+``contract.STAGING_FILE_MODE_CONF``), as the Python side's files are.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 from airflow_provider_pglogical.spark.java_classes import java_class
-from airflow_provider_pglogical.spark.plan import Batch
+from airflow_provider_pglogical.spark.plan import ApplyError, Batch
 from airflow_provider_pglogical.staging.contract import (
     FILE_SHA256,
     FILE_SIZE,
     MANIFEST,
     RESULT_CONF,
+    STAGING_FILE_MODE_CONF,
     format_lsn,
     keyed_tables,
+    staging_directory_mode,
+    staging_file_mode,
 )
 
 
@@ -52,6 +60,75 @@ def _plain_file_path(uri: str) -> str | None:
             or any(part in ("", ".", "..") for part in path[1:].split("/")):
         return None
     return path
+
+
+def _file_mode(spark) -> int:
+    return staging_file_mode(spark.conf.get(STAGING_FILE_MODE_CONF, None))
+
+
+def _make_local_dirs(directory: str, file_mode: int) -> None:
+    """``mkdir -p``; the directories it creates get the staging directory mode."""
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for path in reversed(missing):
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        os.chmod(path, staging_directory_mode(file_mode))
+
+
+def _write_local(path: str, data: bytes, file_mode: int) -> None:
+    """Write a whole local file through a temporary name and an atomic rename, with the staging mode."""
+    _make_local_dirs(os.path.dirname(path), file_mode)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode)
+    os.fchmod(fd, file_mode)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+    os.replace(tmp, path)
+
+
+#: what Spark's Parquet reader and pyarrow say of a file that is not whole Parquet
+_DAMAGED_PARQUET = ("is not a Parquet file", "magic bytes not found", "CANNOT_READ_FILE_FOOTER", "Could not read footer",
+                    "Couldn't deserialize thrift", "Unexpected end of stream", "FAILED_READ_FILE")
+
+
+def damaged_file_error(error: Exception, files: list[str], batch: str, source: str) -> ApplyError | None:
+    """An :class:`ApplyError` naming the staged file a step could not read as Parquet (from Spark's or
+    pyarrow's raw error), the batch and the fix; None for any other error."""
+    text = str(error)
+    marker = next((m for m in _DAMAGED_PARQUET if m in text), None)
+    if marker is None:
+        return None
+    named = [path for path in files if path.rsplit("/", 1)[-1] in text]
+    line = next(line.strip() for line in text.splitlines() if marker in line)
+    if not named and len(files) == 1:  # the driver's own read names no file: its step has one
+        named = files
+    return ApplyError(
+        f"batch {batch}, table {source}: staged file {named[0] if named else 'one of ' + ', '.join(files)} cannot "
+        f"be read as Parquet ({line[:300]}); it changed after the batch was committed (truncated or overwritten). "
+        f"This step was not applied. Fix: run a backfill of {source} (PgBackfillOperator): its snapshot replaces "
+        "this batch for the table; or restore the file from a copy"
+    )
+
+
+def unreadable_table_error(error: Exception, table: str) -> ApplyError | None:
+    """An :class:`ApplyError` naming an Iceberg table whose current metadata file is gone or damaged
+    (from py4j's raw error when the catalog loads it) and the fixes; None for any other error."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if "Exception" in line and "metadata" in line.lower()]
+    if not lines or not any(word in text for word in ("is missing", "NotFound", "not found", "does not exist",
+                                                        "Failed to open", "Cannot parse", "JsonParse")):
+        return None
+    return ApplyError(
+        f"Iceberg table {table} cannot be loaded: its current metadata file is missing or damaged "
+        f"({lines[0][:300]}). Nothing was applied. Fix: restore that file from a backup; or drop the table (DROP "
+        f"TABLE {table} PURGE; with a Hadoop catalog, remove the table's directory) and the next apply rebuilds "
+        "it from staging (a backfill, if staging retention removed its history)"
+    )
 
 
 class Staging:
@@ -141,6 +218,10 @@ class Staging:
 
     def write_file(self, name: str, data: dict) -> None:
         """Write a small JSON file of the pipeline's through a temporary name and a rename."""
+        local = local_path(self.spark, f"{self.directory}/{name}")
+        if local is not None:
+            _write_local(local, json.dumps(data, indent=1, sort_keys=True).encode(), _file_mode(self.spark))
+            return
         path, tmp = self._path(f"{self.directory}/{name}"), self._path(f"{self.directory}/{name}.tmp")
         out = self._fs.create(tmp, True)
         try:
@@ -156,7 +237,11 @@ class Staging:
         or, with ``archive``, move the whole directory there."""
         directory = self._path(f"{self.directory}/{name}")
         if archive is not None:
-            self._fs.mkdirs(self._path(f"{self.directory}/{archive}"))
+            local = local_path(self.spark, f"{self.directory}/{archive}")
+            if local is not None:
+                _make_local_dirs(local, _file_mode(self.spark))
+            else:
+                self._fs.mkdirs(self._path(f"{self.directory}/{archive}"))
             target = self._path(f"{self.directory}/{archive}/{name}")
             if self._fs.exists(directory):
                 self._fs.delete(target, True)  # what a killed earlier move left
@@ -215,6 +300,10 @@ def write_result(spark, summary: dict) -> None:
     is lost in cluster deploy modes. Written to a temporary name, then renamed."""
     uri = spark.conf.get(RESULT_CONF, None)
     if not uri:
+        return
+    local = local_path(spark, uri)
+    if local is not None:
+        _write_local(local, json.dumps(summary, sort_keys=True).encode(), _file_mode(spark))
         return
     hadoop_path = java_class(spark, "org.apache.hadoop.fs.Path")
     fs = hadoop_path(uri).getFileSystem(spark._jsc.hadoopConfiguration())

@@ -7,8 +7,8 @@ while that commit's snapshot is still the table's current one, every key it dele
 and every key it wrote holds exactly the values written. Any other commit (a MERGE, maintenance,
 another writer) makes a new snapshot, and the table's entry no longer answers.
 
-A standing driver keeps the entries from tick to tick; a spark-submit run keeps them from round
-to round. They are bounded by :data:`BUDGET_BYTES`, oldest table first.
+A spark-submit run keeps the entries from round to round (a long-lived session, as the tests and
+benchmarks use, from run to run). They are bounded by :data:`BUDGET_BYTES`, oldest table first.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import logging
 import re
 from typing import NamedTuple
 
-from airflow_provider_pglogical.spark.hadoop_files import local_path
+from airflow_provider_pglogical.spark.hadoop_files import local_path, unreadable_table_error
 from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, sql_string
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import ApplyError, TableState
@@ -108,7 +108,16 @@ class Lakehouse:
         except AnalysisException as error:  # Spark's NoSuchTableException
             if error.getErrorClass() != "TABLE_OR_VIEW_NOT_FOUND":
                 raise
+        except Exception as error:  # py4j's: the catalog knows the table, but its metadata file is gone
+            raise unreadable_table_error(error, self.name(table)) or error
         return None
+
+    def metadata_locations(self, states) -> dict[str, str | None]:
+        """Each target's current metadata file (what a dropped table loses: the operator's idle tick
+        checks they still exist, without a JVM); None for a table that is not there."""
+        found = {state.target: self.loaded_table(state.target) for state in states}
+        return {target: table.operations().current().metadataFileLocation() if table is not None else None
+                for target, table in found.items()}
 
     def size(self, table: str) -> TableSize:
         """The table's rows and bytes of files by its current snapshot's summary (Iceberg

@@ -10,6 +10,10 @@ The Iceberg state table stays the truth. The marker can only make the operator r
 was not needed (a stale marker), never skip a pending batch: a batch is skipped only when a
 successful run saw it, and one committed during or after that run is not in the marker. Reset the
 lakehouse and you must delete the marker too (``airflow pglogical drop`` removes staging whole).
+
+The marker also records each target table's metadata file as the job left it: a table dropped
+while the pipeline is idle loses it, and the operator then runs the job (which rebuilds the
+table from staging) instead of skipping.
 """
 
 from __future__ import annotations
@@ -31,9 +35,21 @@ def read_marker(root: StagingPath, pipeline: str) -> dict | None:
     return read_pipeline_file(root, pipeline, MARKER)
 
 
-def write_marker(root: StagingPath, pipeline: str, lakehouse: dict, seen: Iterable[str]) -> None:
-    """Record the batches a successful apply saw (through a temporary name and a rename)."""
-    write_pipeline_file(root, pipeline, MARKER, {"lakehouse": lakehouse, "seen": sorted(set(seen))})
+def write_marker(root: StagingPath, pipeline: str, lakehouse: dict, seen: Iterable[str],
+                 targets: dict[str, str | None] | None = None) -> None:
+    """Record the batches a successful apply saw, and its target tables' metadata files (through a
+    temporary name and a rename)."""
+    write_pipeline_file(root, pipeline, MARKER, {"lakehouse": lakehouse, "seen": sorted(set(seen)),
+                                                 "targets": dict(sorted((targets or {}).items()))})
+
+
+def recorded_targets(root: StagingPath, pipeline: str, lakehouse: dict) -> dict[str, str | None] | None:
+    """Target table -> metadata file, as the last successful apply into ``lakehouse`` left them;
+    None when the marker records none (no marker, another lakehouse, or an older marker)."""
+    marker = read_marker(root, pipeline)
+    if marker is None or marker.get("lakehouse") != lakehouse or "targets" not in marker:
+        return None
+    return dict(marker["targets"])
 
 
 def pending_batches(root: StagingPath, pipeline: str, lakehouse: dict) -> list[str] | None:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_pglogical.staging.contract import FILE_SHA256, FILE_SIZE
 from airflow_provider_pglogical.staging.layout import MANIFEST, BatchManifest, StagingPath, TableManifest
+from airflow_provider_pglogical.staging.private_files import make_dirs, open_new
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class BatchWriter:
             index = self._table_index[qualified_name]
             entry = {"path": table_file_name(index, len(table.files)), "rows": 0}
             table.files.append(entry)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         return table, entry
 
     def _count(self, table: TableManifest, entry: dict, rows: int, written: "_HashingFile") -> None:
@@ -67,7 +68,7 @@ class BatchWriter:
 
     @contextlib.contextmanager
     def _open(self, entry: dict) -> Iterator["_HashingFile"]:
-        with (self.directory / entry["path"]).open("wb") as fh:
+        with open_new(self.directory / entry["path"]) as fh:
             yield _HashingFile(fh)
 
     def write_part(self, qualified_name: str, data: pa.Table) -> None:
@@ -111,9 +112,9 @@ class BatchWriter:
 
     def commit(self) -> str:
         """Write the manifest last, through a temporary name, and return the batch path."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         tmp = self.directory / (MANIFEST + ".tmp")
-        with tmp.open("wb") as fh:
+        with open_new(tmp) as fh:
             fh.write(self.manifest.to_json().encode())
         tmp.rename(self.directory / MANIFEST)
         log.info("committed batch %s (%d tables)", self.manifest.name, len(self.manifest.tables))

@@ -150,6 +150,33 @@ RESULT_CONF = "spark.pglogical.resultUri"
 #: ``extra[SOURCE_IDENTITY]`` names the publisher database (``system_identifier``, ``database``, ``database_oid``)
 PIPELINE_RECORD = "_pipeline.json"
 SOURCE_IDENTITY = "source"
+#: staged rows are private to the OS user the provider runs as (files 0600, directories 0700) on
+#: a local file system; this environment variable widens them (octal, e.g. ``640``: group-readable)
+STAGING_FILE_MODE_ENV = "PGLOGICAL_STAGING_FILE_MODE"
+DEFAULT_STAGING_FILE_MODE = 0o600
+#: the Spark property that hands the file mode to a job (the operators set it)
+STAGING_FILE_MODE_CONF = "spark.pglogical.stagingFileMode"
+
+
+def staging_file_mode(text: str | None) -> int:
+    """The mode of staged files from its octal text (None or empty: the private default); a
+    ValueError names what is wrong. The owner must keep read and write."""
+    if text is None or not str(text).strip():
+        return DEFAULT_STAGING_FILE_MODE
+    try:
+        mode = int(str(text).strip(), 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+        raise ValueError(f"{STAGING_FILE_MODE_ENV}={text!r} is not a usable file mode: give octal permission "
+                         "bits that keep the owner's read and write, e.g. 600 (private, the default) or "
+                         "640 (readable by the group)")
+    return mode
+
+
+def staging_directory_mode(file_mode: int) -> int:
+    """The mode of staged directories: the owner's ``rwx``, and ``x`` wherever files are readable."""
+    return file_mode | 0o700 | ((file_mode & 0o044) >> 2)
 #: what staging retention removed, under ``<root>/<pipeline>/`` (``spark/retention.py``)
 RETENTION_RECORD = "_retention.json"
 #: where retention moves batches when it archives instead of deleting: ``<root>/<pipeline>/_archive/``

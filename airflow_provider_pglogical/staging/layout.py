@@ -19,7 +19,7 @@ from typing import Any, Iterator, Protocol
 
 from airflow_provider_pglogical.lsn import Lsn
 # names, patterns and rules shared with the Spark job live in the stdlib-only contract module
-from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging import contract, private_files
 from airflow_provider_pglogical.staging.contract import FORMAT_VERSION, MANIFEST
 
 
@@ -134,9 +134,9 @@ def read_pipeline_file(root: StagingPath, pipeline: str, name: str) -> dict | No
 def write_pipeline_file(root: StagingPath, pipeline: str, name: str, data: dict) -> None:
     """Write it through a temporary name and a rename, so readers never see half of it."""
     directory = root / pipeline
-    directory.mkdir(parents=True, exist_ok=True)
+    private_files.make_dirs(directory)
     tmp = directory / (name + ".tmp")
-    with tmp.open("wb") as fh:
+    with private_files.open_new(tmp) as fh:
         fh.write(json.dumps(data, indent=1, sort_keys=True).encode())
     tmp.rename(directory / name)
 

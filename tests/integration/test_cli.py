@@ -102,3 +102,27 @@ def test_drop_removes_the_slot_then_staging_and_keeps_the_lakehouse(pipeline, pu
 
     again = pglogical(tmp_path, "drop", *args, "--yes")
     assert again.returncode == 1 and "has no record" in again.stderr
+
+
+def test_status_against_a_bad_port_names_the_connection_and_the_fix(tmp_path, monkeypatch):
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_pglogical.cli.definition import main
+    from airflow_provider_pglogical.embedded.postgres import free_port
+    from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, write_record
+
+    staging = f"file://{tmp_path}/staging"
+    write_record(ObjectStoragePath(staging), "shop", PipelineRecord(
+        slot="shop_slot", plugin="pgoutput", database="shop", created_lsn="0/1", publications=["shop"]))
+    port = free_port()  # nothing listens there
+    monkeypatch.setenv("AIRFLOW_CONN_PGLOGICAL_BAD", f"postgres://lake:s3cret-word@127.0.0.1:{port}/shop")
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    with pytest.raises(SystemExit) as exited:
+        main(["status", "--conn-id", "pglogical_bad", "--staging-root", staging, "--pipeline", "shop"])
+    message = str(exited.value.code)
+    assert message.startswith(f"error: cannot reach the publisher of Airflow connection 'pglogical_bad' at "
+                              f"127.0.0.1:{port}: ")
+    assert "Connection refused" in message and "s3cret-word" not in message
+    assert message.endswith("Fix: check that connection's host, port and credentials (airflow connections get "
+                            "pglogical_bad) and that PostgreSQL accepts connections there")
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before

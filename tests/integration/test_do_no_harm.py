@@ -347,3 +347,16 @@ def test_columns_the_lakehouse_keeps_for_itself_are_refused_before_a_slot_exists
     assert "column '_pglogical_occurrence' of public.t has a name the lakehouse keeps for itself" in message
     assert "column '__op' of public.t" in message and "RENAME COLUMN" in message
     assert SourceState.capture(publisher, staging_dir) == before
+
+
+def test_a_table_without_columns_is_refused_before_a_slot_exists(publisher, publisher_hook, staging_dir, root):
+    publisher.execute("CREATE TABLE nothing(); INSERT INTO nothing DEFAULT VALUES; CREATE TABLE t(id int PRIMARY KEY)")
+    publisher_hook.create_publication("p", [PublishedTable("t"), PublishedTable("nothing")])
+    before = SourceState.capture(publisher, staging_dir)
+    with pytest.raises(PublisherCheckError) as raised:
+        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
+    assert ("table public.nothing is published (publication p) with no columns: a lakehouse table needs at "
+            "least one column, so its rows could not be applied. Add a column (ALTER TABLE public.nothing ADD "
+            "COLUMN ...), or remove the table from the publication (ALTER PUBLICATION p DROP TABLE "
+            "public.nothing)") in str(raised.value)
+    assert SourceState.capture(publisher, staging_dir) == before

@@ -50,6 +50,18 @@ def silent_spark_submit(tmp_path, monkeypatch):
     return wrapper
 
 
+@pytest.fixture
+def usual_umask():
+    """The usual default umask, under which files would be 0644 and directories 0755."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
 def _apply(staging: str, iceberg: IcebergConfig, task_id: str, **kwargs):
     operator = IcebergApplyOperator(task_id=task_id, staging_root=staging, pipeline="shop", iceberg=iceberg,
                                     conf={"spark.ui.enabled": "false"}, env_vars={"SPARK_LOCAL_IP": "127.0.0.1"},
@@ -61,7 +73,7 @@ def _apply(staging: str, iceberg: IcebergConfig, task_id: str, **kwargs):
 
 
 def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
-    publisher, publisher_hook, silent_spark_submit, tmp_path, monkeypatch
+    publisher, publisher_hook, silent_spark_submit, tmp_path, monkeypatch, usual_umask
 ):
     publisher.execute(SOURCE)
     staging = f"file://{tmp_path}/staging"
@@ -94,6 +106,11 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
     assert pulled["batch"].endswith(second_assets["iceberg://lake/shop/public__orders"]["batch"])
     # the result files are read and removed; nothing else is left in _results
     assert list(ObjectStoragePath(f"{staging}/shop/_results").iterdir()) == []
+    # staged rows and the pipeline's files, written by the tasks and by the job, are private to
+    # this OS user, whatever the umask (the usual_umask fixture: 022)
+    written = list((tmp_path / "staging").rglob("*"))
+    assert {oct(_mode(path)) for path in written if path.is_file()} == {"0o600"}
+    assert {oct(_mode(path)) for path in [tmp_path / "staging", *written] if path.is_dir()} == {"0o700"}
 
     # An idle tick (an empty pull commits no batch) starts no Spark: a master that does not exist
     # proves the apply never submitted anything.
@@ -108,6 +125,13 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
     third, _, operator = _apply(staging, iceberg, "apply3", quick_jit_max_rows=None)
     assert third["tables"] == ["public.orders"] and third["rows"] == 1
     assert "TieredStopAtLevel" not in operator.conf.get("spark.driver.extraJavaOptions", "")  # turned off
+
+    # An Iceberg table dropped while the pipeline is idle (a Hadoop catalog's DROP TABLE removes its
+    # directory): the idle tick finds its metadata file gone, without a JVM, and runs the job,
+    # which rebuilds it from staging, instead of skipping until the next batch
+    shutil.rmtree(tmp_path / "warehouse" / "shop" / "public__customers")
+    rebuilt, _, _ = _apply(staging, iceberg, "rebuild")
+    assert rebuilt["tables"] == ["public.customers"] and rebuilt["rows"] == 7
 
     verified = PgVerifyOperator(task_id="verify", publications=["shop"], iceberg=iceberg,
                                 **common).execute({})

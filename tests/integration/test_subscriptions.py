@@ -111,7 +111,7 @@ def test_drop_with_an_unreachable_publisher(publisher, subscriber, publisher_hoo
     dead = publisher.conninfo.replace(f"port={publisher.cluster.port}", f"port={free_port()}")
     subscriber_hook.disable_subscription("sub")
     subscriber_hook.set_subscription_connection("sub", conninfo=dead)
-    subscriber_hook.drop_subscription("sub")
+    subscriber_hook.drop_subscription("sub", keep_remote_slot=True)  # it never made one
     assert subscriber_hook.subscription_status("sub") is None
     logged = capsys.readouterr().out
     assert "remains on the publisher" in logged
@@ -145,6 +145,31 @@ def test_set_add_drop_publications(publisher, subscriber, publisher_hook, subscr
     assert subscriber_hook.subscription_status("sub").publications == ["pa", "pb"]
     subscriber_hook.enable_subscription("sub")
     assert subscriber_hook.subscription_status("sub").enabled
+
+
+def test_the_publishers_password_stays_out_of_the_subscribers_server_log(publisher, subscriber, publisher_hook,
+                                                                         subscriber_hook):
+    import psycopg2
+
+    from airflow_provider_pglogical.embedded.postgres import free_port
+
+    publisher.execute("CREATE TABLE t(id int PRIMARY KEY)")
+    subscriber.execute("CREATE TABLE t(id int PRIMARY KEY)")
+    publisher_hook.create_publication("pub", [PublishedTable("t")])
+    # an administrator who logs every statement of the database; a failed one is logged whole by default
+    subscriber.execute(f"ALTER DATABASE {subscriber.name} SET log_statement = 'all'")
+    start = len(subscriber.cluster.log())
+    dead = publisher.conninfo.replace(f"port={publisher.cluster.port}", f"port={free_port()}")
+    with pytest.raises(psycopg2.OperationalError, match="could not connect to the publisher"):
+        subscriber_hook.create_subscription("sub", ["pub"], conninfo=dead)
+    assert subscriber_hook.subscription_status("sub") is None  # nothing was created
+    assert subscriber_hook.create_subscription("sub", ["pub"], publisher_conn_id=publisher.conn_id, connect=False)
+    subscriber_hook.set_subscription_connection("sub", conninfo=dead)
+    subscriber_hook.drop_subscription("sub", keep_remote_slot=True)  # it never made one
+    logged = wait_until(lambda: "could not connect to the publisher" in subscriber.cluster.log()[start:], timeout=30,
+                        message="the failed CREATE SUBSCRIPTION in the server log") and subscriber.cluster.log()[start:]
+    assert "DROP SUBSCRIPTION" in logged  # the other statements were logged
+    assert publisher.cluster.password not in logged
 
 
 def test_subscription_options_are_validated(subscriber_hook):

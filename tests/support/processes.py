@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 from typing import NoReturn
 
 
@@ -23,25 +22,3 @@ def kill_tree(process: subprocess.Popen) -> None:
     except ProcessLookupError:  # it ended on its own meanwhile
         pass
 
-
-def pids_naming(path: Path) -> list[int]:
-    """The processes whose command line holds ``path`` (a standing driver: spark-submit's JVM and
-    its Python, named by their socket's directory)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(path).encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:  # it ended meanwhile
-                continue
-    return pids
-
-
-def kill_naming(path: Path) -> None:
-    """SIGKILL every process :func:`pids_naming` finds."""
-    for pid in pids_naming(path):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -11,7 +11,6 @@ import pytest
 from airflow_provider_pglogical.lakehouse.driver_jit import (
     QUICK_JIT_OPTIONS,
     quick_jit_options,
-    standing_driver_jit_options,
     user_chose_jit,
 )
 
@@ -43,12 +42,6 @@ def test_other_java_options_do_not_count_as_a_jit_choice():
     assert quick_jit_options(1, 100, conf) == QUICK_JIT_OPTIONS
 
 
-def test_a_standing_driver_compiles_with_c1_only_unless_turned_off_or_set_by_the_user():
-    assert standing_driver_jit_options(100_000, {}) == QUICK_JIT_OPTIONS  # whatever the next tick's size
-    assert standing_driver_jit_options(None, {}) == ()
-    assert standing_driver_jit_options(100_000, {"spark.driver.extraJavaOptions": "-XX:CICompilerCount=4"}) == ()
-
-
 def _code_cache_bytes(options: tuple[str, ...]) -> int:
     flags = subprocess.run([shutil.which("java"), *options, "-XX:+PrintFlagsFinal", "-version"],
                            capture_output=True, text=True, check=True).stdout
@@ -56,7 +49,7 @@ def _code_cache_bytes(options: tuple[str, ...]) -> int:
 
 
 def test_c1_only_keeps_the_code_cache_of_tiered_compilation():
-    # the JVM itself says: stopped at level 1 alone it reserves 48 MB, which a standing driver
-    # (or a long test session) fills, and then fails; the options keep tiered compilation's size
+    # the JVM itself says: stopped at level 1 alone it reserves 48 MB, which a long-lived JVM
+    # (a long test session) fills, and then fails; the options keep tiered compilation's size
     assert _code_cache_bytes(("-XX:TieredStopAtLevel=1",)) < 64 * 2**20
     assert _code_cache_bytes(QUICK_JIT_OPTIONS) >= _code_cache_bytes(()) >= 240 * 2**20
