@@ -27,7 +27,7 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from airflow_provider_pglogical.spark.apply_changes import small_shuffles, tune_session
+from airflow_provider_pglogical.spark.session import small_shuffles, tune_session
 from airflow_provider_pglogical.spark.housekeeping import (
     DEFAULT_CONCURRENCY,
     Housekeeping,

@@ -337,15 +337,26 @@ def test_a_renamed_or_dropped_table_does_not_block_the_pull(publisher, publisher
 
 def test_columns_the_lakehouse_keeps_for_itself_are_refused_before_a_slot_exists(publisher, publisher_hook,
                                                                                  staging_dir, root):
-    publisher.execute('CREATE TABLE t(a int, "_pglogical_occurrence" int, "__op" text); '
-                      "ALTER TABLE t REPLICA IDENTITY FULL; INSERT INTO t VALUES (1, 2, 'x')")
+    from airflow_provider_pglogical.exceptions import PublicationError
+
+    publisher.execute('CREATE TABLE t(a int, "_pglogical_occurrence" int); CREATE TABLE u(a int, "__op" text); '
+                      "ALTER TABLE t REPLICA IDENTITY FULL; ALTER TABLE u REPLICA IDENTITY FULL; "
+                      "INSERT INTO t VALUES (1, 2); INSERT INTO u VALUES (1, 'x')")
     publisher_hook.create_publication("p", [PublishedTable("t")])
+    publisher_hook.create_publication("q", [PublishedTable("u")])
     before = SourceState.capture(publisher, staging_dir)
-    with pytest.raises(PublisherCheckError) as raised:
+    # a name the provider reserves for a metadata column: refused by the table-identity check
+    with pytest.raises(PublicationError) as raised:
         run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
     message = str(raised.value)
-    assert "column '_pglogical_occurrence' of public.t has a name the lakehouse keeps for itself" in message
-    assert "column '__op' of public.t" in message and "RENAME COLUMN" in message
+    assert "column '_pglogical_occurrence' has a name Iceberg or this provider reserves" in message
+    assert "RENAME COLUMN" in message and "Nothing was changed" in message
+    assert SourceState.capture(publisher, staging_dir) == before
+    # a name the staged change files keep for themselves: refused by the publisher check
+    with pytest.raises(PublisherCheckError) as raised:
+        run_initial_sync(publisher_hook, slot="s1", publications=["q"], root=root, pipeline="q")
+    message = str(raised.value)
+    assert "column '__op' of public.u" in message and "RENAME COLUMN" in message
     assert SourceState.capture(publisher, staging_dir) == before
 
 
