@@ -7,17 +7,15 @@ own (``tune_session``); Spark's SQL status store shows the plans it executed.
 
 from __future__ import annotations
 
-import os
 
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.spark import apply_changes
 from airflow_provider_pglogical.spark.keyed import PRUNED_MERGE_ROWS
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from tests.support.accounts_batches import expected_rows, stage
-from tests.support.spark_jobs import driver_java_conf
+from tests.support.spark_jobs import applying_session
 
 CHANGES = 2_000
 ROWS = PRUNED_MERGE_ROWS + 10 * CHANGES  # the least a 2,000-change batch prunes (``keyed.prunes``)
@@ -25,17 +23,7 @@ ROWS = PRUNED_MERGE_ROWS + 10 * CHANGES  # the least a 2,000-change batch prunes
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    from pyspark.sql import SparkSession
-
-    warehouse = tmp_path_factory.mktemp("pruned") / "warehouse"
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    builder = SparkSession.builder.master("local[2]").appName("test-pruned-merge")
-    for key, value in {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.ui.enabled": "false",
-                       "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
-                       **driver_java_conf()}.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    apply_changes.tune_session(session)
+    session = applying_session(tmp_path_factory.mktemp("pruned") / "warehouse", "test-pruned-merge")
     yield session
     session.stop()
 

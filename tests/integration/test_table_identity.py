@@ -11,7 +11,6 @@ with psycopg2, the lakehouse with Spark.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from airflow.sdk import ObjectStoragePath
@@ -19,30 +18,19 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.exceptions import PublicationError
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.spark import apply_changes
 from airflow_provider_pglogical.spark.plan import ApplyError
 from airflow_provider_pglogical.staging.contract import OWNER_PROPERTY, STATE_TABLE, default_target_name
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
-from tests.support.spark_jobs import driver_java_conf
+from tests.support.spark_jobs import applying_session
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    from pyspark.sql import SparkSession
-
-    warehouse = tmp_path_factory.mktemp("identity") / "warehouse"
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    builder = SparkSession.builder.master("local[2]").appName("test-table-identity")
-    for key, value in {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.ui.enabled": "false",
-                       "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
-                       **driver_java_conf()}.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    apply_changes.tune_session(session)
+    session = applying_session(tmp_path_factory.mktemp("identity") / "warehouse", "test-table-identity")
     yield session
     session.stop()
 

@@ -84,6 +84,27 @@ def bare_spark_submit_seconds(directory: Path, master: str = "local[2]") -> floa
     return time.perf_counter() - started
 
 
+def applying_session(warehouse: Path, app_name: str):
+    """An in-process Spark session (``local[2]``) that applies to the Iceberg warehouse as the apply
+    job's own session does (UTC, case-sensitive names, the job's tuning) and reads it back. Stop it
+    when done."""
+    import os
+
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_pglogical.spark.session import tune_session
+
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for key, value in {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.ui.enabled": "false",
+                       "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
+                       **driver_java_conf()}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    tune_session(session)
+    return session
+
+
 def reading_session(warehouse: Path, app_name: str, extra: dict[str, str] | None = None):
     """An in-process Spark session (``local[1]``) that reads the Iceberg warehouse a test's jobs
     write, with the catalog's cache off so it sees every commit, and the driver options of
