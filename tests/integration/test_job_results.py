@@ -78,7 +78,7 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
     publisher.execute(SOURCE)
     staging = f"file://{tmp_path}/staging"
     iceberg = IcebergConfig(warehouse=f"file://{tmp_path}/warehouse", namespace="shop")
-    common = {"postgres_conn_id": publisher.conn_id, "staging_path": staging, "pipeline": "shop"}
+    common = {"postgres_conn_id": publisher.conn_id, "staging_root": staging, "pipeline": "shop"}
     PgCreatePublicationOperator(task_id="pub", publication="shop", tables=["public.orders", "public.customers"],
                                 postgres_conn_id=publisher.conn_id).execute({})
     PgInitialSyncOperator(task_id="sync", slot="shop", publications=["shop"], **common).execute({})

@@ -127,7 +127,7 @@ def test_dag_authors_can_template_connections_tables_and_the_lakehouse():
     assert (apply.iceberg.catalog, apply.iceberg.warehouse, apply.iceberg.namespace) == ("prod", "s3a://wh/prod", "ns_prod")
     assert apply.table_map == {"public.orders": "orders_prod"}
 
-    verify = PgVerifyOperator(task_id="verify", publications=["p"], staging_path="file:///s", pipeline="p",
+    verify = PgVerifyOperator(task_id="verify", publications=["p"], staging_root="file:///s", pipeline="p",
                               postgres_conn_id="pg_{{ params.env }}", iceberg=IcebergConfig(namespace="{{ params.env }}"),
                               table_map={"public.orders": "{{ params.env }}"})
     verify.render_template_fields(context)
