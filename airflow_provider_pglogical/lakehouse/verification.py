@@ -26,7 +26,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.staging.contract import RESULT_CONF, STAGING_FILE_MODE_CONF, default_target_name, table_key
 from airflow_provider_pglogical.staging.job_result import read_result, storage_path
 from airflow_provider_pglogical.staging.pipeline_record import read_record
-from airflow_provider_pglogical.staging.private_files import file_mode
+from airflow_provider_pglogical.staging.private_files import file_mode, make_dirs
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 
 VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
@@ -70,7 +70,7 @@ def verify_tables(connect_kwargs: Mapping[str, Any], tables: list[source_project
         with source_projection.source_snapshot(connect_kwargs) as (cursor, lsn):
             for table in tables:
                 source_projection.bucket_sums(cursor, table)
-            directory.mkdir(parents=True, exist_ok=True)
+            make_dirs(directory)  # private (0700) on a local file system: the job writes source rows under it
             plan = directory / "plan.json"
             plan.write_text(json.dumps({"output": str(directory / "rows"),
                                         "tables": [table.spec() for table in tables]}))

@@ -13,6 +13,7 @@ Spark session.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from airflow.sdk import ObjectStoragePath
@@ -73,6 +74,8 @@ def verify(publisher_hook, root: ObjectStoragePath, spark) -> dict:
                                              table_map=TABLE_MAP)
 
     def compare(plan: str) -> dict:
+        # the directory the job writes source-derived rows under is private (0700), as staging is
+        assert os.stat(storage_path(plan).parent.path).st_mode & 0o777 == 0o700
         return verify_job.run(spark, json.loads(storage_path(plan).read_text()))
 
     return verify_tables(publisher_hook.connect_kwargs(), tables, root, "p", compare)
