@@ -28,6 +28,7 @@ from common import cluster, report
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync  # noqa: E402
 from airflow_provider_pglogical.capture.pull import run_pull  # noqa: E402
 
 PEEK_COUNT = ("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1',"
@@ -81,8 +82,12 @@ def main() -> None:
         hook = PgLogicalHook(postgres_conn_id="benchpull")
         recv_slots = [f"recv{i}" for i in range(args.repeat)]
         our_slots = [f"ours{i}" for i in range(args.repeat)]
-        for slot in ["raw", *recv_slots, *our_slots]:
+        for slot in ["raw", *recv_slots]:
             hook.create_slot(slot)
+        # a pull continues a pipeline's initial snapshot (of the still empty table): its slot, record and batch
+        our_roots = [ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-pull-')}") for _ in our_slots]
+        for slot, root in zip(our_slots, our_roots):
+            run_initial_sync(hook, slot=slot, publications=["pub"], root=root, pipeline="bench", report=lambda m: None)
         t0 = time.perf_counter()
         workload(pg, args.changes, args.txn_size, args.checkpoint_every)
         end_lsn = pg.query("SELECT pg_current_wal_flush_lsn()::text")[0][0]
@@ -103,9 +108,8 @@ def main() -> None:
                            check=True, env=env)
             recvs.append(time.perf_counter() - t)
 
-            root = ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-pull-')}")
             t = time.perf_counter()
-            result = run_pull(hook, slot=our_slots[i], publications=["pub"], root=root, pipeline="bench",
+            result = run_pull(hook, slot=our_slots[i], publications=["pub"], root=our_roots[i], pipeline="bench",
                               max_changes=messages + 10, report=lambda m: None)
             ours.append(time.perf_counter() - t)
             assert result["changes"] == args.changes, result
@@ -121,13 +125,14 @@ def main() -> None:
         for slot in ["raw", *recv_slots, *our_slots]:
             hook.drop_slot(slot)
 
-        hook.create_slot("windows")
+        root = ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-windows-')}")
+        run_initial_sync(hook, slot="windows", publications=["pub"], root=root, pipeline="bench",
+                         report=lambda m: None)
         backlog = args.window * args.windows
         t0 = time.perf_counter()
         workload(pg, backlog, args.txn_size, seconds=args.backlog_seconds, start_id=args.changes)
         print(f"windows backlog: {backlog:,} inserts over {time.perf_counter() - t0:.0f}s")
         windows = []
-        root = ObjectStoragePath(f"file://{tempfile.mkdtemp(prefix='bench-windows-')}")
         while True:
             slot = hook.get_slot("windows")
             lag = slot.confirmed_flush_lsn - slot.restart_lsn
