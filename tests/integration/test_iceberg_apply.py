@@ -414,14 +414,20 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
     assert {s: v["position"][-4:] for s, v in lake.state("crash").items()} == {
         "public.events": "1000", "public.items": "1000", "public.orders": "1000", "public.tags": "2000"}
 
-    # the re-run is SIGKILLed (spark-submit and its driver) after its first state commit
+    # the re-run is SIGKILLed (spark-submit and its driver) after its first state commit: a new
+    # snapshot of the state table (the apply's lease changes only the table's properties)
     state_metadata = lake.warehouse / "crash" / "_pglogical_state" / "metadata"
-    versions = len(list(state_metadata.glob("v*.metadata.json")))
+
+    def state_snapshot() -> int | None:
+        newest = max(state_metadata.glob("v*.metadata.json"), key=lambda p: int(p.name[1:].split(".")[0]))
+        return json.loads(newest.read_text()).get("current-snapshot-id")
+
+    snapshot = state_snapshot()
     process = spark_submit(lake.warehouse, "crash", lake.root, wait=False)
 
     def state_committed() -> bool:
         assert process.poll() is None, process.stdout.read()[-5000:]
-        return len(list(state_metadata.glob("v*.metadata.json"))) > versions
+        return state_snapshot() != snapshot
 
     wait_until(state_committed, timeout=300, interval=0.02, message="the re-run's first state commit")
     kill_tree(process)
