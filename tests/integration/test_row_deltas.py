@@ -12,6 +12,7 @@ deltas, into two namespaces of one warehouse.
 from __future__ import annotations
 
 import math
+import json
 import shutil
 from collections import Counter
 
@@ -21,6 +22,7 @@ from airflow_provider_pglogical.spark.hadoop_files import Staging, local_path
 from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas, _narrowing, count_copies
+from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.spark.plan import Batch, TableState
 from airflow_provider_pglogical.spark.row_deltas import RowDeltas, is_in, plain_value, readable
 from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, ROW_DELTA_PROPERTY, written_values
@@ -187,6 +189,9 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
     partial = tmp_path / "staging-first"
     shutil.copytree(root, partial)
     shutil.rmtree(partial / "p" / batches[1])
+    record = json.loads((partial / "p" / "_pipeline.json").read_text())  # as the first pull left it
+    record["staged_through"] = str(parse_batch_name(batches[0])[1])
+    (partial / "p" / "_pipeline.json").write_text(json.dumps(record))
 
     spark = reading_session(tmp_path / "warehouse", "test-row-deltas")
     try:
