@@ -26,6 +26,12 @@ if ! command -v java >/dev/null 2>&1; then
   apt_install openjdk-17-jre-headless
 fi
 
+# The PostgreSQL JDBC driver (/usr/share/java/postgresql.jar) for Iceberg's JDBC catalog on PostgreSQL.
+if [ ! -f /usr/share/java/postgresql.jar ]; then
+  echo "setup: installing the PostgreSQL JDBC driver"
+  apt_install libpostgresql-jdbc-java
+fi
+
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 if [ ! -x .venv/bin/python ]; then
@@ -42,4 +48,29 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     || { tail -n 40 "$log"; echo "setup: pip install failed (full log: $log)"; exit 1; }
   .venv/bin/python -c "import airflow_provider_pglogical, pyspark, psycopg2, pyarrow, airflow.providers.apache.spark"
   echo "$want" > "$stamp"
+fi
+
+# Hadoop's S3A file system for a lakehouse on S3: hadoop-aws 3.3.1 and the AWS SDK bundle it was built
+# with. Maven is not reachable from here; the PyPI sdist sagemaker-pyspark==1.4.5 ships both jars
+# (its own package pins pyspark 3.3, so it is only downloaded, never installed). lakehouse/iceberg_config.py
+# finds them under the interpreter's prefix.
+jars=.venv/share/airflow-provider-pglogical/jars
+if ! sha256sum --quiet -c - >/dev/null 2>&1 <<SUMS
+6be50ad8a8b445d2802381b085b2a3ede5c29d353450a6a21f16b2fefa962b6e  $jars/hadoop-aws-3.3.1.jar
+b87175b32a16544cc1b37cf40390eb375833e62bed67f8ce6cde4b7ad6429ead  $jars/aws-java-sdk-bundle-1.11.901.jar
+SUMS
+then
+  echo "setup: taking the S3A jars from the PyPI sdist sagemaker-pyspark==1.4.5 (180 MB, once)"
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download --disable-pip-version-check --no-deps --no-binary :all: -q -d "$tmp" \
+    sagemaker-pyspark==1.4.5
+  mkdir -p "$jars"
+  tar -xzf "$tmp"/sagemaker_pyspark-1.4.5.tar.gz -C "$tmp" sagemaker_pyspark-1.4.5/deps/jars/hadoop-aws-3.3.1.jar \
+    sagemaker_pyspark-1.4.5/deps/jars/aws-java-sdk-bundle-1.11.901.jar
+  mv "$tmp"/sagemaker_pyspark-1.4.5/deps/jars/*.jar "$jars"/
+  rm -rf "$tmp"
+  sha256sum --quiet -c - <<SUMS || { echo "setup: the S3A jars do not have the expected checksums"; exit 1; }
+6be50ad8a8b445d2802381b085b2a3ede5c29d353450a6a21f16b2fefa962b6e  $jars/hadoop-aws-3.3.1.jar
+b87175b32a16544cc1b37cf40390eb375833e62bed67f8ce6cde4b7ad6429ead  $jars/aws-java-sdk-bundle-1.11.901.jar
+SUMS
 fi
