@@ -6,13 +6,26 @@ the tests alike.
 
 from __future__ import annotations
 
+import glob
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from airflow_provider_pglogical.exceptions import InvalidInputError
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.9.2.jar"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 WRITE_MODES = ("merge-on-read", "copy-on-write")
+#: warehouse schemes of object stores: no atomic rename, so no Hadoop catalog there
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos", "r2")
+#: the S3A file system's jars (Hadoop 3.3.1's build of it and the AWS SDK it was built with), which
+#: ``scripts/setup.sh`` takes from the PyPI sdist ``sagemaker-pyspark==1.4.5``
+S3A_JAR_PATTERNS = ("hadoop-aws-3.3.*.jar", "aws-java-sdk-bundle-1.*.jar")
+#: where ``scripts/setup.sh`` puts them, under the interpreter's prefix (``$PGLOGICAL_JARS_DIR`` first)
+JARS_SUBDIR = ("share", "airflow-provider-pglogical", "jars")
+#: Debian's ``libpostgresql-jdbc-java``: the PostgreSQL JDBC driver of Iceberg's ``JdbcCatalog``
+DEBIAN_POSTGRESQL_JAR = "/usr/share/java/postgresql.jar"
 
 
 class IcebergJarNotFound(RuntimeError):
@@ -37,6 +50,43 @@ def iceberg_runtime_jar() -> str:
     return str(jar)
 
 
+def jars_directory() -> Path:
+    """Where the provider's extra jars are: ``$PGLOGICAL_JARS_DIR``, else ``<sys.prefix>/share/airflow-provider-pglogical/jars``."""
+    return Path(os.environ.get("PGLOGICAL_JARS_DIR") or Path(sys.prefix, *JARS_SUBDIR))
+
+
+def s3a_jars() -> list[str]:
+    """Paths of ``hadoop-aws`` and the AWS SDK bundle it needs, for a warehouse on ``s3a://``/``s3://``."""
+    found = [sorted(glob.glob(str(jars_directory() / pattern))) for pattern in S3A_JAR_PATTERNS]
+    if not all(found):
+        raise IcebergJarNotFound(
+            f"the S3A file system's jars ({', '.join(S3A_JAR_PATTERNS)}) were not found in {jars_directory()}: "
+            "run `bash scripts/setup.sh` (it takes them from the PyPI sdist sagemaker-pyspark==1.4.5), set "
+            "$PGLOGICAL_JARS_DIR to a folder holding them, or pass IcebergConfig(jars=[...]) or "
+            "IcebergConfig(packages=['org.apache.hadoop:hadoop-aws:3.3.4'])"
+        )
+    return [paths[-1] for paths in found]
+
+
+def postgresql_jdbc_jar() -> str:
+    """Path of the PostgreSQL JDBC driver, for Iceberg's JDBC catalog on PostgreSQL."""
+    candidates = [*sorted(glob.glob(str(jars_directory() / "postgresql-*.jar"))), DEBIAN_POSTGRESQL_JAR]
+    for jar in candidates:
+        if os.path.isfile(jar):
+            return jar
+    raise IcebergJarNotFound(
+        f"the PostgreSQL JDBC driver was not found (looked for {', '.join(candidates)}): install Debian's "
+        "libpostgresql-jdbc-java (`bash scripts/setup.sh` does), put a postgresql-*.jar in "
+        f"{jars_directory()}, or pass IcebergConfig(jars=[...])"
+    )
+
+
+def scheme_of(uri: str) -> str:
+    """The URI's scheme, lower case ('' for a plain path)."""
+    scheme, sep, _rest = uri.partition("://")
+    return scheme.lower() if sep else ""
+
+
 def default_warehouse() -> str:
     """``$AIRFLOW_HOME/lakehouse`` as a ``file://`` URI: the embedded warehouse."""
     home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
@@ -51,7 +101,16 @@ class IcebergConfig:
     :param catalog_type: Iceberg ``type`` (``hadoop``, ``hive``, ``rest``, ``glue``, ``jdbc``, ``nessie``);
         ignored when ``catalog_impl`` is given.
     :param catalog_impl: a catalog class (``org.apache.iceberg.aws.glue.GlueCatalog``) instead of a type.
+    :param catalog_uri: the catalog's ``uri`` (``jdbc:postgresql://host:5432/db``, a REST URL); for
+        ``jdbc`` it is built from ``catalog_conn_id`` when not given.
+    :param catalog_conn_id: Airflow connection of the catalog: for ``jdbc`` a PostgreSQL connection
+        whose login and password reach Spark through a private properties file, never the command line.
     :param warehouse: warehouse URI; default ``$AIRFLOW_HOME/lakehouse`` (embedded Hadoop catalog).
+        On an object store (``s3a://``, ``s3://``, ``gs://``, ...) the catalog must be a transactional
+        one (``jdbc``, ``rest``, ``glue``): a Hadoop catalog there is refused.
+    :param storage_conn_id: Airflow ``aws`` connection of the warehouse's S3 store: access key (login),
+        secret (password), extras ``endpoint_url``, ``region_name``, ``path_style_access`` (default
+        true when an endpoint is given). The keys reach Spark through the private properties file.
     :param namespace: Iceberg namespace of the target tables and of ``_pglogical_state``.
     :param jars: jar paths for ``spark.jars``; default the pinned runtime jar, unless ``packages`` is set.
     :param packages: Maven coordinates for ``spark.jars.packages``.
@@ -63,7 +122,10 @@ class IcebergConfig:
     catalog: str = "lake"
     catalog_type: str | None = "hadoop"
     catalog_impl: str | None = None
+    catalog_uri: str | None = None
+    catalog_conn_id: str | None = None
     warehouse: str | None = None
+    storage_conn_id: str | None = None
     namespace: str = "pglogical"
     jars: list[str] | None = None
     packages: list[str] | None = None
@@ -72,14 +134,43 @@ class IcebergConfig:
     bucket_count: int | None = None
 
     #: rendered when an operator holding this config renders its templates
-    template_fields = ("catalog", "warehouse", "namespace", "extra_conf")
+    template_fields = ("catalog", "catalog_uri", "warehouse", "namespace", "extra_conf")
 
     def __post_init__(self) -> None:
         if self.write_mode not in WRITE_MODES:
             raise ValueError(f"write_mode must be one of {WRITE_MODES}, not {self.write_mode!r}")
 
+    def check(self) -> None:
+        """Refuse what cannot be safe, before anything runs: a Hadoop catalog on an object store."""
+        warehouse = self.warehouse or ""
+        hadoop = not self.catalog_impl and (self.catalog_type or "").lower() == "hadoop"
+        if hadoop and scheme_of(warehouse) in OBJECT_STORE_SCHEMES:
+            raise InvalidInputError(
+                f"Iceberg catalog {self.catalog!r} is a Hadoop catalog on the object store warehouse {warehouse}: "
+                "its commits rely on an atomic rename, which object stores do not have, so two commits can "
+                "silently lose one another. Use a transactional catalog instead: catalog_type='jdbc' "
+                "(catalog_conn_id or catalog_uri='jdbc:postgresql://...'), catalog_type='rest' (Polaris, "
+                "Nessie, Lakekeeper, Unity), or catalog_type='glue' (docs/lakehouse.md)"
+            )
+
+    def on_s3(self) -> bool:
+        """The warehouse is on S3 (through Hadoop's S3A file system)."""
+        return scheme_of(self.warehouse or "") in ("s3", "s3a", "s3n")
+
+    def default_jars(self) -> list[str]:
+        """The Iceberg runtime, plus S3A's jars on S3 and the PostgreSQL driver for a JDBC catalog."""
+        jars = [iceberg_runtime_jar()]
+        if self.on_s3():
+            jars += s3a_jars()
+        if (self.catalog_type or "").lower() == "jdbc" and not self.catalog_impl and \
+                (self.catalog_conn_id or (self.catalog_uri or "").startswith("jdbc:postgresql:")):
+            jars.append(postgresql_jdbc_jar())
+        return jars
+
     def spark_conf(self) -> dict[str, str]:
-        """Spark properties that register the Iceberg catalog, its SQL extensions and its jars."""
+        """Spark properties that register the Iceberg catalog, its SQL extensions and its jars
+        (never a credential: see :mod:`airflow_provider_pglogical.lakehouse.lakehouse_access`)."""
+        self.check()
         prefix = f"spark.sql.catalog.{self.catalog}"
         conf = {
             "spark.sql.extensions": ICEBERG_EXTENSIONS,
@@ -90,9 +181,14 @@ class IcebergConfig:
             conf[f"{prefix}.catalog-impl"] = self.catalog_impl
         elif self.catalog_type:
             conf[f"{prefix}.type"] = self.catalog_type
+        if self.catalog_uri:
+            conf[f"{prefix}.uri"] = self.catalog_uri
+        if self.on_s3():  # s3:// and s3n:// through S3A too, as on EMR
+            conf.update({f"spark.hadoop.fs.{scheme}.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"
+                         for scheme in ("s3", "s3n")})
         if self.packages:
             conf["spark.jars.packages"] = ",".join(self.packages)
-        jars = self.jars if self.jars is not None else ([] if self.packages else [iceberg_runtime_jar()])
+        jars = self.jars if self.jars is not None else ([] if self.packages else self.default_jars())
         if jars:
             conf["spark.jars"] = ",".join(jars)
         conf.update(self.extra_conf)

@@ -23,6 +23,7 @@ from airflow_provider_pglogical.lakehouse.class_archive import with_java_options
 from airflow_provider_pglogical.lakehouse.driver_jit import DEFAULT_QUICK_JIT_MAX_ROWS, quick_jit_options
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
@@ -196,6 +197,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         with fail_permanent_errors():
             # staging_root and pipeline are rendered by now: check them, then build the command line
             check_staging_root(str(self.staging_root))
+            self.iceberg.check()
             check_pipeline_name(self.pipeline)
             check_table_map(self.table_map)
             root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
@@ -223,11 +225,14 @@ class IcebergApplyOperator(SparkSubmitOperator):
     def run_spark_submit(self, context: Context, root, pending: list[str] | None) -> dict:
         """The apply as its own spark-submit; returns the job's result."""
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
-        self.conf = {**self.iceberg.spark_conf(), **(self.conf or {}), RESULT_CONF: result_at,
+        access = lakehouse_access(self.iceberg)  # credentials: never on the command line
+        self.conf = {**self.iceberg.spark_conf(), **access.public, **(self.conf or {}), RESULT_CONF: result_at,
                      STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
         self.choose_driver_jit(root, pending)
         self.application_args = [*self.job_args(), *lease_holder_args(context)]
-        with driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
+        given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
+        with private_properties(access.private, given) as self.properties_file, \
+                driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
             try:
                 super().execute(context)
             except Exception as failure:
@@ -235,6 +240,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 if error and error.get("kind") == APPLY_LEASE_HELD:  # wrote nothing: retried as usual
                     raise ConcurrentApplyError(error["message"], error.get("lease")) from failure
                 raise
+            finally:
+                self.properties_file = given
         return read_result(result_at, job="apply")
 
     def lakehouse_identity(self) -> dict:
@@ -256,7 +263,9 @@ class IcebergApplyOperator(SparkSubmitOperator):
         if targets is None:
             self.log.info("the apply marker records no target tables (an older version wrote it): starting Spark")
             return
-        gone = sorted(name for name, location in targets.items() if location and not storage_path(location).exists())
+        # on an object store that check would need the store's credentials here: the catalog knows, Spark asks it
+        local = {name: location for name, location in targets.items() if location and location.startswith("file:")}
+        gone = sorted(name for name, location in local.items() if not storage_path(location).exists())
         if gone:
             self.log.warning("Iceberg table(s) %s lost their metadata file since the last apply (dropped?): "
                              "starting Spark, which rebuilds them from staging", ", ".join(gone))
