@@ -22,6 +22,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.staging.contract import RESULT_CONF, STAGING_FILE_MODE_CONF, default_target_name, table_key
 from airflow_provider_pglogical.staging.job_result import read_result, storage_path
@@ -48,12 +49,15 @@ def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spa
     stdout is not needed (cluster deploy modes).
     """
     result_at = f"{plan_uri.rsplit('/', 1)[0]}/_result-{uuid.uuid4().hex}.json"
-    hook = SparkSubmitHook(
-        conf={**iceberg.spark_conf(), RESULT_CONF: result_at, STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
-        conn_id=conn_id, name="pglogical-verify",
-        driver_memory=driver_memory, py_files=with_job_bundle(None), application_args=["--plan", plan_uri],
-    )
-    hook.submit(application=str(VERIFY_JOB))
+    access = lakehouse_access(iceberg)  # credentials: never on the command line
+    with private_properties(access.private) as properties_file:
+        hook = SparkSubmitHook(
+            conf={**iceberg.spark_conf(), **access.public, RESULT_CONF: result_at,
+                  STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
+            conn_id=conn_id, name="pglogical-verify", properties_file=properties_file,
+            driver_memory=driver_memory, py_files=with_job_bundle(None), application_args=["--plan", plan_uri],
+        )
+        hook.submit(application=str(VERIFY_JOB))
     return read_result(result_at, job="verify")
 
 

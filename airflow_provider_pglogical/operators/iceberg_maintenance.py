@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.management.validation import check_count
 from airflow_provider_pglogical.operators._class_archive import driver_class_archive
+from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.spark.housekeeping import DEFAULT_CONCURRENCY, Housekeeping
 
 if TYPE_CHECKING:
@@ -120,8 +122,15 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> None:
         # resolved when the task runs, not when the DAG is parsed (the jar lookup, templated values)
-        self.conf = {**self.iceberg.spark_conf(), **(self.conf or {})}
+        with fail_permanent_errors():  # a refused lakehouse is not retried
+            access = lakehouse_access(self.iceberg)  # credentials: never on the command line
+            self.conf = {**self.iceberg.spark_conf(), **access.public, **(self.conf or {})}
         self.application_args = self.job_args()
         self.py_files = with_job_bundle(self.py_files)
-        with driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
-            super().execute(context)
+        given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
+        with private_properties(access.private, given) as self.properties_file, \
+                driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
+            try:
+                super().execute(context)
+            finally:
+                self.properties_file = given

@@ -29,6 +29,7 @@ from airflow_provider_pglogical.lakehouse.lakehouse_access import (
     private_properties,
 )
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
+from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
 
 
 def test_the_jars_of_s3_and_of_the_jdbc_catalog_are_found_where_setup_put_them():
@@ -80,6 +81,10 @@ def test_the_apply_refuses_a_hadoop_catalog_on_s3_before_anything_is_read_or_wri
         operator.execute({})
     assert list(staging.rglob("*")) == []  # no marker, no result file, no lock: nothing happened
     assert getattr(operator, "_hook", None) is None  # spark-submit was never prepared
+    housekeeping = IcebergMaintenanceOperator(task_id="maintenance", iceberg=IcebergConfig(warehouse="s3://b/wh"))
+    with pytest.raises(AirflowFailException, match="Hadoop catalog on the object store warehouse s3://b/wh"):
+        housekeeping.execute({})
+    assert getattr(housekeeping, "_hook", None) is None
 
 
 def test_credentials_come_from_connections_and_only_the_private_properties_hold_them(monkeypatch):
