@@ -1,0 +1,189 @@
+"""The production shape of the lakehouse: Iceberg on an S3 server through a JDBC catalog on PostgreSQL.
+
+A real S3 server (moto's, on loopback) holds the warehouse, Iceberg's JDBC catalog lives in a
+database of the test PostgreSQL cluster, and the apply reaches both with credentials from Airflow
+connections. Staging stays on the local disk. Keyed and keyless tables with out-of-line TOAST
+values are snapshotted, changed, pulled and applied twice through ``IcebergApplyOperator``, then
+read back by another road (a Spark session of the test's own) and compared with a psycopg2 query
+of the source. While the applies run, every process's command line is watched: neither the S3
+secret nor the catalog's password may show there, nor in the task's log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access
+from airflow_provider_pglogical.operators.iceberg_apply import RESULT_PREFIX, IcebergApplyOperator
+from tests.integration.sync_helpers import pull, synced
+from tests.support.databases import drop_database, new_database
+from tests.support.object_store import start_s3_server
+from tests.support.spark_jobs import driver_java_conf
+
+pytestmark = pytest.mark.spark
+
+SOURCE = """
+CREATE TABLE orders(id int PRIMARY KEY, status text NOT NULL, note text);
+ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
+CREATE TABLE events(kind text, payload text);
+ALTER TABLE events REPLICA IDENTITY FULL;
+ALTER TABLE events ALTER COLUMN payload SET STORAGE EXTERNAL;
+INSERT INTO orders SELECT g, 'new', repeat(md5(g::text), 100) FROM generate_series(1, 30) g;
+INSERT INTO events SELECT 'k' || (g % 3), repeat(md5(g::text), 100) FROM generate_series(1, 9) g;
+INSERT INTO events VALUES ('dup', 'same'), ('dup', 'same'), ('dup', 'same');
+"""
+#: the UPDATEs leave the out-of-line notes unchanged: pgoutput sends them as 'u', the apply keeps them
+CHANGES = """
+UPDATE orders SET status = 'paid' WHERE id <= 10;
+UPDATE orders SET id = id + 1000 WHERE id = 11;
+DELETE FROM orders WHERE id > 25;
+INSERT INTO orders VALUES (100, 'new', repeat('x', 5000));
+DELETE FROM events WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'dup');
+UPDATE events SET kind = 'k9' WHERE kind = 'k1';
+INSERT INTO events VALUES ('dup', 'same');
+"""
+BUCKET = "lake"
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    server = start_s3_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def catalog_db(publisher_cluster, monkeypatch):
+    """A database of its own for Iceberg's JDBC catalog (Airflow connection ``pglogical_catalog``)."""
+    db = new_database(publisher_cluster, "catalog", monkeypatch.setenv)
+    yield db
+    drop_database(db)
+
+
+class CommandLines:
+    """Every command line of this test's own processes seen while they run (``/proc/*/cmdline``)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "CommandLines":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.05):
+            parents = {}
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:  # /proc/<pid>/stat: "pid (name) state ppid ...", the name may hold spaces
+                    parents[int(pid)] = int(Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+            for pid in parents:
+                if self._descends(pid, parents):
+                    try:
+                        line = Path("/proc", str(pid), "cmdline").read_bytes().replace(b"\0", b" ")
+                    except OSError:
+                        continue
+                    self.seen.add(line.decode(errors="replace"))
+
+    @staticmethod
+    def _descends(pid: int, parents: dict[int, int]) -> bool:
+        mine = os.getpid()
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == mine:
+                return True
+        return False
+
+
+def reading_session(iceberg: IcebergConfig):
+    """The test's own Spark session on the same catalog and bucket (credentials set in-process)."""
+    from pyspark.sql import SparkSession
+
+    access = lakehouse_access(iceberg)
+    builder = SparkSession.builder.master("local[1]").appName("object-store-reader")
+    conf = {**iceberg.spark_conf(), **access.public, **access.private, "spark.ui.enabled": "false",
+            "spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": "2",
+            f"spark.sql.catalog.{iceberg.catalog}.cache-enabled": "false", **driver_java_conf()}
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def source_rows(publisher, table: str, columns: str) -> list[tuple]:
+    return sorted(publisher.query(f"SELECT {columns} FROM {table}"))
+
+
+def lake_rows(spark, table: str, columns: str) -> list[tuple]:
+    return sorted(tuple(row) for row in spark.sql(f"SELECT {columns} FROM lake.shop.{table}").collect())
+
+
+def test_keyed_and_keyless_tables_with_toast_land_on_s3_through_a_jdbc_catalog_and_no_secret_shows(
+        publisher, publisher_hook, catalog_db, s3_server, tmp_path, monkeypatch, caplog, capfd):
+    secret = f"s3-secret-{uuid.uuid4().hex}"
+    catalog_password = catalog_db.cluster.password
+    s3_server.create_bucket(BUCKET)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_PGLOGICAL_LAKE_S3", json.dumps(
+        {"conn_type": "aws", "login": "lake-key", "password": secret, "extra": {"endpoint_url": s3_server.endpoint}}))
+    iceberg = IcebergConfig(catalog_type="jdbc", catalog_conn_id=catalog_db.conn_id, warehouse=f"s3a://{BUCKET}/warehouse",
+                            storage_conn_id="pglogical_lake_s3", namespace="shop")
+
+    def apply() -> dict:
+        operator = IcebergApplyOperator(task_id="apply", staging_root=storage.as_uri(), pipeline="p", iceberg=iceberg,
+                                        table_map={"public.orders": "orders", "public.events": "events"},
+                                        conf={"spark.ui.enabled": "false"}, env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
+        return operator.execute({})
+
+    storage = synced(publisher, publisher_hook, tmp_path / "staging", SOURCE, ["orders", "events"])
+    caplog.clear()
+    capfd.readouterr()
+    with caplog.at_level(logging.DEBUG), CommandLines() as command_lines:
+        first = apply()
+        publisher.execute(CHANGES)
+        pull(publisher_hook, storage)
+        second = apply()
+    out, err = capfd.readouterr()
+    task_log = "\n".join((caplog.text, out, err))  # Airflow's structlog loggers write to the process's output
+    assert first["tables"] == second["tables"] == ["public.events", "public.orders"], (first, second)
+
+    # the warehouse is on the S3 server: metadata and data files of both tables, none on the local disk
+    keys = s3_server.keys(BUCKET, "warehouse/")
+    for table in ("orders", "events"):
+        assert any(k.startswith(f"warehouse/shop/{table}/metadata/") for k in keys), keys
+        assert any(k.startswith(f"warehouse/shop/{table}/data/") for k in keys), keys
+    # and the tables are in the JDBC catalog, not in a Hadoop catalog's version-hint
+    assert sorted(catalog_db.query("SELECT table_name FROM iceberg_tables WHERE table_namespace = 'shop'")) == [
+        ("_pglogical_state",), ("events",), ("orders",)]
+
+    spark = reading_session(iceberg)
+    try:
+        assert lake_rows(spark, "orders", "id, status, note") == source_rows(publisher, "orders", "id, status, note")
+        assert lake_rows(spark, "events", "kind, payload") == source_rows(publisher, "events", "kind, payload")
+    finally:
+        spark.stop()
+
+    # the credentials reached Spark (it wrote to the bucket and the catalog) through no command line and no log
+    submits = [line for line in command_lines.seen if "SparkSubmit" in line]
+    assert submits and all("--properties-file" in line for line in submits), command_lines.seen
+    for line in command_lines.seen:
+        assert secret not in line and catalog_password not in line, line
+    assert secret not in task_log and catalog_password not in task_log
+    # the log was captured, spark-submit's own output included: the secrets' absence proves something
+    assert "Spark-Submit cmd" in task_log and RESULT_PREFIX.strip() in task_log, task_log[-3000:]
+    properties_files = {line.split("--properties-file ", 1)[1].split(" ", 1)[0] for line in submits}
+    assert not any(os.path.exists(path) for path in properties_files), "the private properties file outlived its job"
