@@ -21,7 +21,7 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.class_archive import with_java_options
 from airflow_provider_pglogical.lakehouse.driver_jit import DEFAULT_QUICK_JIT_MAX_ROWS, quick_jit_options
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
@@ -263,8 +263,9 @@ class IcebergApplyOperator(SparkSubmitOperator):
         if targets is None:
             self.log.info("the apply marker records no target tables (an older version wrote it): starting Spark")
             return
-        # on an object store that check would need the store's credentials here: the catalog knows, Spark asks it
-        local = {name: location for name, location in targets.items() if location and location.startswith("file:")}
+        # only local metadata is looked at: on an object store it would take the store's credentials here
+        # (docs/lakehouse.md, "Not tested yet")
+        local = {name: location for name, location in targets.items() if location and scheme_of(location) in ("", "file")}
         gone = sorted(name for name, location in local.items() if not storage_path(location).exists())
         if gone:
             self.log.warning("Iceberg table(s) %s lost their metadata file since the last apply (dropped?): "
