@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark import (  # noqa: E402
-    apply_changes, driver_commits, hadoop_files, keyed, lakehouse_tables, row_deltas, steps, table_lookup)
+    apply_changes, driver_commits, hadoop_files, keyed, lakehouse_tables, row_deltas, steps)
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
@@ -67,10 +67,7 @@ def instrument() -> None:
     timed(row_deltas.RowDeltas, "apply", "row delta: whole step")
     timed(row_deltas.RowDeltas, "_read_parquet", "row delta: read staged files")
     timed(row_deltas.RowDeltas, "_lakehouse_values", "row delta: lakehouse lookup")
-    timed(row_deltas, "written_values", "row delta: lookup in the last commit's files")
-    timed(row_deltas, "lookup_rows", "row delta: lookup in the table's files")
-    timed(table_lookup, "_planned", "row delta: lookup planning")
-    timed(table_lookup, "_live_rows", "row delta: lookup reading a data file")
+    timed(row_deltas, "lookup_rows", "row delta: lookup through Iceberg's reader")
     timed(hadoop_files.Staging, "read_bytes", "staging: read a file's bytes")
     timed(driver_commits.DriverCommits, "load", "row delta: load the table")
     timed(driver_commits.DriverCommits, "_write", "row delta: write a file")

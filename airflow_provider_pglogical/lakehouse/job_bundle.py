@@ -17,7 +17,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent
 #: what the jobs import, relative to the package's parent directory
-_MEMBERS = ("__init__.py", "staging/__init__.py", "staging/contract.py", "spark/*.py")
+_MEMBERS = ("__init__.py", "staging/__init__.py", "staging/contract.py", "spark/**/*.py")
 #: a fixed timestamp, so the same code gives the same zip (and the same name)
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 

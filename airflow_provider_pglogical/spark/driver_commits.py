@@ -28,12 +28,6 @@ import uuid
 from airflow_provider_pglogical.spark.hadoop_files import local_path
 from airflow_provider_pglogical.spark.java_classes import java_class
 from airflow_provider_pglogical.spark.plan import ApplyError
-from airflow_provider_pglogical.spark.snapshot_values import (
-    DATA_FILE_PROPERTY,
-    DELETE_FILE_PROPERTY,
-    EQUALITY_IDS_PROPERTY,
-    ROW_DELTA_PROPERTY,
-)
 from airflow_provider_pglogical.staging.contract import APPLY_LEASE_PROPERTY_PREFIX
 
 log = logging.getLogger("pglogical.apply")
@@ -98,13 +92,10 @@ class DriverCommits:
         """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
         return self.lakehouse.iceberg_table(target)
 
-    def row_delta(self, table, data, deletes, delete_columns: list[str], mark: str | None = None, *,
-                  read_at: int | None) -> int | None:
+    def row_delta(self, table, data, deletes, delete_columns: list[str], *, read_at: int | None) -> int | None:
         """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
         equality delete file on ``delete_columns``, in one ``RowDelta``; an empty file is left
-        out. With ``mark``, the snapshot's summary says so and names both files
-        (``snapshot_values.py`` reads them back). Returns the snapshot committed, or None when
-        both are empty (nothing is committed).
+        out. Returns the snapshot committed, or None when both are empty (nothing is committed).
 
         :param read_at: the snapshot the step read the table at (None: it had none). The commit
             refuses (:class:`ConcurrentCommit`) when any data or delete file was added to the
@@ -119,12 +110,8 @@ class DriverCommits:
             delta.validateFromSnapshot(read_at)
         everything = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue()
         delta.conflictDetectionFilter(everything).validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
-        if mark is not None:
-            delta.set(ROW_DELTA_PROPERTY, mark)
         if data.num_rows:
             path, size, footer = self._write(table, data, "data")
-            if mark is not None:
-                delta.set(DATA_FILE_PROPERTY, path)
             delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
                           .withPath(path).withFileSizeInBytes(size).withFormat(parquet)
                           .withMetrics(self._metrics(footer, metrics)).build())
@@ -134,9 +121,6 @@ class DriverCommits:
             ids = self._gateway.new_array(java_class(self.spark, "int"), len(field_ids))
             for i, field_id in enumerate(field_ids):
                 ids[i] = field_id
-            if mark is not None:
-                delta.set(DELETE_FILE_PROPERTY, path)
-                delta.set(EQUALITY_IDS_PROPERTY, ",".join(map(str, field_ids)))
             delta.addDeletes(java_class(self.spark, "org.apache.iceberg.FileMetadata").deleteFileBuilder(table.spec())
                              .ofEqualityDeletes(ids).withPath(path).withFileSizeInBytes(size).withFormat(parquet)
                              .withMetrics(self._metrics(footer, metrics)).build())

@@ -5,7 +5,7 @@ The lakehouse numbers the n identical copies of a row value 1..n (``_pglogical_o
 so (values, occurrence) is a key (``multisets.py``). The driver nets the batch per row value
 (+1 per INSERT and UPDATE's new row, -1 per DELETE and UPDATE's old row: :func:`net_copies`),
 reads how many copies each touched value has and whether this batch has written one already
-(from the table's files by the driver, ``table_lookup.py``, else one Spark aggregate), and commits:
+(through Iceberg's reader, ``lookups/table_rows.py``, else one Spark aggregate), and commits:
 
 * an **equality delete file** on (values, occurrence) with the copies above the new count, and
   the highest copy kept, which is written again with the batch's name (the MERGE's mark);
@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.identifiers import col
-from airflow_provider_pglogical.spark.kept_values import lookup_values
 from airflow_provider_pglogical.spark.lakehouse_tables import NUMBERED_PROPERTY
+from airflow_provider_pglogical.spark.lookups.table_rows import TooManyRows, arrow_values, read_rows
 from airflow_provider_pglogical.spark.row_deltas import (
     BINARY_EQUALITY,
     FLOAT_TYPES,
@@ -40,7 +40,6 @@ from airflow_provider_pglogical.spark.row_deltas import (
     plain_value,
     readable,
 )
-from airflow_provider_pglogical.spark.table_lookup import live_rows
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     MULTISET_COLUMNS,
@@ -54,6 +53,8 @@ from airflow_provider_pglogical.staging.contract import (
 #: a prefilter column's distinct values above this are not listed in the lookup's filter (each
 #: literal is a round trip to the JVM); the aggregate still matches every value exactly
 MAX_FILTER_VALUES = 2_000
+#: the most rows the driver reads through Iceberg's reader to count copies; more are counted by Spark
+MAX_READ_ROWS = 5_000
 
 
 def multiset_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
@@ -155,7 +156,7 @@ def python_column(rows, name: str) -> list:
     microseconds; NULLs where the file has no such column."""
     if name not in rows.column_names:
         return [None] * rows.num_rows
-    return lookup_values(rows[name])
+    return arrow_values(rows[name])
 
 
 class MultisetRowDeltas(RowDeltas):
@@ -195,12 +196,17 @@ class MultisetRowDeltas(RowDeltas):
         """Per touched value the lakehouse holds: its copies, and whether ``batch`` wrote one.
 
         The rows that may match (each column of a type that compares exactly narrowed to the
-        touched values) are read by the driver from the table's files (``table_lookup``) where
-        it can, else counted by one Spark aggregate; either is matched exactly here."""
+        touched values) are read at ``read_at`` through Iceberg's reader (``lookups/table_rows.py``),
+        and counted by one Spark aggregate instead where nothing narrows them or more than
+        :data:`MAX_READ_ROWS` match (each row's values cross py4j one by one); either is matched
+        exactly here."""
         narrowed = _narrowing(values, types, touched)
-        if narrowed and read_at is not None:
-            rows = live_rows(self.spark, table, read_at, [*values, WRITTEN_BY], narrowed)
-            if rows is not None:
+        if narrowed:
+            try:
+                rows = read_rows(self.spark, table, read_at, [*values, WRITTEN_BY], narrowed, limit=MAX_READ_ROWS)
+            except TooManyRows:
+                pass
+            else:
                 return count_copies(rows, touched, batch)
         return self._copies_by_spark(target, values, types, touched, batch, narrowed)
 

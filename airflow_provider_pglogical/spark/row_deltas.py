@@ -10,8 +10,8 @@ rules of ``reduction.py``) and writes:
   updated, inserted, or left by a key change);
 * a **data file** with the last row of every key the batch leaves present; a value a row left
   unchanged (TOAST) comes from the batch's row that last sent it, else from the lakehouse row the
-  row's history began at, looked up by key (``_lakehouse_values``: from the driver's memory or
-  files where it can, else one Spark query, the step's only Spark work);
+  row's history began at, looked up by key through Iceberg's reader (``_lakehouse_values``,
+  ``lookups/table_rows.py``: no Spark job);
 
 and commits both in one ``RowDelta``. Iceberg applies an equality delete to the data files of
 earlier commits only (a lower data sequence number), so the new rows replace the old ones and
@@ -36,9 +36,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
 from airflow_provider_pglogical.spark.identifiers import col
-from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values, lookup_values
-from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, written_values
-from airflow_provider_pglogical.spark.table_lookup import lookup_rows
+from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     COMMIT_LSN,
@@ -196,7 +194,6 @@ class RowDeltas(DriverCommits):
     def __init__(self, spark, staging, lakehouse) -> None:
         super().__init__(spark, lakehouse)
         self.staging = staging
-        self.kept = kept_values(spark)
 
     def table_ineligible(self, table) -> str | None:
         """Why the Iceberg table takes no row delta; None when it does."""
@@ -220,32 +217,12 @@ class RowDeltas(DriverCommits):
         keys = list(manifest["key"])
         reduction = last_change_per_key(rows, keys, [name for name in types if name not in keys])
         schema = table.schema()
-        name = self.lakehouse.name(target)
         snapshot = table.currentSnapshot()
         base = snapshot.snapshotId() if snapshot is not None else None
         data = self._data_table(rows, reduction, table, target, keys, types, base)
         deletes = self._key_table(rows, reduction.touched, keys, schema)
-        try:
-            committed = self.row_delta(table, data, deletes, keys, mark=ROW_DELTA_KEYED, read_at=base)
-        except BaseException:
-            self.kept.forget(name)
-            raise
-        if committed is not None and len(keys) == 1:  # a composite key is never looked up
-            self._remember(table, name, reduction, data, committed)
+        self.row_delta(table, data, deletes, keys, read_at=base)
         return rows.num_rows
-
-    def _remember(self, table, name: str, reduction: Reduction, data, committed: int) -> None:
-        """Keep what snapshot ``committed`` wrote (``kept_values``): the columns this batch or the
-        table's entry keeps unchanged, as a lookup reads them (timestamps as microseconds)."""
-        columns = tuple(n for n in data.column_names if n in reduction.sources) \
-            or tuple(n for n in self.kept.columns(name) if n in data.column_names)
-        if not columns:
-            return
-        values = list(zip(*(lookup_values(data[n]) for n in columns))) if data.num_rows else []
-        written = {key[0]: row for key, row in zip(reduction.present, values)}
-        present = set(reduction.present)
-        self.kept.committed(name, committed, table.snapshot(committed).parentId(), columns, written,
-                            [key[0] for key in reduction.touched if key not in present])
 
     # files -------------------------------------------------------------------------------------
     def _read_parquet(self, uri: str):
@@ -265,7 +242,7 @@ class RowDeltas(DriverCommits):
         import pyarrow.compute as pc
 
         last = rows.take(pa.array(reduction.last_rows, type=pa.int64()))
-        kept = self._lakehouse_values(rows, table, target, keys[0], reduction, types, snapshot) \
+        kept = self._lakehouse_values(rows, table, target, keys[0], reduction, snapshot) \
             if reduction.sources else {}
         schema = table.schema()
         fields, arrays = [], []
@@ -285,16 +262,13 @@ class RowDeltas(DriverCommits):
             arrays.append(array.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    def _lakehouse_values(self, rows, table, target: str, key: str, reduction: Reduction, types: dict[str, str],
+    def _lakehouse_values(self, rows, table, target: str, key: str, reduction: Reduction,
                           snapshot: int | None) -> dict:
         """Per column no row of the batch sent for some present key, the lakehouse's values (an Arrow
         array over the present keys): the row of the key's origin, else of the key itself (a step
         applied again: the origin's row is gone, the key's row holds what the first run kept).
-        Keys the driver's last commit of the table (at ``snapshot``) wrote or deleted are answered
-        by ``kept_values`` in the JVM that committed it, else from that commit's own files
-        (``snapshot_values``); the rest by the driver from the table's files (``table_lookup``)
-        where it can, else by one Spark query. Timestamps travel as microseconds, so
-        no time zone touches them."""
+        They are read at ``snapshot`` (the one the commit validates from) through Iceberg's reader
+        (``lookups/table_rows.py``). Timestamps travel as microseconds, so no time zone touches them."""
         import pyarrow as pa
 
         missing = [name for name, sources in reduction.sources.items() if None in sources]
@@ -303,23 +277,7 @@ class RowDeltas(DriverCommits):
         needing = [i for i in range(len(reduction.present))
                    if any(reduction.sources[name][i] is None for name in missing)]
         wanted = sorted({reduction.present[i][0] for i in needing} | {reduction.origins[i][0] for i in needing})
-
-        table_name = self.lakehouse.name(target)
-        found = self.kept.lookup(table_name, snapshot, missing, wanted)
-        unknown = [value for value in wanted if value not in found]
-        if unknown:
-            found.update(written_values(self.spark, table, snapshot, key, missing, unknown))
-            unknown = [value for value in unknown if value not in found]
-        if unknown:
-            read = lookup_rows(self.spark, table, snapshot, key, missing, unknown)
-            if read is not None:
-                found.update(read)
-                unknown = []
-        if unknown:
-            found.update({row[0]: row[1:] for row in self.spark.table(table_name)
-                          .where(is_in(key, unknown)).select(col(key), *[readable(n, types[n]).alias(n) for n in missing])
-                          .collect()})
-        found = {value: row for value, row in found.items() if row is not ABSENT}
+        found = lookup_rows(self.spark, table, snapshot, key, missing, wanted, self.lakehouse.name(target))
         values = {}
         for position, name in enumerate(missing):
             column = []

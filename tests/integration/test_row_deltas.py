@@ -1,6 +1,6 @@
 """Small change batches are applied as Iceberg row deltas (an equality delete file and a data file
 in one commit; no Spark query: the TOAST values a batch keeps and a keyless table's copies are
-read by the driver from the table's files), and the lakehouse ends exactly as a MERGE leaves it: every supported type,
+read through Iceberg's own reader), and the lakehouse ends exactly as a MERGE leaves it: every supported type,
 composite keys, key-change chains, a key deleted and inserted again, kept TOAST values, a keyless
 table's duplicates and all-NULL rows, a step applied twice (a crash before its state commit), and
 maintenance folding the equality deletes in.
@@ -17,16 +17,15 @@ import shutil
 from collections import Counter
 
 import pytest
-from airflow_provider_pglogical.spark import apply_changes, driver_commits, hadoop_files, maintenance, table_lookup
+from airflow_provider_pglogical.spark import apply_changes, driver_commits, hadoop_files, maintenance
 from airflow_provider_pglogical.spark.hadoop_files import Staging, local_path
-from airflow_provider_pglogical.spark.kept_values import ABSENT, kept_values
 from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas, _narrowing, count_copies
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.spark.plan import Batch, TableState
 from airflow_provider_pglogical.spark.row_deltas import RowDeltas, is_in, plain_value, readable
-from airflow_provider_pglogical.spark.snapshot_values import ROW_DELTA_KEYED, ROW_DELTA_PROPERTY, written_values
-from airflow_provider_pglogical.spark.table_lookup import live_rows, lookup_rows
+from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows, read_rows
+from airflow_provider_pglogical.spark.plan import ApplyError
 from airflow_provider_pglogical.staging import contract
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
@@ -140,12 +139,11 @@ def source_rows(publisher, table: str) -> Counter:
 
 
 def same_lookup(spark, table, target: str, key: str, columns: list[str], keys: list) -> int:
-    """Asserts the driver's lookup of ``keys`` (``table_lookup``) returns what Spark reads from the
-    table, timestamps as microseconds; returns the number of rows found."""
+    """Asserts the driver's lookup of ``keys`` (``lookups.table_rows``) returns what Spark reads from
+    the table, timestamps as microseconds; returns the number of rows found."""
     name = f"lake.delta.{target}"
     types = {f.name: f.dataType.simpleString() for f in spark.table(name).schema.fields}
-    read = lookup_rows(spark, table, table.currentSnapshot().snapshotId(), key, columns, keys)
-    assert read is not None
+    read = lookup_rows(spark, table, table.currentSnapshot().snapshotId(), key, columns, keys, name)
     by_spark = {row[0]: tuple(row[1:]) for row in spark.table(name).where(is_in(key, keys))
                 .select(key, *[readable(c, types[c]).alias(c) for c in columns]).collect()}
     canonical_rows = {k: tuple(canonical(v) for v in row) for k, row in read.items()}
@@ -154,7 +152,7 @@ def same_lookup(spark, table, target: str, key: str, columns: list[str], keys: l
 
 
 def same_copies(spark, namespace: str, batch: str) -> int:
-    """Asserts the driver's count of bag's copies (``table_lookup.live_rows``) is Spark's aggregate,
+    """Asserts the driver's count of bag's copies (``lookups.table_rows.read_rows``) is Spark's aggregate,
     for every value the table holds and one it does not; returns the copies counted."""
     lakehouse = Lakehouse(spark, "lake", namespace, "merge-on-read", None)
     name, table = lakehouse.name("public__bag"), lakehouse.iceberg_table("public__bag")
@@ -165,8 +163,7 @@ def same_copies(spark, namespace: str, batch: str) -> int:
     touched.append((True, 99, None, None, None, None, "absent"))
     narrowed = _narrowing(values, types, touched)
     assert set(narrowed) == {"big", "day", "amount", "note"}
-    read = live_rows(spark, table, table.currentSnapshot().snapshotId(), [*values, contract.WRITTEN_BY], narrowed)
-    assert read is not None
+    read = read_rows(spark, table, table.currentSnapshot().snapshotId(), [*values, contract.WRITTEN_BY], narrowed)
     copies = count_copies(read, touched, batch)
     by_spark = MultisetRowDeltas(spark, None, lakehouse)._copies_by_spark("public__bag", values, types, touched,
                                                                           batch, narrowed)
@@ -208,8 +205,8 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         assert all(way for step, way in ways["delta"].items() if step[0] != "public.blobs"), ways
         assert ("public.docs", first) in ways["delta"] and ("public.bag", first) in ways["delta"], ways
         assert not any(ways["merge"].values())
-        # no Spark work: docs' kept values and bag's copies are read by the driver from the
-        # table's files (table_lookup)
+        # no Spark work: docs' kept values and bag's copies are read through Iceberg's reader
+        # in the driver (lookups.table_rows)
         assert all(s["spark_jobs"] == 0 for s in runs["delta"]["steps"] if s["row_delta"])
         for table in COLUMNS:
             assert lakehouse_rows(spark, "delta", table) == lakehouse_rows(spark, "merge", table), table
@@ -231,36 +228,20 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         pull(publisher_hook, storage)
         third = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")
         assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
-        # docs' kept values come from what the driver's last commit of it wrote (kept_values): no
-        # Spark query. After another commit (a MERGE that changes a kept value), they are read
-        # from the table again
+        # docs' kept values are read through Iceberg's reader: no Spark query, whichever commit
+        # (the driver's row delta, a MERGE) wrote the rows they come from
         docs = [s for s in third["steps"] if s["table"] == "public.docs"]
         assert [(s["row_delta"], s["spark_jobs"]) for s in docs] == [(True, 0)], docs
         assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-        # a new JVM keeps nothing in memory: while the table's current snapshot is the driver's
-        # row delta, its own files answer for the keys it touched (snapshot_values); the driver
-        # reads the others from the table's files (table_lookup), with no Spark query either
         lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
-        docs_name, docs_table = lakehouse.name("public__docs"), lakehouse.iceberg_table("public__docs")
-        current = docs_table.currentSnapshot()
-        assert current.summary().get(ROW_DELTA_PROPERTY) == ROW_DELTA_KEYED
-        kept_values(spark).forget(docs_name)
-        for statement, jobs in (("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 205); DELETE FROM docs WHERE id = 2",
-                                 0),
-                                ("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 3); DELETE FROM docs WHERE id = 205", 0)):
-            kept_values(spark).forget(docs_name)
+        docs_table = lakehouse.iceberg_table("public__docs")
+        for statement in ("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 205); DELETE FROM docs WHERE id = 2",
+                          "UPDATE docs SET qty = qty + 1 WHERE id IN (1, 3); DELETE FROM docs WHERE id = 205"):
             publisher.execute(statement)
             pull(publisher_hook, storage)
             steps = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")["steps"]
-            assert [(s["row_delta"], s["spark_jobs"]) for s in steps if s["table"] == "public.docs"] == [(True, jobs)]
+            assert [(s["row_delta"], s["spark_jobs"]) for s in steps if s["table"] == "public.docs"] == [(True, 0)]
             assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-        docs_table.refresh()
-        snapshot = docs_table.currentSnapshot().snapshotId()
-        written = written_values(spark, docs_table, snapshot, "id", ["doc", "qty"], [1, 2, 3, 205, 999])
-        # the last delta wrote 1 and 3 and deleted 205; 2 was deleted a delta before (unknown here)
-        assert set(written) == {1, 3, 205} and written[205] is ABSENT
-        assert written[1] == tuple(spark.sql(f"SELECT doc, qty FROM {docs_name} WHERE id = 1").first())
-        assert written_values(spark, docs_table, current.snapshotId(), "id", ["doc"], [1]) == {}  # not current
         for statement, deltas in ((DOCS_CHANGED, False), (DOCS_KEPT, True)):
             publisher.execute(statement)
             pull(publisher_hook, storage)
@@ -274,15 +255,7 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
                 ids = [*range(1, 12), 104, 205, 999]
                 present = publisher.query(f"SELECT count(*) FROM docs WHERE id IN ({', '.join(map(str, ids))})")[0][0]
                 assert same_lookup(spark, docs_table, "public__docs", "id", ["doc", "qty"], ids) == present > 0
-        assert docs[0]["spark_jobs"] == 0, docs  # the MERGE's snapshot is not the driver's: read from its files
-        # where the driver cannot read the table (here: more rows than it scans), Spark reads the rows
-        monkeypatch.setattr(table_lookup, "MAX_ROWS", 0)
-        publisher.execute("UPDATE docs SET qty = qty + 1 WHERE id = 10")
-        pull(publisher_hook, storage)
-        steps = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")["steps"]
-        assert [(s["row_delta"], s["spark_jobs"]) for s in steps if s["table"] == "public.docs"] == [(True, 1)]
-        assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-        monkeypatch.undo()
+        assert docs[0]["spark_jobs"] == 0, docs  # after the MERGE too: read through Iceberg's reader
         # every type a lookup reads, after maintenance and the third batch's row delta; a keyless
         # table's equality deletes on its values are not read by the driver
         kinds_table = lakehouse.iceberg_table("public__kinds")
@@ -296,7 +269,8 @@ def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hoo
         present = publisher.query(f"SELECT count(*) FROM kinds WHERE id IN ({', '.join(map(str, ids))})")[0][0]
         assert same_lookup(spark, kinds_table, "public__kinds", "id", kinds_columns, ids) == present > 0
         bag_table = lakehouse.iceberg_table("public__bag")
-        assert lookup_rows(spark, bag_table, bag_table.currentSnapshot().snapshotId(), "big", ["note"], [0, 1]) is None
+        with pytest.raises(ApplyError, match="holds two rows under key big"):  # not a key: refused, not guessed
+            lookup_rows(spark, bag_table, bag_table.currentSnapshot().snapshotId(), "big", ["note"], [0, 1], "bag")
 
         # a step applied again (the data committed, the state not): the same rows, none twice.
         # The first run reads staging and writes its files with Python (a file: location); the

@@ -1,0 +1,120 @@
+"""The rows of a lakehouse table at one snapshot whose columns hold given values, read by Iceberg.
+
+Two steps read a few rows of a table by value: a row delta fills the values a batch kept
+unchanged (TOAST) from the rows the lakehouse holds under their keys (``row_deltas.py``), and a
+keyless table's row delta counts the copies of the row values it touches
+(``multiset_row_deltas.py``). Both read through ``IcebergGenerics``, Iceberg's own reader, in the
+driver's JVM with the table's ``FileIO``: it follows the whole spec on any storage Iceberg
+supports (sequence numbers, position and equality deletes, deletion vectors, files without field
+ids through the table's name mapping, promoted types), filters files, row groups and rows by an
+``in`` expression on the wanted values, and projects only the columns asked for. No Spark job:
+about 0.1 s for a few keys (0.2 s for the first read of a JVM).
+
+Values come back as Python values a staged Arrow column compares with: timestamps as
+microseconds (no time zone touches them), dates as ``datetime.date``, binary as ``bytes``,
+decimals as ``Decimal``, lists as lists.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from airflow_provider_pglogical.spark.java_classes import java_class
+from airflow_provider_pglogical.spark.plan import ApplyError
+
+_EPOCH = datetime.date(1970, 1, 1)
+
+
+class TooManyRows(Exception):
+    """The rows matching a read's filter are more than its caller wants to pass through py4j."""
+
+
+def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: dict[str, list],
+              limit: int | None = None) -> list[tuple]:
+    """The values of ``columns`` (a tuple per row) of every row of snapshot ``snapshot`` of
+    ``table`` (Iceberg's Java table) whose value in each column of ``narrowed`` is one of its list
+    (None matches NULL). No rows when ``snapshot`` is None (an empty table).
+
+    :param limit: raise :class:`TooManyRows` on reading more rows than this (None: no limit).
+    """
+    if snapshot is None:
+        return []
+    expressions = java_class(spark, "org.apache.iceberg.expressions.Expressions")
+    condition = expressions.alwaysTrue()
+    for name, values in narrowed.items():
+        condition = getattr(expressions, "and")(condition, _matching(expressions, name, values))
+    convert = [_converter(spark, table.schema().findType(name)) for name in columns]
+    records = (java_class(spark, "org.apache.iceberg.data.IcebergGenerics").read(table).useSnapshot(snapshot)
+               .where(condition).select(list(columns)).build())
+    rows: list[tuple] = []
+    try:
+        found = records.iterator()
+        while found.hasNext():
+            if limit is not None and len(rows) >= limit:
+                raise TooManyRows(f"more than {limit} rows match")
+            record = found.next()
+            rows.append(tuple(to_python(record.getField(name)) for name, to_python in zip(columns, convert)))
+    finally:
+        records.close()
+    return rows
+
+
+def lookup_rows(spark, table, snapshot: int | None, key: str, columns: list[str], keys: list,
+                name: str) -> dict:
+    """The rows of ``keys`` in snapshot ``snapshot`` of ``table``: key -> the values of ``columns``
+    (a tuple). A key the snapshot does not hold is left out. Two rows under one key raise
+    :class:`ApplyError` (the table ``name`` is not keyed as its batches say)."""
+    found: dict = {}
+    for row in read_rows(spark, table, snapshot, [key, *columns], {key: list(keys)}):
+        if row[0] in found:
+            raise ApplyError(f"Iceberg table {name} holds two rows under key {key} = {row[0]!r}, where its source "
+                             f"table has one: the table was written by something other than this pipeline. Fix: "
+                             f"re-snapshot the table (PgBackfillOperator) so it holds the source's rows again")
+        found[row[0]] = row[1:]
+    return found
+
+
+def arrow_values(array) -> list:
+    """An Arrow column's values as :func:`read_rows` returns a table's (timestamps as microseconds)."""
+    import pyarrow as pa
+
+    return (array.cast(pa.int64()) if pa.types.is_timestamp(array.type) else array).to_pylist()
+
+
+def _matching(expressions, name: str, values: list):
+    """Iceberg's expression for ``name IN (values)``, NULL matching a None among them."""
+    present = [_literal(value) for value in values if value is not None]
+    matching = getattr(expressions, "in")(name, present) if present else expressions.alwaysFalse()
+    if len(present) < len(values):
+        matching = getattr(expressions, "or")(matching, expressions.isNull(name))
+    return matching
+
+
+def _literal(value):
+    """A value as py4j hands it to Iceberg's literals: a date as its ISO text, which Iceberg
+    converts to the column's date (py4j carries no Python date)."""
+    return value.isoformat() if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime) \
+        else value
+
+
+def _converter(spark, kind):
+    """How a value of Iceberg type ``kind`` (Java) becomes a Python one (see the module); py4j
+    already converts numbers, booleans, strings and decimals."""
+    type_id = kind.typeId().name()
+    if type_id == "LIST":
+        element = _converter(spark, kind.asListType().elementType())
+        return lambda value: None if value is None else [element(item) for item in value]
+    util = java_class(spark, "org.apache.iceberg.util.DateTimeUtil")
+    if type_id == "DATE":
+        return lambda value: None if value is None else _EPOCH + datetime.timedelta(days=util.daysFromDate(value))
+    if type_id == "TIMESTAMP":
+        micros = util.microsFromTimestamptz if kind.shouldAdjustToUTC() else util.microsFromTimestamp
+        return lambda value: None if value is None else micros(value)
+    if type_id == "BINARY":  # a ByteBuffer
+        buffers = java_class(spark, "org.apache.iceberg.util.ByteBuffers")
+        return lambda value: None if value is None else bytes(buffers.toByteArray(value))
+    if type_id == "FIXED":  # a byte[], which py4j carries as bytes
+        return lambda value: None if value is None else bytes(value)
+    if type_id in ("BOOLEAN", "INTEGER", "LONG", "FLOAT", "DOUBLE", "STRING", "DECIMAL"):
+        return lambda value: value
+    return lambda value: None if value is None else value.toString()  # uuid, time: as Spark shows them
