@@ -1,6 +1,6 @@
 """Benchmark of a tick of about 2,000 changes over five tables of different shapes.
 
-    python bench/bench_mixed_tick.py [--ticks 6] [--rows 20000] [--quick-jit off,on]
+    python bench/bench_mixed_tick.py [--ticks 6] [--rows 20000] [--driver-jvm none,c1]
 
 Five tables: two with an 8 kB value the changes leave unchanged (its TOAST is not sent) and key
 changes among their updates, a plain keyed table, a keyless table (``REPLICA IDENTITY FULL``)
@@ -14,9 +14,9 @@ full of identical rows, and a table partitioned by range (published through its 
 
 Both report the job's own apply time ("in-job": listing, manifests, state read, every step,
 state commit; the JVM start excluded) and each table's step, and the submit pipeline the apply
-task's wall time. With ``--quick-jit off,on`` the submit pipeline's ticks alternate between the
-JVM's default JIT and C1 only (``quick_jit_max_rows``). After the last tick both lakehouses are
-compared with their source.
+task's wall time. With ``--driver-jvm none,c1`` the submit pipeline's ticks alternate between
+driver JVM options a deployment sets (``bench_tick.driver_jvm_settings``: none, C1 only, a class
+archive, both). After the last tick both lakehouses are compared with their source.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def steps_line(steps: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ticks", type=int, default=6)
-    parser.add_argument("--quick-jit", default="off,on", choices=["on", "off", "off,on", "on,off"])
+    parser.add_argument("--driver-jvm", default="none,c1", help="of none, c1, cds, c1+cds")
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--driver-memory", default="2g")
     args = parser.parse_args()
@@ -149,7 +149,9 @@ def main() -> None:
             pipelines[db] = bench_tick.Pipeline(pg, db, tmp_path, db)
             pipelines[db].sync()
         submit = pipelines["submit"]
-        submit.apply()  # the first run marks the class archive's directory
+        settings = args.driver_jvm.split(",")
+        jvm = bench_tick.driver_jvm_settings(tmp_path)
+        submit.apply(java_options=jvm["dump"] if any("cds" in name for name in settings) else "")  # writes the archive
         warehouse = tmp_path / "warehouse-inproc"
         spark = spark_session(warehouse, args.driver_memory)
         staging = tmp_path / "staging-inproc"
@@ -161,28 +163,27 @@ def main() -> None:
         apply_in_process()  # the snapshot, and the session's first queries
         rng = random.Random(11)
         rows: list[dict] = []
-        settings = args.quick_jit.split(",")
-        for tick in range(args.ticks + 1):  # tick 0 warms (the submit run writes the class archive)
+        for tick in range(args.ticks + 1):  # tick 0 warms
             quick = settings[tick % len(settings)]
             statements = workload(tick + 1, rng)
             pulled = {}
             for db, pipeline in pipelines.items():
                 pg.execute("; ".join(statements), dbname=db)
                 pulled[db] = pipeline.pull().get("changes", 0)
-            wall, cold = submit.apply(quick_jit=quick == "on")
+            wall, cold = submit.apply(java_options=jvm[quick])
             cold_steps = steps_line(submit.steps)
             warm, warm_steps = apply_in_process()
-            row = {"tick": tick, "quick_jit": quick, "changes": pulled["submit"], "apply_task": wall,
+            row = {"tick": tick, "driver_jvm": quick, "changes": pulled["submit"], "apply_task": wall,
                    "in_job_submit": cold, "in_job_inproc": warm, "load": bench_tick.load()}
-            print(f"tick {tick}: {row['changes']} changes (in-process pipeline {pulled['inproc']}); quick JIT {quick}: "
+            print(f"tick {tick}: {row['changes']} changes (in-process pipeline {pulled['inproc']}); driver JVM {quick}: "
                   f"apply task {wall:.2f} s, in-job {cold:.2f} s [{cold_steps}]; in-process in-job {warm:.2f} s "
                   f"[{steps_line(warm_steps)}] (load {row['load']})", flush=True)
             if tick:
                 rows.append(row)
         for quick in settings:
-            picked = [r for r in rows if r["quick_jit"] == quick]
+            picked = [r for r in rows if r["driver_jvm"] == quick]
             medians = {key: statistics.median(r[key] for r in picked) for key in ("apply_task", "in_job_submit")}
-            print(f"quick JIT {quick}, medians over {len(picked)} ticks: apply task {medians['apply_task']:.2f} s "
+            print(f"driver JVM {quick}, medians over {len(picked)} ticks: apply task {medians['apply_task']:.2f} s "
                   f"({medians['apply_task'] / baseline:.2f}x bare spark-submit), in-job (spark-submit) "
                   f"{medians['in_job_submit']:.2f} s")
         print(f"in-job in the long-lived session, median over {len(rows)} ticks: "

@@ -1,7 +1,7 @@
 """Benchmark of one sync tick by number of tables, and of freshness over a steady workload.
 
-    python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4] [--class-archive off,on]
-                                     [--quick-jit off,on] [--updates same|spread]
+    python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4]
+                                     [--driver-jvm none,c1,cds,c1+cds] [--updates same|spread]
     python bench/bench_tick.py freshness [--tables 5] [--ticks 20]
 
 ``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
@@ -10,6 +10,9 @@ per tick 100 changes per table (updates, key changes, inserts, deletes), one pul
 task (``IcebergApplyOperator.execute``, spark-submit included), timed. The baseline, measured in
 the same run, is a bare spark-submit of an empty PySpark job. Prints the medians, the ratios the
 issue asks for, and the job's own apply time (sum of its steps, JVM start excluded).
+``--driver-jvm`` compares driver JVM options a deployment sets as Spark conf (docs/operators.md,
+"Tuning the driver JVM"), tick by tick: none, C1 only, a class-data-sharing archive (written by
+the warm-up apply), or both.
 
 ``freshness``: a writer commits a small transaction every 50 ms on N tables while ticks (pull,
 then apply) run back to back; a change's freshness is the end of the apply that made it readable
@@ -97,7 +100,6 @@ class Pipeline:
         self.root = ObjectStoragePath(self.staging)
         self.iceberg = IcebergConfig(warehouse=(tmp / f"warehouse-{tag}").as_uri(), namespace="bench")
         self.slot = f"bench_{tag}"
-        self.archives = str(tmp / "class-archives")  # the driver's class archive, one per run of the bench
 
     def sync(self) -> None:
         run_initial_sync(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
@@ -107,14 +109,14 @@ class Pipeline:
         return run_pull(self.hook, slot=self.slot, publications=["bench"], root=self.root, pipeline="p",
                         report=lambda message: None)
 
-    def apply(self, concurrency: int = 4, class_archive: bool = True, quick_jit: bool = True,
+    def apply(self, concurrency: int = 4, java_options: str = "",
               conf: dict[str, str] | None = None) -> tuple[float, float]:
         """Wall time of the apply task, and the job's own apply time (JVM start excluded); the Spark
         jobs and stages of each step go to ``self.work``."""
         operator = IcebergApplyOperator(task_id="apply", staging_root=self.staging, pipeline="p",
                                         iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency,
-                                        class_archive=class_archive, class_archive_dir=self.archives, conf=conf,
-                                        **({} if quick_jit else {"quick_jit_max_rows": None}))
+                                        conf={**(conf or {}), **({"spark.driver.extraJavaOptions": java_options}
+                                                                 if java_options else {})})
         started = time.perf_counter()
         operator.execute({})
         wall = time.perf_counter() - started
@@ -131,8 +133,8 @@ def ticks(args: argparse.Namespace) -> None:
         baseline = statistics.median(baseline_runs)
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
               f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
-        settings = [(int(c), archive == "on", quick == "on", None) for c in args.concurrency.split(",")
-                    for archive in args.class_archive.split(",") for quick in args.quick_jit.split(",")]
+        jvm = driver_jvm_settings(tmp_path)
+        settings = [(int(c), name) for c in args.concurrency.split(",") for name in args.driver_jvm.split(",")]
         medians: dict[tuple[int, tuple], float] = {}
         for count in [int(c) for c in args.tables.split(",")]:
             db = f"tick{count}"
@@ -140,7 +142,8 @@ def ticks(args: argparse.Namespace) -> None:
             names = create_tables(pg, db, count)
             pipeline = Pipeline(pg, db, tmp_path, db)
             pipeline.sync()
-            pipeline.apply()  # the first run marks the class archive's directory, the second writes it
+            # the first run warms up, and writes the class archive the cds settings map
+            pipeline.apply(java_options=jvm["dump"] if any("cds" in name for _, name in settings) else "")
             walls: dict[tuple, list[float]] = {s: [] for s in settings}
             in_job: dict[tuple, list[float]] = {s: [] for s in settings}
             work: list[tuple[int, int]] = []
@@ -151,8 +154,8 @@ def ticks(args: argparse.Namespace) -> None:
                     tick += 1
                     change_tables(pg, db, names, tick, args.updates)
                     pipeline.pull()
-                    wall, job = pipeline.apply(*setting)
-                    if tick > len(settings):  # the first round writes the archive: not measured
+                    wall, job = pipeline.apply(setting[0], jvm[setting[1]])
+                    if tick > len(settings):  # the first round warms the page cache: not measured
                         walls[setting].append(wall)
                         in_job[setting].append(job)
                         phases[setting].append(pipeline.phases)
@@ -180,9 +183,21 @@ def phase_medians(runs: list[dict]) -> str:
 
 
 def describe(setting: tuple) -> str:
-    concurrency, archive, quick, _ = setting
-    return (f"concurrency {concurrency}, class archive {'on' if archive else 'off'}, "
-            f"quick JIT {'on' if quick else 'off'}")
+    concurrency, jvm = setting
+    return f"concurrency {concurrency}, driver JVM options {jvm}"
+
+
+#: the driver JVM options docs/operators.md recommends for small ticks: C1 only, with the code
+#: cache tiered compilation has (a long-lived JVM fills the 48 MB C1 alone reserves)
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
+def driver_jvm_settings(tmp: Path) -> dict[str, str]:
+    """Name -> ``spark.driver.extraJavaOptions``; ``dump`` writes the class archive the others map."""
+    archive = tmp / "spark-driver.jsa"
+    return {"none": "", "c1": C1_ONLY, "cds": f"-XX:SharedArchiveFile={archive}",
+            "c1+cds": f"{C1_ONLY} -XX:SharedArchiveFile={archive}",
+            "dump": f"-XX:ArchiveClassesAtExit={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"}
 
 
 def freshness(args: argparse.Namespace) -> None:
@@ -277,10 +292,8 @@ def main() -> None:
     parser.add_argument("--tables", default=None)
     parser.add_argument("--ticks", type=int, default=None)
     parser.add_argument("--concurrency", default="4", help="ticks mode: apply concurrencies to compare, e.g. 1,4")
-    parser.add_argument("--class-archive", default="on", choices=["on", "off", "off,on", "on,off"],
-                        help="ticks mode: the driver's class archive; off,on compares both tick by tick")
-    parser.add_argument("--quick-jit", default="on", choices=["on", "off", "off,on", "on,off"],
-                        help="ticks mode: C1 only for small pending work (quick_jit_max_rows); off,on compares both")
+    parser.add_argument("--driver-jvm", default="none",
+                        help="ticks mode: driver JVM options to compare tick by tick, of none, c1, cds, c1+cds")
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="ticks mode: the 70 updates per table hit the same rows every tick, or rows drawn anew")
     args = parser.parse_args()

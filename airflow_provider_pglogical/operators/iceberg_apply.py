@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias
 
-from airflow_provider_pglogical.lakehouse.class_archive import with_java_options
-from airflow_provider_pglogical.lakehouse.driver_jit import DEFAULT_QUICK_JIT_MAX_ROWS, quick_jit_options
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
@@ -36,7 +34,6 @@ from airflow_provider_pglogical.staging.contract import (
 from airflow_provider_pglogical.staging.job_result import job_error, read_result, result_uri, storage_path
 from airflow_provider_pglogical.staging.apply_marker import (
     pending_batches,
-    pending_rows,
     recorded_targets,
     write_marker,
 )
@@ -49,7 +46,6 @@ from airflow_provider_pglogical.management.validation import (
     check_staging_root,
     check_table_map,
 )
-from airflow_provider_pglogical.operators._class_archive import driver_class_archive
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 
 try:
@@ -110,19 +106,9 @@ class IcebergApplyOperator(SparkSubmitOperator):
         apply fails naming the backfill that rebuilds it (docs/concepts.md, "Staging retention").
     :param archive_staging: move those batches under ``<staging_root>/<pipeline>/_archive/``
         instead of deleting them (expire that prefix with your storage's lifecycle rules).
-    :param class_archive: when the driver JVM starts on this machine (local master, client deploy
-        mode; Java 13+), keep the classes a run loaded in a class-data-sharing archive and map it
-        into the next runs' JVM, which then start seconds sooner (docs/benchmarks.md). The second
-        run writes it (~150 MB); the JVM checks it and runs without it if Java or Spark changed.
-    :param class_archive_dir: where the archives are kept; default
-        ``$PGLOGICAL_CLASS_ARCHIVE_DIR``, else ``$XDG_CACHE_HOME/airflow-provider-pglogical/class-archives``
-        (``~/.cache/...``).
-    :param quick_jit_max_rows: when the apply marker shows at most this many staged rows pending,
-        the driver JVM compiles with HotSpot's quick C1 compiler only (``-XX:TieredStopAtLevel=1``):
-        a small tick ends before the optimising compiler pays off (docs/benchmarks.md). ``None``
-        keeps the JVM's default; a JIT option of your own in ``spark.driver.extraJavaOptions`` wins.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
-    :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
+    :param conf: more Spark properties, applied over the ones ``iceberg`` produces: the driver JVM's
+        options too (``spark.driver.extraJavaOptions``; docs/operators.md, "Tuning the driver JVM"). (templated)
     :param driver_memory: default ``2g``.
     :param kwargs: anything else :class:`SparkSubmitOperator` takes.
     """
@@ -146,9 +132,6 @@ class IcebergApplyOperator(SparkSubmitOperator):
         row_deltas: bool = True,
         staging_retention: timedelta | None = timedelta(hours=DEFAULT_RETENTION_HOURS),
         archive_staging: bool = False,
-        class_archive: bool = True,
-        class_archive_dir: str | None = None,
-        quick_jit_max_rows: int | None = DEFAULT_QUICK_JIT_MAX_ROWS,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -171,9 +154,6 @@ class IcebergApplyOperator(SparkSubmitOperator):
             raise ValueError(f"staging_retention must not be negative, not {staging_retention}; None keeps every batch")
         self.staging_retention = staging_retention
         self.archive_staging = archive_staging
-        self.class_archive = class_archive
-        self.class_archive_dir = class_archive_dir
-        self.quick_jit_max_rows = check_count(quick_jit_max_rows, "quick_jit_max_rows", optional=True)
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -205,7 +185,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             if self.skip_when_idle:
                 self.skip_if_idle(pending, lakehouse, root)
             self.py_files = with_job_bundle(self.py_files)
-            result = self.run_spark_submit(context, root, pending)
+            result = self.run_spark_submit(context)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
@@ -222,17 +202,15 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "tables": sorted({step["table"] for step in steps}),
             }
 
-    def run_spark_submit(self, context: Context, root, pending: list[str] | None) -> dict:
+    def run_spark_submit(self, context: Context) -> dict:
         """The apply as its own spark-submit; returns the job's result."""
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
         access = lakehouse_access(self.iceberg)  # credentials: never on the command line
         self.conf = {**self.iceberg.spark_conf(), **access.public, **(self.conf or {}), RESULT_CONF: result_at,
                      STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
-        self.choose_driver_jit(root, pending)
         self.application_args = [*self.job_args(), *lease_holder_args(context)]
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
-        with private_properties(access.private, given) as self.properties_file, \
-                driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
+        with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
             except Exception as failure:
@@ -276,15 +254,6 @@ class IcebergApplyOperator(SparkSubmitOperator):
             f"{lakehouse['catalog']}.{lakehouse['namespace']} by an earlier run (apply marker under staging); "
             "Spark was not started"
         )
-
-    def choose_driver_jit(self, root, pending: list[str] | None) -> None:
-        """C1 only for the driver JVM when the pending batches are small (``lakehouse/driver_jit.py``)."""
-        limit = self.quick_jit_max_rows
-        rows = None if limit is None else pending_rows(root, str(self.pipeline), pending, stop_above=limit)
-        options = quick_jit_options(rows, limit, self.conf)
-        if options:
-            self.conf = with_java_options(self.conf, options)
-            self.log.info("%d staged rows pending (at most %d): the driver JVM compiles with C1 only", rows, limit)
 
     def get_openlineage_facets_on_complete(self, task_instance):
         """Staged tables → the Iceberg tables this run changed (with their columns)."""

@@ -19,7 +19,6 @@ from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_acce
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
 from airflow_provider_pglogical.management.validation import check_count
-from airflow_provider_pglogical.operators._class_archive import driver_class_archive
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.spark.housekeeping import DEFAULT_CONCURRENCY, Housekeeping
 
@@ -63,8 +62,6 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         a file that young may belong to a commit still in flight; Iceberg refuses less too).
     :param concurrency: how many tables are maintained at once, each table's steps in order
         (default 4; 1 keeps them one after another).
-    :param class_archive: map the driver JVM's class archive, as :class:`IcebergApplyOperator` does.
-    :param class_archive_dir: where the archives are kept (default as for the apply).
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces. (templated)
     :param driver_memory: default ``2g``.
     :param kwargs: anything else :class:`SparkSubmitOperator` takes.
@@ -88,8 +85,6 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         remove_orphan_files: bool = True,
         orphan_older_than_hours: float = 72,
         concurrency: int = DEFAULT_CONCURRENCY,
-        class_archive: bool = True,
-        class_archive_dir: str | None = None,
         conf: dict[str, Any] | None = None,
         driver_memory: str | None = "2g",
         **kwargs: Any,
@@ -100,8 +95,6 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         self.iceberg = iceberg
         self.tables = tables
         self.concurrency = check_count(concurrency, "concurrency")
-        self.class_archive = class_archive
-        self.class_archive_dir = class_archive_dir
         # checked now: a cut-off that could remove a file still being written fails the DAG's import
         self.housekeeping = Housekeeping(
             compact_data_files=compact_data_files, min_input_files=min_input_files,
@@ -128,8 +121,7 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         self.application_args = self.job_args()
         self.py_files = with_job_bundle(self.py_files)
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
-        with private_properties(access.private, given) as self.properties_file, \
-                driver_class_archive(self, self.class_archive_dir, enabled=self.class_archive):
+        with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
             finally:

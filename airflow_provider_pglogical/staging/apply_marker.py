@@ -23,7 +23,6 @@ from typing import Iterable
 from airflow_provider_pglogical.staging.layout import (
     StagingPath,
     committed_batches,
-    read_manifest,
     read_pipeline_file,
     write_pipeline_file,
 )
@@ -60,21 +59,3 @@ def pending_batches(root: StagingPath, pipeline: str, lakehouse: dict) -> list[s
         return None
     seen = set(marker.get("seen", ()))
     return [name for name, _start, _end, _kind in committed_batches(root, pipeline) if name not in seen]
-
-
-def pending_rows(root: StagingPath, pipeline: str, pending: list[str] | None, stop_above: int | None = None) -> int | None:
-    """The staged rows of the ``pending`` batches, from their manifests (what the next run applies
-    at most); ``None`` when ``pending`` is unknown or a manifest cannot be read. Counting stops once
-    above ``stop_above``: a backlog of thousands of batches is not read through for a yes or no."""
-    if pending is None:
-        return None
-    total = 0
-    for name in pending:
-        try:
-            manifest = read_manifest(root, pipeline, name)
-        except (OSError, ValueError):  # removed by retention meanwhile, or unreadable: do not guess
-            return None
-        total += sum(table.rows for table in manifest.tables.values())
-        if stop_above is not None and total > stop_above:
-            break
-    return total

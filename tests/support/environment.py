@@ -19,8 +19,6 @@ def prepare(environ=os.environ) -> None:
     environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow-test"))
     environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    # the Spark driver's class archive (lakehouse/class_archive.py) stays with the checkout too
-    environ.setdefault("PGLOGICAL_CLASS_ARCHIVE_DIR", str(REPO / ".airflow-test" / "class-archives"))
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

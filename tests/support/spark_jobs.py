@@ -12,40 +12,29 @@ import subprocess
 import time
 from pathlib import Path
 
-from airflow_provider_pglogical.lakehouse.class_archive import class_archive_for, default_directory, with_java_options
-from airflow_provider_pglogical.lakehouse.driver_jit import QUICK_JIT_OPTIONS
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle
 from tests.support.environment import subprocess_env
 
 
+#: the driver JVM options docs/operators.md recommends for small ticks ("Tuning the driver JVM"),
+#: which the tests' own sessions and submissions set as a deployment would (operators get none)
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
 def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = None, *, master: str = "local[2]",
-                   driver_memory: str = "2g", conf: dict[str, str] | None = None,
-                   small_tick_options: bool = True) -> list[str]:
-    """The spark-submit command line of ``job`` with ``args``: with the driver JVM options the
-    operator gives a small tick (the quick JIT, and the class archive once an operator run wrote
-    it; ``small_tick_options=False`` leaves the JVM's defaults, as a benchmark's baseline may).
-    These jobs are killed on purpose, so they only read an archive, never write one."""
+                   driver_memory: str = "2g", conf: dict[str, str] | None = None) -> list[str]:
+    """The spark-submit command line of ``job`` with ``args``, with :func:`driver_java_conf` unless
+    ``conf`` sets the driver's options itself."""
     command = ["spark-submit", "--master", master, "--driver-memory", driver_memory, "--conf", "spark.ui.enabled=false"]
-    merged = with_java_options({**(iceberg.spark_conf() if iceberg else {}), **(conf or {})},
-                               driver_options() if small_tick_options else ())
-    for key, value in merged.items():
+    for key, value in {**driver_java_conf(), **(iceberg.spark_conf() if iceberg else {}), **(conf or {})}.items():
         command += ["--conf", f"{key}={value}"]
     return command + ["--py-files", str(job_bundle()), str(job), *args]
 
 
 def driver_java_conf() -> dict[str, str]:
-    """The same options for an in-process session's JVM (``SparkSession.builder.config``)."""
-    return {"spark.driver.extraJavaOptions": " ".join(driver_options())}
-
-
-def driver_options() -> tuple[str, ...]:
-    """C1 only (``QUICK_JIT_OPTIONS``) and, when this installation's archive exists, its mapping."""
-    env = subprocess_env()
-    archive, _ = class_archive_for(default_directory(env), "spark-submit", env)
-    if archive is None or not archive.path.is_file():
-        return QUICK_JIT_OPTIONS
-    return (*QUICK_JIT_OPTIONS, f"-XX:SharedArchiveFile={archive.path}")
+    """:data:`DRIVER_JAVA_OPTIONS` as Spark conf (``SparkSession.builder.config`` or ``--conf``)."""
+    return {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS}
 
 
 def run_job(command: list[str], *, env: dict[str, str] | None = None, timeout: float = 900,

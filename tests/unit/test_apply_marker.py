@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 from airflow.sdk import ObjectStoragePath
 
-from airflow_provider_pglogical.staging.apply_marker import pending_batches, pending_rows, write_marker
+from airflow_provider_pglogical.staging.apply_marker import pending_batches, write_marker
 from airflow_provider_pglogical.staging.layout import BatchManifest, TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
 
@@ -34,17 +34,3 @@ def test_only_batches_a_successful_apply_saw_are_idle(tmp_path):
     # a batch directory without a manifest does not exist, pending or not
     (tmp_path / "staging" / "p" / "0000000000000300-0000000000000400-changes").mkdir()
     assert pending_batches(root, "p", LAKE) == [late]
-
-
-def test_pending_rows_are_counted_from_the_manifests(tmp_path):
-    root = ObjectStoragePath((tmp_path / "staging").as_uri())
-    batches = [commit(root, "0/100", "0/200", "changes", rows=30), commit(root, "0/200", "0/300", "changes", rows=70),
-               commit(root, "0/300", "0/400", "changes", rows=5)]
-    assert pending_rows(root, "p", batches) == 105
-    assert pending_rows(root, "p", batches[1:]) == 75
-    assert pending_rows(root, "p", []) == 0
-    assert pending_rows(root, "p", None) is None  # unknown stays unknown
-    # counting stops once above the limit: the answer is only "more than the limit"
-    assert pending_rows(root, "p", batches, stop_above=50) == 100
-    # a batch removed meanwhile (retention): no guess
-    assert pending_rows(root, "p", [*batches, "0000000000000400-0000000000000500-changes"]) is None
