@@ -52,6 +52,9 @@ log = logging.getLogger("pglogical.apply")
 
 #: the most change rows a batch may hold to be applied by the driver (its rows pass through Python)
 ROW_DELTA_MAX_ROWS = 20_000
+#: the most change rows a batch that keeps values may hold: each row the lookup reads crosses py4j
+#: value by value (``lookups/table_rows.py``), about 0.1 ms a value, where a MERGE's cost barely grows
+KEPT_VALUES_MAX_ROWS = 2_000
 #: lakehouse types whose staged Arrow values are the Iceberg values as they are (no cast)
 _SIMPLE_TYPES = {"boolean", "int", "bigint", "float", "double", "string", "binary", "date", "timestamp",
                  "timestamp_ntz"}
@@ -87,6 +90,8 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
             return "values are kept from the lakehouse under a composite key or one of a type not looked up"
         if any(kind.startswith("array<timestamp") for kind in types.values()):
             return "values are kept from the lakehouse and a column is an array of timestamps"
+        if facts["rows"] > KEPT_VALUES_MAX_ROWS:
+            return f"values are kept from the lakehouse for up to {facts['rows']} keys (more than {KEPT_VALUES_MAX_ROWS})"
     return None
 
 
