@@ -213,15 +213,17 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
             batches.put(None)
 
     def write() -> None:
+        ended = False  # the parser's end marker was taken: draining again would wait forever
         try:
             with writer.part_writer(staged_as, schema) as part:
                 while (batch := batches.get()) is not None:
                     part.write_batch(batch)
                     result["rows"] += batch.num_rows
                     progress.add(table.qualified_name, batch.num_rows, batch.nbytes)
+                ended = True
         except BaseException as err:  # noqa: BLE001 - re-raised in the copying thread
             result.setdefault("error", err)
-            while batches.get() is not None:
+            while not ended and batches.get() is not None:
                 pass  # unblock the parser until it stops
 
     threads = [threading.Thread(target=parse, name=f"parse-{table.name}", daemon=True),
@@ -326,6 +328,9 @@ def copy_tables(
                     future.result()
             except BaseException:
                 stop.set()  # the other units need not run: the batch will not be committed
+                with lock:  # nor finish the COPYs they are running: the pool waits for them
+                    for conn in connections:
+                        _cancel(conn)
                 raise
     except BaseException:
         _remove_parts(writer)
@@ -336,6 +341,14 @@ def copy_tables(
     for name, rows in progress.rows.items():
         report(f"{name}: copied {rows:,} rows")
     return dict(progress.rows)
+
+
+def _cancel(conn) -> None:
+    """Stop the statement a worker's connection runs, if any (the copy failed elsewhere)."""
+    try:
+        conn.cancel()
+    except Exception as err:  # noqa: BLE001 - the first worker's error matters more
+        log.warning("could not cancel a COPY of the failed initial copy: %s", err)
 
 
 def _remove_parts(writer: BatchWriter) -> None:

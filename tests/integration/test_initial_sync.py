@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from airflow.sdk import ObjectStoragePath
@@ -18,6 +19,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.staging import batches
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
 from tests.integration.sync_helpers import native_rows, staged_rows
 
@@ -169,6 +171,46 @@ def test_copy_killed_mid_way_then_rerun_gives_a_complete_batch(publisher, publis
     ids = [row[0] for row in staged_rows(root, "p")["big"]]
     assert ids == list(range(1, 400001))
     assert publisher_hook.get_slot("s1").confirmed_flush_lsn.__str__() == result["lsn"]
+
+
+def test_an_error_in_one_copy_worker_fails_the_sync_promptly_then_a_rerun_is_exact(
+        publisher, publisher_hook, root, tmp_path, monkeypatch):
+    publisher.execute("CREATE TABLE w1(id int PRIMARY KEY, pad text); CREATE TABLE w2(id int PRIMARY KEY, v text);"
+                      "INSERT INTO w1 SELECT g, repeat(md5(g::text), 4) FROM generate_series(1, 20000) g;"
+                      "INSERT INTO w2 SELECT g, g::text FROM generate_series(1, 5000) g")
+    publisher_hook.create_publication("p", [PublishedTable("w1"), PublishedTable("w2")])
+    monkeypatch.setattr(snapshot, "CSV_BLOCK_SIZE", 1 << 16)
+    counted = batches.BatchWriter._count
+    calls = []
+
+    def count_then_fail(self, *args):  # the worker's first Parquet part closes, then its bookkeeping fails
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected failure in a copy worker")
+        counted(self, *args)
+
+    monkeypatch.setattr(batches.BatchWriter, "_count", count_then_fail)
+    outcome: dict = {}
+
+    def sync() -> None:
+        try:
+            run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", parallelism=2)
+        except BaseException as err:  # noqa: BLE001 - asserted below
+            outcome["error"] = err
+
+    runner = threading.Thread(target=sync, daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "the initial sync hung after a copy worker failed"
+    assert isinstance(outcome.get("error"), RuntimeError) and "injected failure" in str(outcome["error"])
+    assert publisher_hook.get_slot("s1") is None, "the failed sync drops the slot it created"
+    assert committed_batches(root, "p") == []
+    assert not list((tmp_path / "staging" / "p").glob("*/*.parquet")), "the failed batch leaves no files"
+    monkeypatch.setattr(batches.BatchWriter, "_count", counted)
+    result = run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", parallelism=2)
+    assert result["tables"] == {"public.w1": 20000, "public.w2": 5000}
+    staged = staged_rows(root, "p")
+    assert staged == {t: sorted(publisher.query(f"SELECT * FROM {t}")) for t in ("w1", "w2")}
 
 
 def test_backfill_of_one_table_and_a_key_range(publisher, publisher_hook, root):
