@@ -72,12 +72,43 @@ def validated_commit(update, table, read_at: int | None) -> None:
     except Exception as error:
         if java_exception_class(error) != "org.apache.iceberg.exceptions.ValidationException":
             raise
-        raise ConcurrentCommit(
-            f"table {table.name()}: another commit added rows or deletes after this step read it (at snapshot "
-            f"{read_at}): {error.java_exception.getMessage()}. Nothing of this step was committed. Run one "
-            "apply per pipeline at a time (max_active_tis_per_dag=1 on the apply task) and do not write to the "
-            "pipeline's tables otherwise; the next apply applies the step again from what the table holds then."
-        ) from None
+        raise _conflict(table.name(), read_at, error.java_exception) from None
+
+
+def _conflict(name: str, read_at: int | None, cause) -> ConcurrentCommit:
+    return ConcurrentCommit(
+        f"table {name}: another commit added rows or deletes after this step read it (at snapshot {read_at}): "
+        f"{cause.getMessage()}. Nothing of this step was committed. Run one apply per pipeline at a time "
+        "(max_active_tis_per_dag=1 on the apply task) and do not write to the pipeline's tables otherwise; "
+        "the next apply applies the step again from what the table holds then.")
+
+
+#: the snapshot summary property naming a Spark overwrite of this job (:func:`validated_overwrite`)
+SPARK_WRITE_PROPERTY = "pglogical.spark-write"
+
+
+def validated_overwrite(lakehouse, target: str, frame, condition, read_at: int | None) -> int | None:
+    """Overwrite ``target``'s rows matching ``condition`` with ``frame`` by a Spark write that refuses
+    (:class:`ConcurrentCommit`) when another commit added data or deletes matching it after ``read_at``
+    (None: since the first snapshot), as the driver's own commits do. Returns this write's snapshot,
+    found by a marker in its summary (the newest may be another writer's), or None if none was made."""
+    marker, name = uuid.uuid4().hex, lakehouse.name(target)
+    writer = frame.writeTo(name).option("isolation-level", "serializable").option(
+        f"snapshot-property.{SPARK_WRITE_PROPERTY}", marker)
+    try:
+        (writer.option("validate-from-snapshot-id", str(read_at)) if read_at is not None else writer).overwrite(condition)
+    except Exception as error:
+        cause = getattr(error, "java_exception", None)
+        while cause is not None and cause.getClass().getName() != "org.apache.iceberg.exceptions.ValidationException":
+            cause = cause.getCause()
+        if cause is None:
+            raise
+        raise _conflict(name, read_at, cause) from None
+    table = lakehouse.iceberg_table(target)
+    snapshot = table.currentSnapshot()
+    while snapshot is not None and snapshot.summary().get(SPARK_WRITE_PROPERTY) != marker:
+        snapshot = table.snapshot(snapshot.parentId()) if snapshot.parentId() is not None else None
+    return snapshot.snapshotId() if snapshot is not None else None
 
 
 class DriverCommits:

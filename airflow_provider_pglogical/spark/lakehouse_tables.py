@@ -246,7 +246,7 @@ class Lakehouse:
         it is one Iceberg commit replacing the partition's files."""
         from pyspark.sql import functions as F
 
-        from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
+        from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing, validated_overwrite
 
         rows = [
             (pipeline, source, s.target, hex16(s.position), sorted(s.snapshots), s.last_batch)
@@ -262,8 +262,9 @@ class Lakehouse:
         schema = ("pipeline string, source_table string, target_table string, position string, "
                   "applied_snapshots array<string>, last_batch string")
         frame = self.spark.createDataFrame(rows, schema).withColumn("updated_at", F.current_timestamp())
-        validated(frame.writeTo(self.name(STATE_TABLE)), read_at).overwrite(col("pipeline") == F.lit(pipeline))
-        self._state_snapshots[pipeline] = self.iceberg_table(STATE_TABLE).currentSnapshot().snapshotId()
+        written = validated_overwrite(self, STATE_TABLE, frame, col("pipeline") == F.lit(pipeline), read_at)
+        # its own snapshot, not the table's newest (another writer's commit after it must still conflict)
+        self._state_snapshots[pipeline] = written if written is not None else read_at
 
     @staticmethod
     def _state_rows(writer, table, rows: list[tuple]):
@@ -393,22 +394,20 @@ class Lakehouse:
         for name, kind in MULTISET_COLUMNS.items():
             if name not in current:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
+        from airflow_provider_pglogical.spark.driver_commits import validated_overwrite
+
         values = [col(c) for c in current if c not in MULTISET_COLUMNS]
-        numbered = self.spark.table(self.name(table)).select(
+        read = self.iceberg_table(table).currentSnapshot()  # read at it; a commit after it refuses the overwrite
+        rows = (self.spark.read.option("snapshot-id", read.snapshotId()).table(self.name(table))
+                if read is not None else self.spark.table(self.name(table)))
+        numbered = rows.select(
             *values, F.row_number().over(Window.partitionBy(*values).orderBy(F.lit(1))).cast("int").alias(OCCURRENCE),
             F.lit(None).cast("string").alias(WRITTEN_BY)).localCheckpoint()
-        numbered.writeTo(self.name(table)).overwrite(F.lit(True))
+        validated_overwrite(self, table, numbered, F.lit(True), read.snapshotId() if read is not None else None)
         # only after the overwrite committed: a crash before it leaves the table to be numbered again
         self.spark.sql(f"ALTER TABLE {self.name(table)} SET TBLPROPERTIES "
                        f"({sql_string(NUMBERED_PROPERTY)}={sql_string('true')})")
         return {**current, **MULTISET_COLUMNS}
-
-
-def validated(writer, read_at: int | None):
-    """A Spark ``DataFrameWriterV2`` whose overwrite refuses when another commit added data or
-    deletes to the table after snapshot ``read_at`` (serializable isolation; None: since its start)."""
-    writer = writer.option("isolation-level", "serializable")
-    return writer.option("validate-from-snapshot-id", str(read_at)) if read_at is not None else writer
 
 
 def widens(old: str, new: str) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from airflow_provider_pglogical.spark.hadoop_files import Staging
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse, validated
+from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.plan import Batch, Step
 from airflow_provider_pglogical.spark.reduction import read_rows
 from airflow_provider_pglogical.staging.contract import staged_columns
@@ -35,10 +35,11 @@ class StepApplier:
         overwrite that refuses when another commit added data or deletes to the table while it ran."""
         from pyspark.sql import functions as F
 
+        from airflow_provider_pglogical.spark.driver_commits import validated_overwrite
+
         snapshot = self.lakehouse.iceberg_table(target).currentSnapshot()
-        writer = validated(frame.writeTo(self.lakehouse.name(target)),
-                           snapshot.snapshotId() if snapshot is not None else None)
-        writer.overwrite(F.lit(True))
+        validated_overwrite(self.lakehouse, target, frame, F.lit(True),
+                            snapshot.snapshotId() if snapshot is not None else None)
 
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         raise NotImplementedError

@@ -271,3 +271,53 @@ def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_s
     assert mine.read_state("p")["public.t"].position == 7
     mine.write_state("p", {"public.t": TableState("t", 8, set(), "b2")})  # read again: commits
     assert {p: other.read_state(p)["public.t"].position for p in ("p", "q")} == {"p": 8, "q": 9}
+
+
+def test_spark_overwrites_of_the_state_and_of_a_numbering_cannot_lose_a_concurrent_commit(spark, monkeypatch):
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_pglogical.spark.driver_commits import ConcurrentCommit
+    from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+    from airflow_provider_pglogical.spark.plan import TableState
+
+    # The state's Spark write (no pyarrow) remembers its own snapshot, not the table's newest: another
+    # apply's state commit landing just after it still conflicts with this run's next write.
+    mine, other = (Lakehouse(spark, "lake", "spark_writes", "merge-on-read", None) for _ in range(2))
+    mine.read_state("p")
+    mine.write_state("p", {"public.t": TableState("t", 1, set(), "b0")}, by_driver=False)
+    loaded, armed = mine.iceberg_table, [True]
+
+    def load_after_another_commit(target: str):
+        if armed and target == "_pglogical_state":
+            armed.clear()
+            other.read_state("p")
+            other.write_state("p", {"public.t": TableState("t", 7, set(), "b9")})
+        return loaded(target)
+
+    monkeypatch.setattr(mine, "iceberg_table", load_after_another_commit)
+    mine.write_state("p", {"public.t": TableState("t", 2, set(), "b1")}, by_driver=False)
+    assert not armed
+    with pytest.raises(ConcurrentCommit, match="_pglogical_state.*Nothing of this step was committed"):
+        mine.write_state("p", {"public.t": TableState("t", 3, set(), "b2")}, by_driver=False)
+    assert other.read_state("p")["public.t"].position == 7
+
+    # Numbering a keyless table's copies overwrites it from what it read: a row committed meanwhile
+    # refuses the overwrite instead of vanishing.
+    spark.sql("CREATE TABLE lake.spark_writes.k (v string) USING iceberg TBLPROPERTIES ('format-version'='2')")
+    spark.sql("INSERT INTO lake.spark_writes.k VALUES ('a'), ('a'), ('b')")
+    checkpoint = DataFrame.localCheckpoint
+
+    def read_then_another_commit(frame, *args, **kwargs):
+        read = checkpoint(frame, *args, **kwargs)
+        spark.sql("INSERT INTO lake.spark_writes.k VALUES ('c', NULL, NULL)")
+        return read
+
+    lakehouse = Lakehouse(spark, "lake", "spark_writes", "merge-on-read", None)
+    monkeypatch.setattr(DataFrame, "localCheckpoint", read_then_another_commit)
+    with pytest.raises(ConcurrentCommit, match="spark_writes`.`k`.*Nothing of this step was committed"):
+        lakehouse._number_copies("k", {"v": "string"})
+    monkeypatch.setattr(DataFrame, "localCheckpoint", checkpoint)
+    assert sorted(r.v for r in spark.table("lake.spark_writes.k").collect()) == ["a", "a", "b", "c"]
+    lakehouse._number_copies("k", {"v": "string", "_pglogical_occurrence": "int", "_pglogical_batch": "string"})
+    assert sorted(tuple(r) for r in spark.table("lake.spark_writes.k").select("v", "_pglogical_occurrence").collect()) \
+        == [("a", 1), ("a", 2), ("b", 1), ("c", 1)]
