@@ -8,6 +8,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.staging.contract import parse_table_key
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
 from airflow_provider_pglogical.staging.batches import read_table
 
@@ -42,5 +43,5 @@ def staged_rows(root, pipeline: str, kind: str = "snapshot") -> dict[str, list[t
     out = {}
     for qualified, table in manifest.tables.items():
         data = read_table(root, pipeline, name, table)
-        out[qualified.split(".", 1)[1]] = sorted(tuple(r.values()) for r in data.to_pylist())
+        out[parse_table_key(qualified)[1]] = sorted(tuple(r.values()) for r in data.to_pylist())
     return out

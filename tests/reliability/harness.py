@@ -35,6 +35,7 @@ from tests.reliability.workload import (  # noqa: E402
     FILTERED_COLUMNS, FILTERED_KEY, FILTERED_PUBLICATION, FILTERED_TABLE, PUBLICATIONS, TOAST_COLUMNS, TYPE_OVERRIDES,
     Counts, Workload,
 )
+from tests.reliability.shapes import PUBLICATION as SHAPES_PUBLICATION, Shapes  # noqa: E402
 from tests.support.processes import kill_tree  # noqa: E402
 from tests.support.spark_jobs import job_result, start_job, submit_command  # noqa: E402
 
@@ -146,7 +147,8 @@ class Harness:
         self.warehouse = (self.workdir / "warehouse").as_uri()
         self.figures = Figures()
         self.report = report or (lambda message: print(message, flush=True))
-        self.publications = list(PUBLICATIONS)
+        self.shapes = Shapes(publisher, subscriber, random.Random(seed * 31 + 5), SUBSCRIPTION)
+        self.publications = [*PUBLICATIONS, SHAPES_PUBLICATION]
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
 
     # --- plumbing --------------------------------------------------------------------------
@@ -204,11 +206,14 @@ class Harness:
         from airflow_provider_pglogical.management.publications import PublishedTable
 
         self.workload.create_schema()
+        self.shapes.create_schema()
         self.figures.counts.add(self.workload.load(initial_rows))
+        self.shapes.changes(10, self.figures.counts)
         hook = self.hook()
         for name, (tables, via_root) in PUBLICATIONS.items():
-            hook.create_publication(name, [PublishedTable(t, columns=c, where=w) for t, c, w in tables],
+            hook.create_publication(name, [PublishedTable.of("public", t, columns=c, where=w) for t, c, w in tables],
                                     publish_via_partition_root=via_root)
+        hook.create_publication(SHAPES_PUBLICATION, self.shapes.published())
         self.hook(self.subscriber).create_subscription(SUBSCRIPTION, self.publications,
                                                        publisher_conn_id=self.publisher.conn_id)
         if kill:
@@ -404,6 +409,11 @@ class Harness:
     def round(self, changes: int, kills: set[str] = frozenset(), *, truncate: bool = False) -> Counts:
         counts = self.workload.run(changes, add_column="schema_change" in kills or self.rng.random() < 0.2,
                                    truncate=truncate)
+        # issue 33's shapes: changes, one DDL point of every shape (both sides idle), more changes
+        self.shapes.changes(4, counts)
+        self.wait_subscriber()
+        ddl = self.shapes.ddl(self.hook(), counts)
+        self.shapes.changes(4, counts)
         self.figures.counts.add(counts)
         self.pull_all(kills, changes)
         if "backfill_mid_copy" in kills:
@@ -420,7 +430,7 @@ class Harness:
                     f"({counts.transactions} transactions, {counts.rollbacks} rollbacks, "
                     f"{counts.prepared_committed}+{counts.prepared_rolled_back} prepared committed+rolled back, "
                     f"{counts.big_transactions} big, {counts.truncates} truncates, columns added "
-                    f"{counts.added_columns}); kills {sorted(kills)}; verified equal "
+                    f"{counts.added_columns}; DDL {ddl}); kills {sorted(kills)}; verified equal "
                     f"(native subscriber TOAST NULL cells: {self.figures.toast_cells})")
         return counts
 

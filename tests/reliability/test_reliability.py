@@ -31,6 +31,7 @@ def test_short_mode_every_kill_point_then_equal(publisher, subscriber, tmp_path)
     missing = set(KILL_POINTS) - set(figures.kills)
     assert not missing, f"[seed {SEED}] kill points not hit: {missing}; missed {figures.missed}"
     assert figures.verified_rounds == figures.rounds == len(short_schedule())
+    assert harness.shapes.rounds == figures.rounds  # every round ran issue 33's DDL shapes, then verified equal
     assert figures.compared_tables >= 2 * figures.rounds and figures.differing_tables == 0
     # retention removed history along the way (every apply runs it at 0 hours), and still equal
     assert harness.removed_batches() > 0
