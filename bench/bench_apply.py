@@ -34,9 +34,9 @@ prepare()  # spark-submit beside this interpreter, Spark on loopback
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from tests.support.spark_jobs import run_job, submit_command  # noqa: E402
-from airflow_provider_pglogical.spark import apply_changes as job  # noqa: E402
-from airflow_provider_pglogical.spark import keyed  # noqa: E402
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse  # noqa: E402
+from airflow_provider_pglogical.spark.jobs import apply_changes as job  # noqa: E402
+from airflow_provider_pglogical.spark.apply import keyed  # noqa: E402
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse  # noqa: E402
 from tests.support.accounts_batches import SNAPSHOT_LSN, SOURCE, stage  # noqa: E402
 
 SECTION = "## Apply (Spark → Iceberg)"

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from bench import bench_tick  # noqa: E402  (prepares the environment, as bench_tick does)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.embedded import demo  # noqa: E402
-from airflow_provider_pglogical.spark import apply_changes  # noqa: E402
+from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 
 RESULT = "BENCH_HOUSEKEEPING "
 VARIANTS = {
@@ -51,7 +51,7 @@ def keep(warehouse: Path, small: bool, concurrency: int) -> float:
     from pyspark.sql import SparkSession
 
     from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-    from airflow_provider_pglogical.spark import maintenance
+    from airflow_provider_pglogical.spark.jobs import maintenance
 
     builder = SparkSession.builder.master("local[2]").appName("bench-housekeeping")
     conf = {**IcebergConfig(warehouse=warehouse.as_uri(), namespace="bench").spark_conf(),

@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_mixed_tick import create_source, differences, finish, steps_line, workload  # noqa: E402
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
-from airflow_provider_pglogical.spark import apply_changes, keyed, multisets  # noqa: E402
+from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
+from airflow_provider_pglogical.spark.apply import keyed, multisets  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment, as bench_tick does)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
-from airflow_provider_pglogical.spark import apply_changes  # noqa: E402
+from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 
 PER_TABLE = 400
 SCHEMA = """

@@ -66,8 +66,8 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync  # 
 from airflow_provider_pglogical.capture.pull import run_pull  # noqa: E402
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
-from airflow_provider_pglogical.spark import apply_changes, maintenance  # noqa: E402
-from airflow_provider_pglogical.spark.housekeeping import Housekeeping  # noqa: E402
+from airflow_provider_pglogical.spark.jobs import apply_changes, maintenance  # noqa: E402
+from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping  # noqa: E402
 from airflow_provider_pglogical.staging.contract import default_target_name  # noqa: E402
 
 PIPELINE, SLOT, PUBLICATION, NAMESPACE, DATABASE = "soak", "soak_slot", "soak_pub", "soak", "soak"

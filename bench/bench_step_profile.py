@@ -32,8 +32,10 @@ sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
-from airflow_provider_pglogical.spark import (  # noqa: E402
-    apply_changes, driver_commits, hadoop_files, keyed, lakehouse_tables, row_deltas, steps)
+from airflow_provider_pglogical.spark.apply import keyed, lakehouse_tables, steps  # noqa: E402
+from airflow_provider_pglogical.spark.common import hadoop_files  # noqa: E402
+from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
+from airflow_provider_pglogical.spark.row_delta import driver_commits, row_deltas  # noqa: E402
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)

@@ -4,7 +4,7 @@
 COPY parser or in its value conversion must not hide from it, so nothing here goes through them.
 PostgreSQL computes, inside one REPEATABLE READ snapshot, a digest per row of
 ``SELECT <published columns> FROM <table> WHERE <row filter>`` over a canonical text form of each
-value that the Spark job (``spark/verify_tables.py``) reproduces from the Iceberg value alone
+value that the Spark job (``spark/jobs/verify_tables.py``) reproduces from the Iceberg value alone
 (:func:`canonical`; the forms are listed in docs/reliability.md). Only per-bucket counts and
 digest sums leave PostgreSQL first; rows are compared, in PostgreSQL, only for the buckets whose
 sums differ (:func:`differences`). Verify files live under ``<root>/_verify/<pipeline>/``, where
@@ -103,7 +103,7 @@ def source_snapshot(connect_kwargs: Mapping[str, Any]) -> Iterator[tuple[Any, Ls
         conn.close()
 
 
-# --- canonical forms: keep in step with spark/verify_tables.py ----------------------------------
+# --- canonical forms: keep in step with spark/jobs/verify_tables.py ----------------------------------
 
 def canonical(value: sql.Composable, kind: str) -> sql.Composable:
     """The canonical text of a non-NULL value whose lakehouse type is ``kind`` (Spark SQL type).

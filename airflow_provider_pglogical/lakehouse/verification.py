@@ -1,7 +1,7 @@
 """Verify: compare the source's published projection with the lakehouse, an independent witness.
 
 Library code (the operator, the demo and the tests call it): PostgreSQL digests the projection in
-one snapshot (``capture/source_projection.py``), ``spark/verify_tables.py`` digests Iceberg and
+one snapshot (``capture/source_projection.py``), ``spark/jobs/verify_tables.py`` digests Iceberg and
 compares per bucket (spark-submitted through the Spark provider's hook), and PostgreSQL compares
 the rows of the buckets that differ. No step reads the source through the capture's code.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
@@ -28,9 +27,8 @@ from airflow_provider_pglogical.staging.contract import RESULT_CONF, STAGING_FIL
 from airflow_provider_pglogical.staging.job_result import read_result, storage_path
 from airflow_provider_pglogical.staging.pipeline_record import read_record
 from airflow_provider_pglogical.staging.private_files import file_mode, make_dirs
-from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.spark.launch import VERIFY_JOB, with_job_bundle
 
-VERIFY_JOB = Path(__file__).resolve().parent.parent / "spark" / "verify_tables.py"
 #: the job also prints its result after this prefix, for people reading the log
 RESULT_PREFIX = "PGLOGICAL_VERIFY_RESULT "
 

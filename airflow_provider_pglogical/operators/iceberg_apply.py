@@ -1,4 +1,4 @@
-"""Apply staged batches to Apache Iceberg: a ``SparkSubmitOperator`` over ``spark/apply_changes.py``.
+"""Apply staged batches to Apache Iceberg: a ``SparkSubmitOperator`` over ``spark/jobs/apply_changes.py``.
 
 The embedded default needs nothing but the Airflow connection ``spark_default`` with host
 ``local[*]`` (``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'``), the
@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
-from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.staging.contract import (
@@ -57,7 +56,6 @@ except ImportError:  # Task SDK 1.0 (Airflow 3.0): the class lives in airflow.ex
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
 
-APPLY_JOB = Path(__file__).resolve().parent.parent / "spark" / "apply_changes.py"
 #: the job also prints its summary after this prefix, for people reading the log (the operator
 #: reads the result file, see :mod:`airflow_provider_pglogical.staging.job_result`)
 RESULT_PREFIX = APPLY_RESULT_PREFIX

@@ -1,7 +1,7 @@
 """Keep the lakehouse tables small and fast: Iceberg housekeeping as a ``SparkSubmitOperator``.
 
 Every MERGE of the apply adds small data files, merge-on-read delete files, a manifest, a snapshot
-and a metadata file. This operator runs ``spark/maintenance.py`` over the pipeline's tables to
+and a metadata file. This operator runs ``spark/jobs/maintenance.py`` over the pipeline's tables to
 compact them, expire old snapshots and remove orphan files, so a table's file count stays flat
 (docs/housekeeping.md). Run it where nothing else commits to the same tables: the example DAG
 ``pglogical_lakehouse_sync`` runs it after the apply, every few hours, in the same DAG run.
@@ -10,22 +10,19 @@ compact them, expire old snapshots and remove orphan files, so a table's file co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.job_bundle import with_job_bundle
+from airflow_provider_pglogical.spark.launch import MAINTENANCE_JOB, with_job_bundle
 from airflow_provider_pglogical.management.validation import check_count
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.spark.housekeeping import DEFAULT_CONCURRENCY, Housekeeping
+from airflow_provider_pglogical.spark.housekeeping.steps import DEFAULT_CONCURRENCY, Housekeeping
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
-
-MAINTENANCE_JOB = Path(__file__).resolve().parent.parent / "spark" / "maintenance.py"
 
 
 class IcebergMaintenanceOperator(SparkSubmitOperator):

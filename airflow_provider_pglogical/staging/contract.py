@@ -1,7 +1,7 @@
 """The staging contract: what capture writes and the Spark apply job reads, in one place.
 
 Imports nothing but the standard library, because the Spark job ships it to the cluster beside
-itself (``lakehouse/job_bundle.py`` zips ``spark/`` with this module through ``py_files``) and a
+itself (``spark/launch.py`` zips ``spark/`` with this module through ``py_files``) and a
 cluster has neither Airflow, psycopg2 nor pyarrow. The Python side (``staging/layout.py``,
 ``staging/typemap.py``, ``decoding/staged_tables.py``) and the job read every name, pattern and
 type rule from here, so the two sides cannot drift apart.
@@ -177,7 +177,7 @@ def staging_file_mode(text: str | None) -> int:
 def staging_directory_mode(file_mode: int) -> int:
     """The mode of staged directories: the owner's ``rwx``, and ``x`` wherever files are readable."""
     return file_mode | 0o700 | ((file_mode & 0o044) >> 2)
-#: what staging retention removed, under ``<root>/<pipeline>/`` (``spark/retention.py``)
+#: what staging retention removed, under ``<root>/<pipeline>/`` (``spark/apply/retention.py``)
 RETENTION_RECORD = "_retention.json"
 #: where retention moves batches when it archives instead of deleting: ``<root>/<pipeline>/_archive/``
 ARCHIVE_DIRECTORY = "_archive"
@@ -186,7 +186,7 @@ DEFAULT_RETENTION_HOURS = 168
 #: the apply job also prints its result after this prefix, for people reading the log
 APPLY_RESULT_PREFIX = "PGLOGICAL_APPLY_RESULT "
 #: table property of the state table holding a pipeline's apply lease (JSON: holder, by,
-#: taken_at, expires_at), one apply per pipeline and lakehouse (``spark/driver_commits.py``)
+#: taken_at, expires_at), one apply per pipeline and lakehouse (``spark/row_delta/driver_commits.py``)
 APPLY_LEASE_PROPERTY_PREFIX = "pglogical.apply-lease."
 #: how long an apply's lease lasts unless renewed (seconds; renewed every third of it), so a killed
 #: apply blocks the next one for at most this long

@@ -1,6 +1,6 @@
 """Where a Spark job leaves its result: a small JSON file under staging, read through ObjectStoragePath.
 
-The job (``spark/apply_changes.py``, ``spark/verify_tables.py``) writes its summary with Spark's
+The job (``spark/jobs/apply_changes.py``, ``spark/jobs/verify_tables.py``) writes its summary with Spark's
 Hadoop FileSystem to the URI given in the Spark property ``contract.RESULT_CONF`` (first to a
 temporary name, then renamed), so the result reaches the task in every deploy mode: the driver's
 stdout, which YARN and Kubernetes cluster modes never hand back to ``spark-submit``, is not used.

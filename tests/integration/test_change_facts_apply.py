@@ -13,7 +13,7 @@ import shutil
 from collections import Counter
 
 import pytest
-from airflow_provider_pglogical.spark import apply_changes
+from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging import contract
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session

@@ -37,8 +37,8 @@ from airflow_provider_pglogical.staging.layout import BatchManifest, TableManife
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.typemap import map_type
 from airflow_provider_pglogical.staging.values import text_to_arrow
-from airflow_provider_pglogical.spark import maintenance
-from airflow_provider_pglogical.spark.housekeeping import Housekeeping
+from airflow_provider_pglogical.spark.jobs import maintenance
+from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping
 from tests.support.processes import kill_tree
 from tests.support.spark_jobs import driver_java_conf, job_result, run_job, start_job, submit_command
 

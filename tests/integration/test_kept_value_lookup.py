@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.spark.hadoop_files import Staging
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.common.hadoop_files import Staging
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows
-from airflow_provider_pglogical.spark.plan import Batch
-from airflow_provider_pglogical.spark.row_deltas import RowDeltas, ineligible
+from airflow_provider_pglogical.spark.apply.plan import Batch
+from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, ineligible
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
 

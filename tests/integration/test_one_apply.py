@@ -71,7 +71,7 @@ class Lake:
                               driver_memory="1g")
 
     def run_in_process(self, **kwargs) -> dict:
-        from airflow_provider_pglogical.spark import apply_changes
+        from airflow_provider_pglogical.spark.jobs import apply_changes
 
         return apply_changes.run(self.spark, self.root.as_uri(), "p", "lake", self.namespace, **kwargs)
 
@@ -118,7 +118,7 @@ def warehouse(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def spark(warehouse):
     """An in-process Spark session reading (and, for in-process applies, writing) the warehouse."""
-    from airflow_provider_pglogical.spark import apply_changes
+    from airflow_provider_pglogical.spark.jobs import apply_changes
 
     session = reading_session(warehouse, "test-one-apply")
     apply_changes.tune_session(session)
@@ -167,7 +167,7 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
     from airflow_provider_pglogical.exceptions import ConcurrentApplyError
     from airflow_provider_pglogical.operators._errors import PermanentError
     from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
-    from airflow_provider_pglogical.spark.driver_commits import ApplyLeaseHeld
+    from airflow_provider_pglogical.spark.row_delta.driver_commits import ApplyLeaseHeld
 
     lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "held", spark)
     lake.run_in_process()
@@ -196,7 +196,7 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
 
     # a live lease whose driver ran on this machine and has ended (a killed task, retried here) is
     # taken over at once, without waiting for it to expire
-    from airflow_provider_pglogical.spark.driver_commits import _start_time, this_process
+    from airflow_provider_pglogical.spark.row_delta.driver_commits import _start_time, this_process
 
     killed = subprocess.Popen(["sleep", "600"])
     process = {**this_process(), "pid": killed.pid, "start": _start_time(killed.pid)}
@@ -220,9 +220,9 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
 def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_step_read_it(spark):
     import pyarrow as pa
 
-    from airflow_provider_pglogical.spark.driver_commits import ConcurrentCommit, DriverCommits
-    from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
-    from airflow_provider_pglogical.spark.plan import TableState
+    from airflow_provider_pglogical.spark.row_delta.driver_commits import ConcurrentCommit, DriverCommits
+    from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+    from airflow_provider_pglogical.spark.apply.plan import TableState
 
     spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.valid")
     spark.sql("CREATE TABLE lake.valid.t (id bigint NOT NULL, v string) USING iceberg TBLPROPERTIES "
@@ -276,9 +276,9 @@ def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_s
 def test_spark_overwrites_of_the_state_and_of_a_numbering_cannot_lose_a_concurrent_commit(spark, monkeypatch):
     from pyspark.sql import DataFrame
 
-    from airflow_provider_pglogical.spark.driver_commits import ConcurrentCommit
-    from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
-    from airflow_provider_pglogical.spark.plan import TableState
+    from airflow_provider_pglogical.spark.row_delta.driver_commits import ConcurrentCommit
+    from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+    from airflow_provider_pglogical.spark.apply.plan import TableState
 
     # The state's Spark write (no pyarrow) remembers its own snapshot, not the table's newest: another
     # apply's state commit landing just after it still conflicts with this run's next write.

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.spark import apply_changes
-from airflow_provider_pglogical.spark.keyed import PRUNED_MERGE_ROWS
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.jobs import apply_changes
+from airflow_provider_pglogical.spark.apply.keyed import PRUNED_MERGE_ROWS
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from tests.support.accounts_batches import expected_rows, stage
 from tests.support.spark_jobs import applying_session
 

@@ -17,15 +17,17 @@ import shutil
 from collections import Counter
 
 import pytest
-from airflow_provider_pglogical.spark import apply_changes, driver_commits, hadoop_files, maintenance
-from airflow_provider_pglogical.spark.hadoop_files import Staging, local_path
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
-from airflow_provider_pglogical.spark.multiset_row_deltas import MultisetRowDeltas, _narrowing, count_copies
+from airflow_provider_pglogical.spark.common import hadoop_files
+from airflow_provider_pglogical.spark.jobs import apply_changes, maintenance
+from airflow_provider_pglogical.spark.row_delta import driver_commits
+from airflow_provider_pglogical.spark.common.hadoop_files import Staging, local_path
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import MultisetRowDeltas, _narrowing, count_copies
 from airflow_provider_pglogical.staging.layout import parse_batch_name
-from airflow_provider_pglogical.spark.plan import Batch, TableState
-from airflow_provider_pglogical.spark.row_deltas import RowDeltas, is_in, plain_value, readable
+from airflow_provider_pglogical.spark.apply.plan import Batch, TableState
+from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, is_in, plain_value, readable
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows, read_rows
-from airflow_provider_pglogical.spark.plan import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import ApplyError
 from airflow_provider_pglogical.staging import contract
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session

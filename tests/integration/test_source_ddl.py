@@ -19,7 +19,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.exceptions import PipelineStateError
 from airflow_provider_pglogical.management.publications import PublishedTable
-from airflow_provider_pglogical.spark import apply_changes
+from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging.contract import REPLACE_TABLE
 from airflow_provider_pglogical.staging.pipeline_record import read_record

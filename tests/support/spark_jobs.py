@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle
+from airflow_provider_pglogical.spark.launch import job_bundle
 from tests.support.environment import subprocess_env
 
 
@@ -81,7 +81,7 @@ def applying_session(warehouse: Path, app_name: str):
 
     from pyspark.sql import SparkSession
 
-    from airflow_provider_pglogical.spark.session import tune_session
+    from airflow_provider_pglogical.spark.common.session import tune_session
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     builder = SparkSession.builder.master("local[2]").appName(app_name)

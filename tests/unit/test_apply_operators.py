@@ -17,7 +17,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import (
 )
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergApplyOperator
 from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
-from airflow_provider_pglogical.spark import apply_changes, maintenance
+from airflow_provider_pglogical.spark.jobs import apply_changes, maintenance
 
 
 def test_runtime_jar_is_the_pinned_one_from_the_wheel():

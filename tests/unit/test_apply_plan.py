@@ -6,9 +6,9 @@ import pytest
 
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.staging.layout import batch_name
-from airflow_provider_pglogical.spark.apply_changes import parse_args
-from airflow_provider_pglogical.spark.identifiers import quote
-from airflow_provider_pglogical.spark.plan import ApplyError, Batch, TableState, plan_table, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.jobs.apply_changes import parse_args
+from airflow_provider_pglogical.spark.common.identifiers import quote
+from airflow_provider_pglogical.spark.apply.plan import ApplyError, Batch, TableState, plan_table, range_predicate, snapshot_details
 from airflow_provider_pglogical.staging.contract import default_target_name, hex16, parse_batch_name
 
 T = "public.orders"
@@ -136,7 +136,7 @@ def test_command_line():
 
 
 def test_chain_depth_counts_key_changes_that_follow_each_other():
-    from airflow_provider_pglogical.spark.reduction import chain_depth
+    from airflow_provider_pglogical.spark.apply.reduction import chain_depth
 
     def move(lsn, seq, old, new):
         return {"__lsn": lsn, "__seq": seq, "old": (old,), "new": (new,)}
@@ -149,7 +149,7 @@ def test_chain_depth_counts_key_changes_that_follow_each_other():
 
 
 def test_only_a_table_large_next_to_its_batch_gets_its_scan_pruned():
-    from airflow_provider_pglogical.spark.keyed import (
+    from airflow_provider_pglogical.spark.apply.keyed import (
         PRUNED_BYTES_PER_BATCH_ROW,
         PRUNED_MERGE_BYTES,
         PRUNED_MERGE_ROWS,

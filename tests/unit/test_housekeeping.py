@@ -10,8 +10,8 @@ import pytest
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.iceberg_maintenance import MAINTENANCE_JOB, IcebergMaintenanceOperator
-from airflow_provider_pglogical.spark import maintenance
-from airflow_provider_pglogical.spark.housekeeping import Housekeeping, HousekeepingError, procedure_calls
+from airflow_provider_pglogical.spark.jobs import maintenance
+from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping, HousekeepingError, procedure_calls
 
 NOW = dt.datetime(2024, 1, 4, 3, 4, 5, tzinfo=dt.timezone.utc)
 

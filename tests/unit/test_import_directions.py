@@ -19,8 +19,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / PACKAGE
 
 
 def modules_of(package: str) -> list[str]:
-    """Every module of a sub-package, found on disk so that a new module is checked too."""
-    return sorted(f"{package}.{path.stem}" for path in (ROOT / package).glob("*.py") if path.stem != "__init__")
+    """Every module of a sub-package and of its own sub-packages, found on disk so that a new module
+    is checked too."""
+    return sorted(".".join(path.relative_to(ROOT).with_suffix("").parts)
+                  for path in (ROOT / package).rglob("*.py") if path.stem != "__init__")
 
 
 #: (modules, packages none of them may pull in, why)

@@ -7,9 +7,9 @@ import subprocess
 import sys
 import zipfile
 
-from airflow_provider_pglogical.lakehouse.job_bundle import job_bundle, with_job_bundle
+from airflow_provider_pglogical.spark.launch import job_bundle, with_job_bundle
 
-JOBS = ("apply_changes", "verify_tables", "maintenance")
+JOBS = ("jobs.apply_changes", "jobs.verify_tables", "jobs.maintenance")
 
 
 def test_every_job_module_imports_from_the_bundle_alone(tmp_path):

@@ -1,5 +1,5 @@
 """A keyless table's small batch as the driver applies it: net copies per row value, the copies
-written and deleted, and which batches it takes (``spark/multiset_row_deltas.py``)."""
+written and deleted, and which batches it takes (``spark/row_delta/multiset_row_deltas.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pglogical.decoding.staged_tables import change_schema
-from airflow_provider_pglogical.spark.multiset_row_deltas import (
+from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import (
     copy_changes,
     multiset_ineligible,
     net_copies,

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pglogical.decoding.staged_tables import change_schema
-from airflow_provider_pglogical.spark.row_deltas import ROW_DELTA_MAX_ROWS, ineligible, last_change_per_key
+from airflow_provider_pglogical.spark.row_delta.row_deltas import ROW_DELTA_MAX_ROWS, ineligible, last_change_per_key
 from airflow_provider_pglogical.staging import contract
 
 COLUMNS = [{"name": "id", "type": "int4", "key": True}, {"name": "v", "type": "text"}]

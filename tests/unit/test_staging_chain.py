@@ -4,7 +4,7 @@ ended, and the apply finds every hole between a table's position and the end of 
 from __future__ import annotations
 
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.spark.plan import Batch, chain_holes, chain_intervals, merged, uncovered
+from airflow_provider_pglogical.spark.apply.plan import Batch, chain_holes, chain_intervals, merged, uncovered
 from airflow_provider_pglogical.staging.contract import PREVIOUS_END, format_lsn, parse_lsn
 from airflow_provider_pglogical.staging.layout import batch_name
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.spark.plan import Batch, Step, TableState, plan_table
-from airflow_provider_pglogical.spark.retention import missing_history, removable
+from airflow_provider_pglogical.spark.apply.plan import Batch, Step, TableState, plan_table
+from airflow_provider_pglogical.spark.apply.retention import missing_history, removable
 from airflow_provider_pglogical.staging.layout import batch_name
 
 A, B = "public.a", "public.b"

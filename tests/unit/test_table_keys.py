@@ -8,8 +8,8 @@ import itertools
 import pytest
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError
-from airflow_provider_pglogical.spark.plan import ApplyError, TableState
-from airflow_provider_pglogical.spark.table_identity import (
+from airflow_provider_pglogical.spark.apply.plan import ApplyError, TableState
+from airflow_provider_pglogical.spark.apply.table_identity import (
     adopt_legacy_keys,
     check_targets,
     normal_table_map,

@@ -5,7 +5,7 @@ Shared by the apply and the maintenance jobs (no Airflow import: it ships in the
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.spark.java_classes import java_class
+from airflow_provider_pglogical.spark.common.java_classes import java_class
 
 
 def session_defaults(default_parallelism: int) -> dict[str, str]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import logging
 
-from airflow_provider_pglogical.spark.identifiers import sql_string
-from airflow_provider_pglogical.spark.plan import ApplyError, Step, TableState
+from airflow_provider_pglogical.spark.common.identifiers import sql_string
+from airflow_provider_pglogical.spark.apply.plan import ApplyError, Step, TableState
 from airflow_provider_pglogical.staging.contract import (
     MULTISET_COLUMNS,
     OWNER_PROPERTY,

@@ -2,7 +2,7 @@
 
 Runs on Spark 3.5 and 4.x and imports nothing from Airflow: it ships to any cluster as this file
 plus a zip of ``spark/`` and ``staging/contract.py`` through ``py_files``
-(``lakehouse/job_bundle.py``; the operator passes it)::
+(``spark/launch.py``; the operator passes it)::
 
     spark-submit --py-files pglogical_job.zip apply_changes.py --staging-root s3a://bucket/staging --pipeline orders \\
         --catalog lake --namespace sales [--table-map '{"public.orders": "orders"}'] \\
@@ -76,20 +76,20 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from airflow_provider_pglogical.spark.driver_commits import ApplyLease, ApplyLeaseHeld
-from airflow_provider_pglogical.spark.hadoop_files import Staging, damaged_file_error, write_result
-from airflow_provider_pglogical.spark.keyed import KeyedTables
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
-from airflow_provider_pglogical.spark.multisets import Multisets
-from airflow_provider_pglogical.spark.session import (  # noqa: F401 (tune_session and the defaults: used by the tests and benchmarks)
+from airflow_provider_pglogical.spark.row_delta.driver_commits import ApplyLease, ApplyLeaseHeld
+from airflow_provider_pglogical.spark.common.hadoop_files import Staging, damaged_file_error, write_result
+from airflow_provider_pglogical.spark.apply.keyed import KeyedTables
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.apply.multisets import Multisets
+from airflow_provider_pglogical.spark.common.session import (  # noqa: F401 (tune_session and the defaults: used by the tests and benchmarks)
     create_session,
     session_defaults,
     small_shuffles,
     tune_session,
 )
-from airflow_provider_pglogical.spark.plan import ApplyError, Step, TableState, batches_that_matter, plan_table
-from airflow_provider_pglogical.spark.retention import apply_retention, prove_staging
-from airflow_provider_pglogical.spark.table_identity import adopt_legacy_keys, check_run, normal_table_map
+from airflow_provider_pglogical.spark.apply.plan import ApplyError, Step, TableState, batches_that_matter, plan_table
+from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
+from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,

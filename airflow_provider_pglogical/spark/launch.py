@@ -1,6 +1,6 @@
 """The Spark jobs' code as one zip for ``spark-submit --py-files``: ``spark/`` and the staging contract.
 
-A job's main file (``spark/apply_changes.py``) imports the modules beside it and
+A job's main file (``spark/jobs/apply_changes.py``) imports the modules beside it and
 ``staging/contract.py``. spark-submit ships only the main file to a cluster, so the operators pass
 this zip too; Spark puts it on the driver's and the executors' ``sys.path``. It holds nothing
 that needs Airflow, psycopg2 or pyarrow (``tests/unit/test_job_bundle.py`` imports every module
@@ -16,6 +16,10 @@ import zipfile
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent
+#: the spark-submit main files of the three jobs
+APPLY_JOB = PACKAGE / "spark" / "jobs" / "apply_changes.py"
+MAINTENANCE_JOB = PACKAGE / "spark" / "jobs" / "maintenance.py"
+VERIFY_JOB = PACKAGE / "spark" / "jobs" / "verify_tables.py"
 #: what the jobs import, relative to the package's parent directory
 _MEMBERS = ("__init__.py", "staging/__init__.py", "staging/contract.py", "spark/**/*.py")
 #: a fixed timestamp, so the same code gives the same zip (and the same name)

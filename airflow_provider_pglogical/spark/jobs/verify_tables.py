@@ -21,8 +21,8 @@ import json
 import re
 import sys
 
-from airflow_provider_pglogical.spark.hadoop_files import write_result
-from airflow_provider_pglogical.spark.identifiers import col, qualified
+from airflow_provider_pglogical.spark.common.hadoop_files import write_result
+from airflow_provider_pglogical.spark.common.identifiers import col, qualified
 
 RESULT_PREFIX = "PGLOGICAL_VERIFY_RESULT "
 #: hex digits of the key digest that name a bucket (``source_projection.BUCKET_DIGITS``)

@@ -34,8 +34,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing
-from airflow_provider_pglogical.spark.identifiers import col
+from airflow_provider_pglogical.spark.row_delta.driver_commits import DriverCommits, pyarrow_missing
+from airflow_provider_pglogical.spark.common.identifiers import col
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,

@@ -31,7 +31,7 @@ import os
 import signal
 import time
 
-from airflow_provider_pglogical.spark.plan import (
+from airflow_provider_pglogical.spark.apply.plan import (
     ApplyError,
     Batch,
     Step,

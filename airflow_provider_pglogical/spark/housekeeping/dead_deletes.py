@@ -15,7 +15,7 @@ manifest still lists: never higher than the truth, so a delete that may still ap
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.spark.java_classes import java_class
+from airflow_provider_pglogical.spark.common.java_classes import java_class
 
 
 def remove_dead_equality_deletes(spark, table_name: str) -> dict:

@@ -11,7 +11,7 @@ import argparse
 import datetime as dt
 from dataclasses import asdict, dataclass
 
-from airflow_provider_pglogical.spark.identifiers import quote, sql_string
+from airflow_provider_pglogical.spark.common.identifiers import quote, sql_string
 
 #: how many tables the maintenance job keeps at once (each table's steps in order)
 DEFAULT_CONCURRENCY = 4

@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 from functools import reduce
 
-from airflow_provider_pglogical.spark.identifiers import col, quote, temporary_view_name
-from airflow_provider_pglogical.spark.lakehouse_tables import BATCH_TABLE_PREFIX
-from airflow_provider_pglogical.spark.plan import ApplyError, Step, range_predicate, snapshot_details
-from airflow_provider_pglogical.spark.reduction import reduce_changes
-from airflow_provider_pglogical.spark.row_deltas import RowDeltas, ineligible
-from airflow_provider_pglogical.spark.steps import StepApplier
+from airflow_provider_pglogical.spark.common.identifiers import col, quote, temporary_view_name
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import BATCH_TABLE_PREFIX
+from airflow_provider_pglogical.spark.apply.plan import ApplyError, Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.apply.reduction import reduce_changes
+from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, ineligible
+from airflow_provider_pglogical.spark.apply.steps import StepApplier
 from airflow_provider_pglogical.staging.contract import facts_decide
 
 log = logging.getLogger("pglogical.apply")

@@ -7,10 +7,10 @@ import logging
 import re
 from typing import NamedTuple
 
-from airflow_provider_pglogical.spark.hadoop_files import local_path, unreadable_table_error
-from airflow_provider_pglogical.spark.identifiers import col, qualified, quote, sql_string
-from airflow_provider_pglogical.spark.java_classes import java_class
-from airflow_provider_pglogical.spark.plan import ApplyError, TableState
+from airflow_provider_pglogical.spark.common.hadoop_files import local_path, unreadable_table_error
+from airflow_provider_pglogical.spark.common.identifiers import col, qualified, quote, sql_string
+from airflow_provider_pglogical.spark.common.java_classes import java_class
+from airflow_provider_pglogical.spark.apply.plan import ApplyError, TableState
 from airflow_provider_pglogical.staging.contract import (
     COLUMN_EVOLUTION,
     KEY_PROPERTY,
@@ -207,7 +207,7 @@ class Lakehouse:
         """The pipeline's state rows read by pyarrow from the files of the table's current
         snapshot (Iceberg plans them: the pipeline's partition); None when Spark has to read
         them: no pyarrow, a file not on this machine's file system, or a delete file."""
-        from airflow_provider_pglogical.spark.driver_commits import pyarrow_missing, same_thread_executor
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import pyarrow_missing, same_thread_executor
 
         if pyarrow_missing() is not None:
             return None
@@ -246,7 +246,7 @@ class Lakehouse:
         it is one Iceberg commit replacing the partition's files."""
         from pyspark.sql import functions as F
 
-        from airflow_provider_pglogical.spark.driver_commits import DriverCommits, pyarrow_missing, validated_overwrite
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import DriverCommits, pyarrow_missing, validated_overwrite
 
         rows = [
             (pipeline, source, s.target, hex16(s.position), sorted(s.snapshots), s.last_batch)
@@ -394,7 +394,7 @@ class Lakehouse:
         for name, kind in MULTISET_COLUMNS.items():
             if name not in current:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ADD COLUMN {quote(name)} {kind}")
-        from airflow_provider_pglogical.spark.driver_commits import validated_overwrite
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import validated_overwrite
 
         values = [col(c) for c in current if c not in MULTISET_COLUMNS]
         read = self.iceberg_table(table).currentSnapshot()  # read at it; a commit after it refuses the overwrite

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from airflow_provider_pglogical.spark.identifiers import quote, sql_literal
+from airflow_provider_pglogical.spark.common.identifiers import quote, sql_literal
 from airflow_provider_pglogical.staging.contract import (
     MANIFEST,
     PREVIOUS_END,

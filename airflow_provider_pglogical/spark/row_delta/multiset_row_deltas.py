@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from airflow_provider_pglogical.spark.identifiers import col
-from airflow_provider_pglogical.spark.lakehouse_tables import NUMBERED_PROPERTY
+from airflow_provider_pglogical.spark.common.identifiers import col
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import NUMBERED_PROPERTY
 from airflow_provider_pglogical.spark.lookups.table_rows import TooManyRows, arrow_values, read_rows
-from airflow_provider_pglogical.spark.row_deltas import (
+from airflow_provider_pglogical.spark.row_delta.row_deltas import (
     BINARY_EQUALITY,
     FLOAT_TYPES,
     RowDeltas,

@@ -27,15 +27,15 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from airflow_provider_pglogical.spark.session import small_shuffles, tune_session
-from airflow_provider_pglogical.spark.housekeeping import (
+from airflow_provider_pglogical.spark.common.session import small_shuffles, tune_session
+from airflow_provider_pglogical.spark.housekeeping.steps import (
     DEFAULT_CONCURRENCY,
     Housekeeping,
     HousekeepingError,
     procedure_call,
 )
-from airflow_provider_pglogical.spark.dead_deletes import remove_dead_equality_deletes
-from airflow_provider_pglogical.spark.identifiers import qualified, quote
+from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 
 RESULT_PREFIX = "PGLOGICAL_MAINTENANCE_RESULT "
 #: how many orphan file paths the summary lists (it counts them all)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.spark.hadoop_files import Staging
-from airflow_provider_pglogical.spark.lakehouse_tables import Lakehouse
-from airflow_provider_pglogical.spark.plan import Batch, Step
-from airflow_provider_pglogical.spark.reduction import read_rows
+from airflow_provider_pglogical.spark.common.hadoop_files import Staging
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.apply.plan import Batch, Step
+from airflow_provider_pglogical.spark.apply.reduction import read_rows
 from airflow_provider_pglogical.staging.contract import staged_columns
 
 
@@ -35,7 +35,7 @@ class StepApplier:
         overwrite that refuses when another commit added data or deletes to the table while it ran."""
         from pyspark.sql import functions as F
 
-        from airflow_provider_pglogical.spark.driver_commits import validated_overwrite
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import validated_overwrite
 
         snapshot = self.lakehouse.iceberg_table(target).currentSnapshot()
         validated_overwrite(self.lakehouse, target, frame, F.lit(True),

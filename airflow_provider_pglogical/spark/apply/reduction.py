@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import reduce
 
-from airflow_provider_pglogical.spark.identifiers import col, quote
+from airflow_provider_pglogical.spark.common.identifiers import col, quote
 from airflow_provider_pglogical.staging.contract import COMMIT_LSN, OLD_KEY_PREFIX, OP, SEQ, UNCHANGED, staged_name
 
 

@@ -1,0 +1,1 @@
+"""What every job shares: the session, quoted identifiers, Java classes, Hadoop file access."""

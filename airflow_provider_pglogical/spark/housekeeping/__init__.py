@@ -1,0 +1,1 @@
+"""The maintenance job's steps: compaction, snapshot expiry, orphan and dead-delete removal."""

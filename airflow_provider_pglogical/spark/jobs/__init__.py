@@ -1,0 +1,1 @@
+"""The spark-submit main files: apply, maintenance, verify (``spark/launch.py`` names them)."""

@@ -1,0 +1,1 @@
+"""Small change batches committed by the driver without a MERGE (row deltas)."""
