@@ -4,7 +4,7 @@ from the footer just written, and one commit.
 
 A Spark write costs every commit its planning and jobs, 0.3-0.5 s of a 2-core machine for a
 few rows. The row deltas (``row_deltas.py``, ``multiset_row_deltas.py``) and the state commit
-that ends each round (``lakehouse_tables.py``) are small enough to write here instead.
+that ends each round (``state_table.py``) are small enough to write here instead.
 
 No commit here is blind: each names the snapshot its step read and refuses (Iceberg's
 ``ValidationException``, raised as :class:`ConcurrentCommit`) when another commit added data or

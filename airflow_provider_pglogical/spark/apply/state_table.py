@@ -1,0 +1,156 @@
+"""The apply job's state table: per pipeline and source table, the position the lakehouse holds.
+
+A mixin of :class:`~airflow_provider_pglogical.spark.apply.lakehouse_tables.Lakehouse`, which gives
+it ``spark``, ``name``, ``loaded_table`` and ``iceberg_table``; kept apart so each stays short.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_pglogical.spark.apply.plan import TableState
+from airflow_provider_pglogical.spark.common.hadoop_files import local_path
+from airflow_provider_pglogical.spark.common.identifiers import col, sql_string
+from airflow_provider_pglogical.spark.common.java_classes import java_class
+from airflow_provider_pglogical.staging.contract import STATE_TABLE, hex16
+
+#: every commit writes a ``v<N>.metadata.json``: keep the last 100 and delete older ones at commit,
+#: so a table's metadata stays flat however often it is applied (the state table commits every round)
+METADATA_PROPERTIES = {"write.metadata.delete-after-commit.enabled": "true",
+                       "write.metadata.previous-versions-max": "100"}
+
+
+def metadata_properties() -> str:
+    """:data:`METADATA_PROPERTIES` as the tail of a ``TBLPROPERTIES (...)`` list."""
+    return "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in METADATA_PROPERTIES.items())
+
+
+#: the state table's columns a run reads, in ``TableState``'s order after the source table
+_STATE_COLUMNS = ("source_table", "target_table", "position", "applied_snapshots", "last_batch")
+
+
+class StateTable:
+    """Reading and writing this job's state table (one partition per pipeline)."""
+
+    _state_snapshots: dict[str, int | None]
+
+    def read_state(self, pipeline: str) -> dict[str, TableState]:
+        """This pipeline's rows of the state table (created when missing).
+
+        The driver reads the rows' Parquet files itself where it can (``_state_rows_by_driver``):
+        in a fresh JVM a Spark query of the table costs 2-3 s, most of a small tick's job."""
+        table = self.state_table()
+        snapshot = table.currentSnapshot()  # what is read (the catalog's table, Spark's too)
+        self._state_snapshots[pipeline] = snapshot.snapshotId() if snapshot is not None else None
+        rows = self._state_rows_by_driver(table, pipeline)
+        if rows is None:
+            rows = [tuple(row) for row in self.spark.table(self.name(STATE_TABLE))
+                    .where(col("pipeline") == pipeline).select(*_STATE_COLUMNS).collect()]
+        return {
+            source: TableState(target, int(position, 16), set(snapshots or ()), last_batch)
+            for source, target, position, snapshots, last_batch in rows
+        }
+
+    def state_table(self):
+        """The state table (Iceberg's Java table), created on first use (by one of two applies that
+        start at once: the other finds it)."""
+        table = self.loaded_table(STATE_TABLE)
+        if table is not None:
+            return table
+        try:
+            self._create_state_table()
+        except Exception:
+            table = self.loaded_table(STATE_TABLE)
+            if table is None:
+                raise
+            return table
+        return self.iceberg_table(STATE_TABLE)
+
+    def _create_state_table(self) -> None:
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {self.name(STATE_TABLE)} (pipeline string NOT NULL, "
+            "source_table string NOT NULL, target_table string, position string, applied_snapshots array<string>, "
+            "last_batch string, updated_at timestamp) USING iceberg PARTITIONED BY (pipeline) "
+            "TBLPROPERTIES ('format-version'='2', 'write.update.mode'='copy-on-write', "
+            "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write'"
+            + metadata_properties() + ")"
+        )
+
+    def _state_rows_by_driver(self, table, pipeline: str) -> list[tuple] | None:
+        """The pipeline's state rows read by pyarrow from the files of the table's current
+        snapshot (Iceberg plans them: the pipeline's partition); None when Spark has to read
+        them: no pyarrow, a file not on this machine's file system, or a delete file."""
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import pyarrow_missing, same_thread_executor
+
+        if pyarrow_missing() is not None:
+            return None
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal("pipeline", pipeline)
+        tasks = table.newScan().filter(matching).planWith(same_thread_executor(self.spark)).planFiles()
+        paths = []
+        try:
+            found = tasks.iterator()
+            while found.hasNext():
+                task = found.next()
+                path = local_path(self.spark, task.file().location())
+                if path is None or not task.deletes().isEmpty():
+                    return None
+                paths.append(path)
+        finally:
+            tasks.close()
+        rows: list[tuple] = []
+        for path in paths:
+            read = pq.read_table(path)
+            if not {"pipeline", *_STATE_COLUMNS} <= set(read.column_names):
+                return None  # a file of another layout: Spark maps it by Iceberg's field ids
+            read = read.filter(pc.equal(read["pipeline"], pipeline))
+            rows.extend(zip(*(read[name].to_pylist() for name in _STATE_COLUMNS)))
+        return rows
+
+    def write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
+        """Replace this pipeline's rows of the state table in one commit, which refuses when another
+        commit changed them since this run read or wrote them (``ConcurrentCommit``).
+
+        The driver writes the rows' Parquet file and commits it itself (``DriverCommits.replace_partition``)
+        where pyarrow is importable (``driver_commits.py``): a Spark write cost every round 0.3-0.5 s of a small tick.
+        Else, or with ``by_driver=False``, Spark overwrites the pipeline's partition. Either way
+        it is one Iceberg commit replacing the partition's files."""
+        from pyspark.sql import functions as F
+
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import DriverCommits, pyarrow_missing, validated_overwrite
+
+        rows = [
+            (pipeline, source, s.target, hex16(s.position), sorted(s.snapshots), s.last_batch)
+            for source, s in sorted(states.items())
+        ]
+        read_at = self._state_snapshots.get(pipeline)
+        if by_driver and pyarrow_missing() is None:
+            writer = DriverCommits(self.spark, self)
+            table = writer.load(STATE_TABLE)
+            self._state_snapshots[pipeline] = writer.replace_partition(
+                table, self._state_rows(writer, table, rows), "pipeline", pipeline, read_at=read_at)
+            return
+        schema = ("pipeline string, source_table string, target_table string, position string, "
+                  "applied_snapshots array<string>, last_batch string")
+        frame = self.spark.createDataFrame(rows, schema).withColumn("updated_at", F.current_timestamp())
+        written = validated_overwrite(self, STATE_TABLE, frame, col("pipeline") == F.lit(pipeline), read_at)
+        # its own snapshot, not the table's newest (another writer's commit after it must still conflict)
+        self._state_snapshots[pipeline] = written if written is not None else read_at
+
+    @staticmethod
+    def _state_rows(writer, table, rows: list[tuple]):
+        """The state rows as an Arrow table with the state table's field ids, stamped now."""
+        import datetime
+
+        import pyarrow as pa
+
+        names = ["pipeline", "source_table", "target_table", "position", "applied_snapshots", "last_batch"]
+        kinds = [pa.string(), pa.string(), pa.string(), pa.string(), pa.list_(pa.string()), pa.string()]
+        schema = table.schema()
+        fields = [writer.arrow_field(schema, name, kind) for name, kind in zip(names, kinds)]
+        arrays = [pa.array([row[i] for row in rows], type=kind) for i, kind in enumerate(kinds)]
+        now = datetime.datetime.now(datetime.timezone.utc)
+        fields.append(writer.arrow_field(schema, "updated_at", pa.timestamp("us", "UTC")))
+        arrays.append(pa.array([now] * len(rows), type=pa.timestamp("us", "UTC")))
+        return pa.Table.from_arrays([array.cast(field.type) for array, field in zip(arrays, fields)],
+                                    schema=pa.schema(fields))
