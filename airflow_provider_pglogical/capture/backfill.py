@@ -24,7 +24,8 @@ from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import PipelineStateError, PublicationError
 from airflow_provider_pglogical.management import validation
 from airflow_provider_pglogical.capture.initial_sync import require_tables, snapshot_result
-from airflow_provider_pglogical.staging.contract import decimal_of, override_key
+from airflow_provider_pglogical.staging.contract import override_key
+from airflow_provider_pglogical.staging.column_types import decimal_of
 from airflow_provider_pglogical.staging.typemap import check_overrides
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming, write_record
 from airflow_provider_pglogical.management.published import ResolvedTable

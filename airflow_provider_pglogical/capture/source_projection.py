@@ -24,7 +24,8 @@ from psycopg2 import sql
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.management.validation import check_table_map
-from airflow_provider_pglogical.staging.contract import column_type, default_target_name
+from airflow_provider_pglogical.staging.contract import default_target_name
+from airflow_provider_pglogical.staging.column_types import column_type
 from airflow_provider_pglogical.staging.typemap import apply_overrides
 
 VERIFY_DIR = "_verify"

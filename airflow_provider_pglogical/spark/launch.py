@@ -1,10 +1,11 @@
-"""The Spark jobs' code as one zip for ``spark-submit --py-files``: ``spark/`` and the staging contract.
+"""How a Spark job is launched: its main file, and the jobs' code as one zip for ``--py-files``.
 
-A job's main file (``spark/jobs/apply_changes.py``) imports the modules beside it and
-``staging/contract.py``. spark-submit ships only the main file to a cluster, so the operators pass
-this zip too; Spark puts it on the driver's and the executors' ``sys.path``. It holds nothing
-that needs Airflow, psycopg2 or pyarrow (``tests/unit/test_job_bundle.py`` imports every module
-from it alone). Built once per content, named by its hash, in the temporary directory.
+A job's main file (``spark/jobs/apply_changes.py``) imports the modules of ``spark/`` and the
+staging contract (``staging/contract.py``, ``staging/column_types.py``). spark-submit ships only
+the main file to a cluster, so the operators pass this zip too; Spark puts it on the driver's and
+the executors' ``sys.path``. It holds nothing that needs Airflow, psycopg2 or pyarrow
+(``tests/unit/test_job_bundle.py`` imports every module from it alone). Built once per content,
+named by its hash, in the temporary directory.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ APPLY_JOB = PACKAGE / "spark" / "jobs" / "apply_changes.py"
 MAINTENANCE_JOB = PACKAGE / "spark" / "jobs" / "maintenance.py"
 VERIFY_JOB = PACKAGE / "spark" / "jobs" / "verify_tables.py"
 #: what the jobs import, relative to the package's parent directory
-_MEMBERS = ("__init__.py", "staging/__init__.py", "staging/contract.py", "spark/**/*.py")
+_MEMBERS = ("__init__.py", "staging/__init__.py", "staging/contract.py", "staging/column_types.py",
+            "spark/**/*.py")
 #: a fixed timestamp, so the same code gives the same zip (and the same name)
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 

@@ -19,7 +19,7 @@ from typing import Mapping
 import pyarrow as pa
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError
-from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging import column_types, contract
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class MappedType:
 
 #: base PostgreSQL type name (``pg_type.typname``) -> (Arrow type, parser); numeric and arrays are
 #: handled in :func:`map_type`, anything not listed travels as its text. The Spark type comes from
-#: the staging contract (``contract.spark_type``), the rule the Spark job applies too.
+#: the staging contract (``column_types.spark_type``), the rule the Spark job applies too.
 _ARROW: dict[str, tuple[pa.DataType, str]] = {
     "bool": (pa.bool_(), "bool"),
     # Iceberg has no 16-bit integer: int2 widens to int.
@@ -52,7 +52,7 @@ _ARROW: dict[str, tuple[pa.DataType, str]] = {
     # interval (Iceberg has none), uuid (Spark cannot write Iceberg's uuid type).
 }
 _STRING = MappedType(pa.string(), "string", "text")
-MAX_DECIMAL_PRECISION = contract.MAX_DECIMAL_PRECISION
+MAX_DECIMAL_PRECISION = column_types.MAX_DECIMAL_PRECISION
 
 
 def map_type(type_name: str, *, element_type: str | None = None, formatted: str | None = None) -> MappedType:
@@ -62,9 +62,9 @@ def map_type(type_name: str, *, element_type: str | None = None, formatted: str 
     :param element_type: for arrays, the element's ``typname``.
     :param formatted: ``format_type(oid, typmod)`` (``numeric(12,2)``), needed for numeric.
     """
-    spark = contract.spark_type(type_name, element_type, formatted)
+    spark = column_types.spark_type(type_name, element_type, formatted)
     if type_name == "numeric":
-        decimal = contract.decimal_of(formatted)
+        decimal = column_types.decimal_of(formatted)
         # Unconstrained numeric (or precision > 38) has no exact Spark decimal: keep its text.
         return MappedType(pa.decimal128(*decimal), spark, "decimal") if decimal else _STRING
     if element_type is not None:
@@ -79,7 +79,7 @@ def map_type(type_name: str, *, element_type: str | None = None, formatted: str 
 
 
 #: lakehouse types a column can be overridden to, by name; each is lossless for every PostgreSQL type
-OVERRIDE_TYPES: dict[str, MappedType] = {name: _STRING for name in contract.OVERRIDE_TYPES}
+OVERRIDE_TYPES: dict[str, MappedType] = {name: _STRING for name in column_types.OVERRIDE_TYPES}
 
 
 def map_column(entry: Mapping) -> MappedType:

@@ -19,9 +19,9 @@ from airflow_provider_pglogical.staging.contract import (
     OCCURRENCE,
     OWNER_PROPERTY,
     WRITTEN_BY,
-    column_type,
     is_multiset,
 )
+from airflow_provider_pglogical.staging.column_types import column_type
 
 log = logging.getLogger("pglogical.apply")
 

@@ -19,7 +19,7 @@ def read_rows(spark, files: list[str], staged: dict[str, str], types: dict[str, 
               changes: bool):
     """The batch's rows of one table: value columns cast to their lakehouse type (+ metadata).
 
-    :param staged: the files' columns and Spark types (``contract.staged_columns``).
+    :param staged: the files' columns and Spark types (``column_types.staged_columns``).
     Change rows also get ``__op``, ``__lsn``, ``__seq``, ``__u`` (unchanged-TOAST column names)
     and ``__old{i}`` (the old key of an UPDATE or DELETE).
     """

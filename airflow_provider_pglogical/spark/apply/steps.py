@@ -6,7 +6,7 @@ from airflow_provider_pglogical.spark.common.hadoop_files import Staging
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.apply.plan import Batch, Step
 from airflow_provider_pglogical.spark.apply.reduction import read_rows
-from airflow_provider_pglogical.staging.contract import staged_columns
+from airflow_provider_pglogical.staging.column_types import staged_columns
 
 
 class StepApplier:

@@ -44,9 +44,9 @@ from airflow_provider_pglogical.staging.contract import (
     OP,
     SEQ,
     UNCHANGED,
-    column_type,
     staged_name,
 )
+from airflow_provider_pglogical.staging.column_types import column_type
 
 log = logging.getLogger("pglogical.apply")
 
