@@ -27,7 +27,7 @@ from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.spark.apply.plan import Batch, TableState
 from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, is_in, plain_value, readable
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows, read_rows
-from airflow_provider_pglogical.spark.apply.plan import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging import contract
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session

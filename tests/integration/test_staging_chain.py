@@ -23,7 +23,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.spark.jobs import apply_changes
-from airflow_provider_pglogical.spark.apply.plan import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
 from tests.support.spark_jobs import reading_session
 

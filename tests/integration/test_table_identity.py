@@ -20,7 +20,7 @@ from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.exceptions import PublicationError
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.spark.jobs import apply_changes
-from airflow_provider_pglogical.spark.apply.plan import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging.contract import OWNER_PROPERTY, STATE_TABLE, default_target_name
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
 from tests.support.spark_jobs import applying_session

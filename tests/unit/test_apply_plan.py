@@ -8,7 +8,8 @@ from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.staging.layout import batch_name
 from airflow_provider_pglogical.spark.jobs.apply_changes import parse_args
 from airflow_provider_pglogical.spark.common.identifiers import quote
-from airflow_provider_pglogical.spark.apply.plan import ApplyError, Batch, TableState, plan_table, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import Batch, TableState, plan_table, range_predicate, snapshot_details
 from airflow_provider_pglogical.staging.contract import default_target_name, hex16, parse_batch_name
 
 T = "public.orders"

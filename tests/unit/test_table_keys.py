@@ -8,7 +8,8 @@ import itertools
 import pytest
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError
-from airflow_provider_pglogical.spark.apply.plan import ApplyError, TableState
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import TableState
 from airflow_provider_pglogical.spark.apply.table_identity import (
     adopt_legacy_keys,
     check_targets,

@@ -9,7 +9,8 @@ from functools import reduce
 
 from airflow_provider_pglogical.spark.common.identifiers import col, quote, temporary_view_name
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import BATCH_TABLE_PREFIX
-from airflow_provider_pglogical.spark.apply.plan import ApplyError, Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.apply.reduction import reduce_changes
 from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, ineligible
 from airflow_provider_pglogical.spark.apply.steps import StepApplier

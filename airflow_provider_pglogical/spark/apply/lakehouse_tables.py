@@ -10,7 +10,7 @@ from typing import NamedTuple
 from airflow_provider_pglogical.spark.common.hadoop_files import unreadable_table_error
 from airflow_provider_pglogical.spark.common.identifiers import col, qualified, quote, sql_string
 from airflow_provider_pglogical.spark.common.java_classes import java_class
-from airflow_provider_pglogical.spark.apply.plan import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.state_table import StateTable, metadata_properties
 from airflow_provider_pglogical.staging.contract import (
     COLUMN_EVOLUTION,

@@ -7,7 +7,8 @@ from functools import reduce
 
 from airflow_provider_pglogical.spark.common.identifiers import col, quote, sql_string, temporary_view_name
 from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import MultisetRowDeltas, multiset_ineligible
-from airflow_provider_pglogical.spark.apply.plan import ApplyError, Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.apply.reduction import after_truncate, from_position_on, last_truncate
 from airflow_provider_pglogical.spark.apply.steps import StepApplier
 from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY, facts_decide

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.identifiers import quote, sql_literal
 from airflow_provider_pglogical.staging.contract import (
     MANIFEST,
@@ -18,10 +19,6 @@ from airflow_provider_pglogical.staging.contract import (
     parse_batch_name,
     parse_lsn,
 )
-
-
-class ApplyError(RuntimeError):
-    """A batch cannot be applied as staged; the message names the batch, the table and the fix."""
 
 
 @dataclass

@@ -31,8 +31,8 @@ import os
 import signal
 import time
 
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.plan import (
-    ApplyError,
     Batch,
     Step,
     TableState,

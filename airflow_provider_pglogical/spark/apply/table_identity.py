@@ -18,7 +18,8 @@ import json
 import logging
 
 from airflow_provider_pglogical.spark.common.identifiers import sql_string
-from airflow_provider_pglogical.spark.apply.plan import ApplyError, Step, TableState
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import Step, TableState
 from airflow_provider_pglogical.staging.contract import (
     MULTISET_COLUMNS,
     OWNER_PROPERTY,

@@ -18,7 +18,8 @@ import json
 import os
 
 from airflow_provider_pglogical.spark.common.java_classes import java_class
-from airflow_provider_pglogical.spark.apply.plan import ApplyError, Batch
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import Batch
 from airflow_provider_pglogical.staging.contract import (
     FILE_SHA256,
     FILE_SIZE,

@@ -87,7 +87,8 @@ from airflow_provider_pglogical.spark.common.session import (  # noqa: F401 (tun
     small_shuffles,
     tune_session,
 )
-from airflow_provider_pglogical.spark.apply.plan import ApplyError, Step, TableState, batches_that_matter, plan_table
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.staging.contract import (

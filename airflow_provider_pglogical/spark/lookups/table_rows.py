@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 
 from airflow_provider_pglogical.spark.common.java_classes import java_class
-from airflow_provider_pglogical.spark.apply.plan import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 
 _EPOCH = datetime.date(1970, 1, 1)
 

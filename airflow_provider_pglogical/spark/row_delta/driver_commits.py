@@ -27,7 +27,7 @@ import uuid
 
 from airflow_provider_pglogical.spark.common.hadoop_files import local_path
 from airflow_provider_pglogical.spark.common.java_classes import java_class
-from airflow_provider_pglogical.spark.apply.plan import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging.contract import APPLY_LEASE_PROPERTY_PREFIX
 
 log = logging.getLogger("pglogical.apply")
