@@ -68,7 +68,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="100,1000,5000")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
+    if args.tiny:
+        args.batches, args.repeat = "20", 1
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         baseline = statistics.median(bare_spark_submit_seconds(tmp_path) for _ in range(args.repeat))

@@ -73,7 +73,10 @@ def main() -> None:
     parser.add_argument("--variants", default="default,no-facts")
     parser.add_argument("--ticks", type=int, default=7)
     parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
+    if args.tiny:
+        args.ticks, args.rows = 1, 500
     names = args.variants.split(",")
     quiet_logs()
     with tempfile.TemporaryDirectory() as tmp, bench_tick.cluster("bench_mixed_ab") as pg:

@@ -136,7 +136,10 @@ def main() -> None:
     parser.add_argument("--driver-jvm", default="none,c1", help="of none, c1, cds, c1+cds")
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
+    if args.tiny:
+        args.ticks, args.rows, args.quick_jit = 1, 500, "on"
     quiet_logs()
     with tempfile.TemporaryDirectory() as tmp, bench_tick.cluster("bench_mixed") as pg:
         tmp_path = Path(tmp)

@@ -42,7 +42,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dlt-python", default=None, help="a Python with dlt[parquet] and connectorx installed")
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
+    if args.tiny:
+        args.rows, args.repeat = 2000, 1
     with cluster("benchsnap") as pg:
         pg.execute(sql.SQL(TABLE).format(rows=sql.Literal(args.rows)))
         pg.execute("VACUUM ANALYZE bench")

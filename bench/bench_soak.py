@@ -485,7 +485,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
-    return parser.parse_args(argv)
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
+    args = parser.parse_args(argv)
+    if args.tiny:  # a housekeeping run and a report included
+        args.ticks, args.tables, args.rows, args.changes_per_tick, args.maintenance_every = 3, 2, 50, 20, 2
+    return args
 
 
 def main() -> int:

@@ -93,7 +93,8 @@ def session(warehouse: Path, conf: dict[str, str]):
 
 
 def spark_jobs(spark) -> list[dict]:
-    url = f"http://127.0.0.1:{UI_PORT}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
+    # the UI's own address: another Spark on the machine may hold UI_PORT, and Spark takes the next
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/jobs"
     with urllib.request.urlopen(url) as response:
         return json.load(response)
 
@@ -138,7 +139,10 @@ def main() -> None:
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="bench_tick's workload: the same rows updated every tick, or rows drawn anew")
     parser.add_argument("--cpu", action="store_true", help="print each tick's CPU seconds by process and JVM thread")
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
+    if args.tiny:  # tick 3 is the first one profiled
+        args.tables, args.ticks, args.cpu = 1, 3, True
     conf = dict(item.split("=", 1) for item in args.conf)
     quiet_logs()
     instrument()

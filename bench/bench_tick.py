@@ -296,7 +296,10 @@ def main() -> None:
                         help="ticks mode: driver JVM options to compare tick by tick, of none, c1, cds, c1+cds")
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="ticks mode: the 70 updates per table hit the same rows every tick, or rows drawn anew")
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
+    if args.tiny:
+        args.tables, args.ticks = args.tables or "1", args.ticks or (1 if args.mode == "ticks" else 2)
     if args.mode == "ticks":
         args.tables, args.ticks = args.tables or "1,10,50,200", args.ticks or 3
         ticks(args)
