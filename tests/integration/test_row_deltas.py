@@ -6,7 +6,8 @@ table's duplicates and all-NULL rows, a step applied twice (a crash before its s
 maintenance folding the equality deletes in.
 
 A real pull stages the batches; the job runs in-process over them twice, with and without row
-deltas, into two namespaces of one warehouse.
+deltas, into two namespaces of one warehouse (the module's ``lake`` fixture, shared by the tests
+below, which run in this order: the later ones apply further ticks to the ``delta`` namespace).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import json
 import shutil
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from airflow_provider_pglogical.spark.common import hadoop_files
@@ -29,7 +32,9 @@ from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, is_
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows, read_rows
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.embedded.postgres import available_servers
 from tests.integration.sync_helpers import pull, synced
+from tests.support.databases import Database, drop_database, new_database
 from tests.support.spark_jobs import reading_session
 
 SOURCE = r"""
@@ -174,172 +179,240 @@ def same_copies(spark, namespace: str, batch: str) -> int:
     return sum(count for count, _ in copies.values())
 
 
-@pytest.mark.spark
-def test_row_deltas_leave_the_lakehouse_as_a_merge_does(publisher, publisher_hook, tmp_path, monkeypatch):
+@dataclass
+class Lake:
+    """The module's pipeline: its source, staging, the two batches pulled and the applies' results."""
+
+    publisher: Database
+    hook: object
+    root: Path
+    storage: object
+    #: the first batch alone, as a run that crashed before its state commit saw it
+    partial: Path
+    batches: list[str]
+    #: per batch, every table's source rows right after it
+    expected: list[dict[str, Counter]]
+    spark: object
+    #: the job's result per namespace: ``delta`` (row deltas) and ``merge`` (none)
+    runs: dict[str, dict]
+
+    def pull(self) -> str:
+        return pull(self.hook, self.storage)
+
+    def apply(self, namespace: str = "delta", **options) -> dict:
+        return apply_changes.run(self.spark, self.root.as_uri(), "p", "lake", namespace, **options)
+
+
+@pytest.fixture(scope="module")
+def lake(cluster_pool, tmp_path_factory):
+    """Sync, two pulls (FIRST, SECOND), and both batches applied into ``delta`` and ``merge``."""
+    from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+
+    env = pytest.MonkeyPatch()
+    publisher = new_database(cluster_pool.get("publisher", next(iter(available_servers()))), "publisher", env.setenv)
+    hook = PgLogicalHook(postgres_conn_id=publisher.conn_id)
+    tmp_path = tmp_path_factory.mktemp("row-deltas")
     root = tmp_path / "staging"
-    storage = synced(publisher, publisher_hook, root, SOURCE, COLUMNS)
+    storage = synced(publisher, hook, root, SOURCE, COLUMNS)
     batches, expected = [], []
     for statements in (FIRST, SECOND):
         publisher.execute(statements)
-        batches.append(pull(publisher_hook, storage))
+        batches.append(pull(hook, storage))
         expected.append({table: source_rows(publisher, table) for table in COLUMNS})
-    first = batches[0]
-    # the first batch alone, as a run that crashed before its state commit saw it
     partial = tmp_path / "staging-first"
     shutil.copytree(root, partial)
     shutil.rmtree(partial / "p" / batches[1])
     record = json.loads((partial / "p" / "_pipeline.json").read_text())  # as the first pull left it
     record["staged_through"] = str(parse_batch_name(batches[0])[1])
     (partial / "p" / "_pipeline.json").write_text(json.dumps(record))
-
     spark = reading_session(tmp_path / "warehouse", "test-row-deltas")
     try:
         apply_changes.tune_session(spark)
         runs = {namespace: apply_changes.run(spark, root.as_uri(), "p", "lake", namespace, row_deltas=deltas)
                 for namespace, deltas in (("delta", True), ("merge", False))}
-        ways = {namespace: {(s["table"], s["batch"]): s["row_delta"] for s in result["steps"] if s["kind"] == "changes"}
-                for namespace, result in runs.items()}
-        # every change step (docs keeps TOAST values, looked up in the lakehouse by key) but the
-        # keyless table with a binary column: Iceberg 1.9 loses equality deletes on one
-        # (apache/iceberg#11239), so it is MERGEd, and ends exact all the same
-        blobs = {step: way for step, way in ways["delta"].items() if step[0] == "public.blobs"}
-        assert blobs and not any(blobs.values()), ways
-        assert all(way for step, way in ways["delta"].items() if step[0] != "public.blobs"), ways
-        assert ("public.docs", first) in ways["delta"] and ("public.bag", first) in ways["delta"], ways
-        assert not any(ways["merge"].values())
-        # no Spark work: docs' kept values and bag's copies are read through Iceberg's reader
-        # in the driver (lookups.table_rows)
-        assert all(s["spark_jobs"] == 0 for s in runs["delta"]["steps"] if s["row_delta"])
-        for table in COLUMNS:
-            assert lakehouse_rows(spark, "delta", table) == lakehouse_rows(spark, "merge", table), table
-            assert lakehouse_rows(spark, "delta", table) == expected[1][table], table
-        # the driver's count of a keyless table's copies is Spark's: over equality deletes on
-        # (values, copy number) with NULLs, and over a MERGE's position deletes
-        bag_rows = sum(expected[1]["bag"].values())
-        assert same_copies(spark, "delta", batches[1]) == same_copies(spark, "merge", batches[1]) == bag_rows
-
-        # maintenance rewrites the data files the equality deletes apply to, then removes the
-        # deletes that apply to nothing any more; the rows stay, and the next tick applies as before
-        assert deletes_by_age(spark, "delta", "kinds")["applying"] > 0
-        done = maintenance.run(spark, "lake", "delta", ["public__kinds", "public__lines"])
-        assert done["tables"]["public__kinds"]["remove_dead_equality_deletes"]["removed_equality_delete_files_count"] > 0
-        for table in ("kinds", "lines"):
-            assert deletes_by_age(spark, "delta", table) == {"applying": 0, "older": 0, "live": 0}, table
-            assert lakehouse_rows(spark, "delta", table) == expected[1][table], table
-        publisher.execute(THIRD)
-        pull(publisher_hook, storage)
-        third = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")
-        assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
-        # docs' kept values are read through Iceberg's reader: no Spark query, whichever commit
-        # (the driver's row delta, a MERGE) wrote the rows they come from
-        docs = [s for s in third["steps"] if s["table"] == "public.docs"]
-        assert [(s["row_delta"], s["spark_jobs"]) for s in docs] == [(True, 0)], docs
-        assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-        lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
-        docs_table = lakehouse.iceberg_table("public__docs")
-        for statement in ("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 205); DELETE FROM docs WHERE id = 2",
-                          "UPDATE docs SET qty = qty + 1 WHERE id IN (1, 3); DELETE FROM docs WHERE id = 205"):
-            publisher.execute(statement)
-            pull(publisher_hook, storage)
-            steps = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta")["steps"]
-            assert [(s["row_delta"], s["spark_jobs"]) for s in steps if s["table"] == "public.docs"] == [(True, 0)]
-            assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-        for statement, deltas in ((DOCS_CHANGED, False), (DOCS_KEPT, True)):
-            publisher.execute(statement)
-            pull(publisher_hook, storage)
-            steps = apply_changes.run(spark, root.as_uri(), "p", "lake", "delta", row_deltas=deltas)["steps"]
-            docs = [s for s in steps if s["table"] == "public.docs"]
-            assert [s["row_delta"] for s in docs] == [deltas], docs
-            assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-            if not deltas:  # after the MERGE (position deletes) and the row deltas (equality
-                # deletes), the driver's read of the table's files is Spark's
-                docs_table.refresh()
-                ids = [*range(1, 12), 104, 205, 999]
-                present = publisher.query(f"SELECT count(*) FROM docs WHERE id IN ({', '.join(map(str, ids))})")[0][0]
-                assert same_lookup(spark, docs_table, "public__docs", "id", ["doc", "qty"], ids) == present > 0
-        assert docs[0]["spark_jobs"] == 0, docs  # after the MERGE too: read through Iceberg's reader
-        # every type a lookup reads, after maintenance and the third batch's row delta; a keyless
-        # table's equality deletes on its values are not read by the driver
-        kinds_table = lakehouse.iceberg_table("public__kinds")
-        # the job takes a table's Spark types from Iceberg's conversion, not a Spark analysis: the same
-        for target in ("public__kinds", "public__bag", "public__docs"):
-            by_spark = {f.name: f.dataType.simpleString() for f in spark.table(lakehouse.name(target)).schema.fields}
-            assert lakehouse.spark_types(lakehouse.iceberg_table(target)) == by_spark, target
-        assert lakehouse.exists("public__kinds") and not lakehouse.exists("public__absent")
-        kinds_columns = ["flag", "small", "n", "f8", "note", "raw", "day", "at", "at_tz", "amount", "tags", "words"]
-        ids = [*range(0, 12), 207, 301]
-        present = publisher.query(f"SELECT count(*) FROM kinds WHERE id IN ({', '.join(map(str, ids))})")[0][0]
-        assert same_lookup(spark, kinds_table, "public__kinds", "id", kinds_columns, ids) == present > 0
-        bag_table = lakehouse.iceberg_table("public__bag")
-        with pytest.raises(ApplyError, match="holds two rows under key big"):  # not a key: refused, not guessed
-            lookup_rows(spark, bag_table, bag_table.currentSnapshot().snapshotId(), "big", ["note"], [0, 1], "bag")
-
-        # a step applied again (the data committed, the state not): the same rows, none twice.
-        # The first run reads staging and writes its files with Python (a file: location); the
-        # second through Hadoop's FileSystem and Iceberg's FileIO, as on any other location
-        assert local_path(spark, "file:///w/a b/f.parquet") == local_path(spark, "file:/w/a b/f.parquet") == "/w/a b/f.parquet"
-        assert [local_path(spark, uri) for uri in ("s3a://bucket/w/f", "hdfs://nn:8020/w/f", "/w/f")] == [None] * 3
-        # the plain forms are parsed without the JVM, as Hadoop's Path parses them
-        for uri in ("file:/w/a b/f.parquet", "file:///w/x-1/f_2.parquet", "file:/w/ü/f", "file:/w/a%20b/f",
-                    "file:/w//f", "file:/w/./f", "file:/w/f/", "file://host/w/f", "file:////w/f"):
-            plain = hadoop_files._plain_file_path(uri)
-            parsed = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri).toUri()
-            by_hadoop = parsed.getPath() if parsed.getScheme() == "file" and not parsed.getAuthority() else None
-            assert plain == by_hadoop if uri.startswith(("file:/w/a b", "file:///w/x", "file:/w/ü")) \
-                else plain is None or plain == by_hadoop, uri
-            assert local_path(spark, uri) == by_hadoop, uri
-        apply_changes.run(spark, partial.as_uri(), "p", "lake", "again", row_deltas=True)
-        monkeypatch.setattr(hadoop_files, "local_path", lambda spark, uri: None)
-        monkeypatch.setattr(driver_commits, "local_path", lambda spark, uri: None)
-        staging = Staging(spark, partial.as_uri(), "p")
-        batch = Batch.parse(first)
-        batch.manifest = staging.read_manifest(batch)
-        deltas = RowDeltas(spark, staging, Lakehouse(spark, "lake", "again", "merge-on-read", None))
-        copies = MultisetRowDeltas(spark, staging, Lakehouse(spark, "lake", "again", "merge-on-read", None))
-        for source in ("public.kinds", "public.lines", "public.docs", "public.bag"):
-            target = contract.default_target_name(source)
-            table = deltas.load(target)
-            types = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.again.{target}").schema.fields}
-            files, manifest = staging.files(batch, source), batch.manifest["tables"][source]
-            if source == "public.bag":
-                copies.apply(table, target, files, manifest, types, first)
-            else:
-                deltas.apply(table, target, files, manifest, types)
-        for table in COLUMNS:
-            assert lakehouse_rows(spark, "again", table) == expected[0][table], table
-        monkeypatch.undo()
-
-        # the state commit: written by the driver (pyarrow here), or by Spark where the driver
-        # has no pyarrow; either replaces the pipeline's partition in one commit, and reads back
-        lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
-        states = lakehouse.read_state("p")
-        assert set(states) == {f"public.{table}" for table in COLUMNS}
-
-        def facts(read: dict) -> dict:
-            return {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in read.items()}
-
-        state_table = lakehouse.state_table()
-        for by_driver in (False, True, True):
-            lakehouse.write_state("p", states, by_driver=by_driver)
-            assert facts(lakehouse.read_state("p")) == facts(states)
-            assert spark.sql("SELECT count(*) AS n FROM lake.delta._pglogical_state.files").first().n == 1
-            # the driver read those rows itself, whoever wrote them (no Spark query)
-            state_table.refresh()
-            assert lakehouse._state_rows_by_driver(state_table, "p") is not None
-        # another pipeline's rows are another partition: neither read sees the other's
-        lakehouse.write_state("q", {"public.other": TableState("public__other", 7, {"s"}, "b")})
-        assert facts(lakehouse.read_state("p")) == facts(states)
-        assert facts(lakehouse.read_state("q")) == {"public.other": ("public__other", 7, {"s"}, "b")}
-        # a delete file (another writer's merge-on-read DELETE): the driver leaves the read to
-        # Spark, which applies it; the next state commit replaces the partition's files
-        spark.sql("ALTER TABLE lake.delta._pglogical_state SET TBLPROPERTIES ('write.delete.mode'='merge-on-read')")
-        spark.sql("DELETE FROM lake.delta._pglogical_state WHERE pipeline = 'p' AND source_table = 'public.bag'")
-        state_table.refresh()
-        assert lakehouse._state_rows_by_driver(state_table, "p") is None
-        assert facts(lakehouse.read_state("p")) == {s: f for s, f in facts(states).items() if s != "public.bag"}
-        lakehouse.write_state("p", states)
-        assert facts(lakehouse.read_state("p")) == facts(states)
-        state_table.refresh()  # the delete applied to files that are gone: the driver reads again
-        assert lakehouse._state_rows_by_driver(state_table, "p") is not None
+        yield Lake(publisher, hook, root, storage, partial, batches, expected, spark, runs)
     finally:
         spark.stop()
+        drop_database(publisher)
+        env.undo()
+
+
+@pytest.mark.spark
+def test_small_batches_apply_as_row_deltas_and_end_as_a_merge_ends(lake):
+    spark, runs = lake.spark, lake.runs
+    ways = {namespace: {(s["table"], s["batch"]): s["row_delta"] for s in result["steps"] if s["kind"] == "changes"}
+            for namespace, result in runs.items()}
+    # every change step (docs keeps TOAST values, looked up in the lakehouse by key) but the
+    # keyless table with a binary column: Iceberg 1.9 loses equality deletes on one
+    # (apache/iceberg#11239), so it is MERGEd, and ends exact all the same
+    blobs = {step: way for step, way in ways["delta"].items() if step[0] == "public.blobs"}
+    assert blobs and not any(blobs.values()), ways
+    assert all(way for step, way in ways["delta"].items() if step[0] != "public.blobs"), ways
+    first = lake.batches[0]
+    assert ("public.docs", first) in ways["delta"] and ("public.bag", first) in ways["delta"], ways
+    assert not any(ways["merge"].values())
+    # no Spark work: docs' kept values and bag's copies are read through Iceberg's reader
+    # in the driver (lookups.table_rows)
+    assert all(s["spark_jobs"] == 0 for s in runs["delta"]["steps"] if s["row_delta"])
+    for table in COLUMNS:
+        assert lakehouse_rows(spark, "delta", table) == lakehouse_rows(spark, "merge", table), table
+        assert lakehouse_rows(spark, "delta", table) == lake.expected[1][table], table
+
+
+@pytest.mark.spark
+def test_the_drivers_count_of_a_keyless_tables_copies_is_sparks(lake):
+    # over equality deletes on (values, copy number) with NULLs, and over a MERGE's position deletes
+    bag_rows = sum(lake.expected[1]["bag"].values())
+    batch = lake.batches[1]
+    assert same_copies(lake.spark, "delta", batch) == same_copies(lake.spark, "merge", batch) == bag_rows
+
+
+@pytest.mark.spark
+def test_maintenance_removes_the_equality_deletes_it_folded_in_and_the_next_tick_applies(lake):
+    # maintenance rewrites the data files the equality deletes apply to, then removes the
+    # deletes that apply to nothing any more; the rows stay, and the next tick applies as before
+    spark, publisher = lake.spark, lake.publisher
+    assert deletes_by_age(spark, "delta", "kinds")["applying"] > 0
+    done = maintenance.run(spark, "lake", "delta", ["public__kinds", "public__lines"])
+    assert done["tables"]["public__kinds"]["remove_dead_equality_deletes"]["removed_equality_delete_files_count"] > 0
+    for table in ("kinds", "lines"):
+        assert deletes_by_age(spark, "delta", table) == {"applying": 0, "older": 0, "live": 0}, table
+        assert lakehouse_rows(spark, "delta", table) == lake.expected[1][table], table
+    publisher.execute(THIRD)
+    lake.pull()
+    third = lake.apply()
+    assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
+    # docs' kept values are read through Iceberg's reader: no Spark query, whichever commit
+    # (the driver's row delta, a MERGE) wrote the rows they come from
+    docs = [s for s in third["steps"] if s["table"] == "public.docs"]
+    assert [(s["row_delta"], s["spark_jobs"]) for s in docs] == [(True, 0)], docs
+    assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+
+
+@pytest.mark.spark
+def test_kept_values_are_read_through_icebergs_reader_after_row_deltas_and_a_merge(lake):
+    spark, publisher = lake.spark, lake.publisher
+    lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
+    docs_table = lakehouse.iceberg_table("public__docs")
+    for statement in ("UPDATE docs SET qty = qty + 1 WHERE id IN (1, 205); DELETE FROM docs WHERE id = 2",
+                      "UPDATE docs SET qty = qty + 1 WHERE id IN (1, 3); DELETE FROM docs WHERE id = 205"):
+        publisher.execute(statement)
+        lake.pull()
+        steps = lake.apply()["steps"]
+        assert [(s["row_delta"], s["spark_jobs"]) for s in steps if s["table"] == "public.docs"] == [(True, 0)]
+        assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+    for statement, deltas in ((DOCS_CHANGED, False), (DOCS_KEPT, True)):
+        publisher.execute(statement)
+        lake.pull()
+        steps = lake.apply(row_deltas=deltas)["steps"]
+        docs = [s for s in steps if s["table"] == "public.docs"]
+        assert [s["row_delta"] for s in docs] == [deltas], docs
+        assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+        if not deltas:  # after the MERGE (position deletes) and the row deltas (equality
+            # deletes), the driver's read of the table's files is Spark's
+            docs_table.refresh()
+            ids = [*range(1, 12), 104, 205, 999]
+            present = publisher.query(f"SELECT count(*) FROM docs WHERE id IN ({', '.join(map(str, ids))})")[0][0]
+            assert same_lookup(spark, docs_table, "public__docs", "id", ["doc", "qty"], ids) == present > 0
+    assert docs[0]["spark_jobs"] == 0, docs  # after the MERGE too: read through Iceberg's reader
+
+
+@pytest.mark.spark
+def test_the_drivers_reads_of_every_type_are_sparks(lake):
+    # every type a lookup reads, after maintenance and the row deltas; a keyless table's equality
+    # deletes on its values are not read by the driver
+    spark = lake.spark
+    lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
+    kinds_table = lakehouse.iceberg_table("public__kinds")
+    # the job takes a table's Spark types from Iceberg's conversion, not a Spark analysis: the same
+    for target in ("public__kinds", "public__bag", "public__docs"):
+        by_spark = {f.name: f.dataType.simpleString() for f in spark.table(lakehouse.name(target)).schema.fields}
+        assert lakehouse.spark_types(lakehouse.iceberg_table(target)) == by_spark, target
+    assert lakehouse.exists("public__kinds") and not lakehouse.exists("public__absent")
+    kinds_columns = ["flag", "small", "n", "f8", "note", "raw", "day", "at", "at_tz", "amount", "tags", "words"]
+    ids = [*range(0, 12), 207, 301]
+    present = lake.publisher.query(f"SELECT count(*) FROM kinds WHERE id IN ({', '.join(map(str, ids))})")[0][0]
+    assert same_lookup(spark, kinds_table, "public__kinds", "id", kinds_columns, ids) == present > 0
+    bag_table = lakehouse.iceberg_table("public__bag")
+    with pytest.raises(ApplyError, match="holds two rows under key big"):  # not a key: refused, not guessed
+        lookup_rows(spark, bag_table, bag_table.currentSnapshot().snapshotId(), "big", ["note"], [0, 1], "bag")
+
+
+@pytest.mark.spark
+def test_file_uris_give_the_local_path_hadoop_gives(lake):
+    spark = lake.spark
+    assert local_path(spark, "file:///w/a b/f.parquet") == local_path(spark, "file:/w/a b/f.parquet") == "/w/a b/f.parquet"
+    assert [local_path(spark, uri) for uri in ("s3a://bucket/w/f", "hdfs://nn:8020/w/f", "/w/f")] == [None] * 3
+    # the plain forms are parsed without the JVM, as Hadoop's Path parses them
+    for uri in ("file:/w/a b/f.parquet", "file:///w/x-1/f_2.parquet", "file:/w/ü/f", "file:/w/a%20b/f",
+                "file:/w//f", "file:/w/./f", "file:/w/f/", "file://host/w/f", "file:////w/f"):
+        plain = hadoop_files._plain_file_path(uri)
+        parsed = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri).toUri()
+        by_hadoop = parsed.getPath() if parsed.getScheme() == "file" and not parsed.getAuthority() else None
+        assert plain == by_hadoop if uri.startswith(("file:/w/a b", "file:///w/x", "file:/w/ü")) \
+            else plain is None or plain == by_hadoop, uri
+        assert local_path(spark, uri) == by_hadoop, uri
+
+
+@pytest.mark.spark
+def test_a_step_applied_again_after_a_crash_before_its_state_commit_writes_each_row_once(lake, monkeypatch):
+    # the data committed, the state not: the same rows, none twice. The first run reads staging
+    # and writes its files with Python (a file: location); the second through Hadoop's
+    # FileSystem and Iceberg's FileIO, as on any other location
+    spark, first = lake.spark, lake.batches[0]
+    apply_changes.run(spark, lake.partial.as_uri(), "p", "lake", "again", row_deltas=True)
+    monkeypatch.setattr(hadoop_files, "local_path", lambda spark, uri: None)
+    monkeypatch.setattr(driver_commits, "local_path", lambda spark, uri: None)
+    staging = Staging(spark, lake.partial.as_uri(), "p")
+    batch = Batch.parse(first)
+    batch.manifest = staging.read_manifest(batch)
+    deltas = RowDeltas(spark, staging, Lakehouse(spark, "lake", "again", "merge-on-read", None))
+    copies = MultisetRowDeltas(spark, staging, Lakehouse(spark, "lake", "again", "merge-on-read", None))
+    for source in ("public.kinds", "public.lines", "public.docs", "public.bag"):
+        target = contract.default_target_name(source)
+        table = deltas.load(target)
+        types = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.again.{target}").schema.fields}
+        files, manifest = staging.files(batch, source), batch.manifest["tables"][source]
+        if source == "public.bag":
+            copies.apply(table, target, files, manifest, types, first)
+        else:
+            deltas.apply(table, target, files, manifest, types)
+    for table in COLUMNS:
+        assert lakehouse_rows(spark, "again", table) == lake.expected[0][table], table
+
+
+@pytest.mark.spark
+def test_the_state_commit_by_the_driver_or_by_spark_replaces_the_pipelines_partition(lake):
+    # written by the driver (pyarrow here), or by Spark where the driver has no pyarrow; either
+    # replaces the pipeline's partition in one commit, and reads back
+    spark = lake.spark
+    lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
+    states = lakehouse.read_state("p")
+    assert set(states) == {f"public.{table}" for table in COLUMNS}
+
+    def facts(read: dict) -> dict:
+        return {s: (t.target, t.position, t.snapshots, t.last_batch) for s, t in read.items()}
+
+    state_table = lakehouse.state_table()
+    for by_driver in (False, True, True):
+        lakehouse.write_state("p", states, by_driver=by_driver)
+        assert facts(lakehouse.read_state("p")) == facts(states)
+        assert spark.sql("SELECT count(*) AS n FROM lake.delta._pglogical_state.files").first().n == 1
+        # the driver read those rows itself, whoever wrote them (no Spark query)
+        state_table.refresh()
+        assert lakehouse._state_rows_by_driver(state_table, "p") is not None
+    # another pipeline's rows are another partition: neither read sees the other's
+    lakehouse.write_state("q", {"public.other": TableState("public__other", 7, {"s"}, "b")})
+    assert facts(lakehouse.read_state("p")) == facts(states)
+    assert facts(lakehouse.read_state("q")) == {"public.other": ("public__other", 7, {"s"}, "b")}
+    # a delete file (another writer's merge-on-read DELETE): the driver leaves the read to
+    # Spark, which applies it; the next state commit replaces the partition's files
+    spark.sql("ALTER TABLE lake.delta._pglogical_state SET TBLPROPERTIES ('write.delete.mode'='merge-on-read')")
+    spark.sql("DELETE FROM lake.delta._pglogical_state WHERE pipeline = 'p' AND source_table = 'public.bag'")
+    state_table.refresh()
+    assert lakehouse._state_rows_by_driver(state_table, "p") is None
+    assert facts(lakehouse.read_state("p")) == {s: f for s, f in facts(states).items() if s != "public.bag"}
+    lakehouse.write_state("p", states)
+    assert facts(lakehouse.read_state("p")) == facts(states)
+    state_table.refresh()  # the delete applied to files that are gone: the driver reads again
+    assert lakehouse._state_rows_by_driver(state_table, "p") is not None
