@@ -93,7 +93,7 @@ class ConcurrentRunError(SlotError):
     permanent = False
 
 class ConcurrentApplyError(PgLogicalError):
-    """Another apply of the pipeline holds its lease (``spark/row_delta/driver_commits.ApplyLease``); this one
+    """Another apply of the pipeline holds its lease (``spark/apply/lease.ApplyLease``); this one
     wrote nothing. Transient: Airflow's retry runs it once the other ends, or once a killed one's
     lease expired. ``lease`` is what the holder recorded (holder, taken_at, expires_at)."""
 

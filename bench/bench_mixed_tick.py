@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
     if args.tiny:
-        args.ticks, args.rows, args.quick_jit = 1, 500, "on"
+        args.ticks, args.rows, args.driver_jvm = 1, 500, "none"
     quiet_logs()
     with tempfile.TemporaryDirectory() as tmp, bench_tick.cluster("bench_mixed") as pg:
         tmp_path = Path(tmp)

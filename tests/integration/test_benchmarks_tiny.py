@@ -32,7 +32,6 @@ TINY = {
 }
 #: scripts in bench/ that do not run here, and why
 NOT_RUN = {
-    "bench_driver_options.py": "measures the driver's JVM options, which are leaving the operator (issue 34)",
     "dlt_baseline.py": "needs dlt, which is not a dependency: bench_snapshot.py runs it with --dlt-python",
     "common.py": "helpers, not a benchmark",
 }

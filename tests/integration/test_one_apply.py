@@ -98,7 +98,7 @@ class Lake:
 
     def set_lease(self, holder: str, expires_in: float, process: dict | None = None) -> None:
         """Leave a lease as another apply would: alive, or (``expires_in`` < 0) one a killed apply left;
-        ``process``: the holder's driver process (``driver_commits.this_process()``)."""
+        ``process``: the holder's driver process (``lease.this_process()``)."""
         now = time.time()
         lease = json.dumps({"id": f"other-{holder}", "holder": holder, "taken_at": now - 30,
                             "expires_at": now + expires_in, "process": process})
@@ -167,7 +167,7 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
     from airflow_provider_pglogical.exceptions import ConcurrentApplyError
     from airflow_provider_pglogical.operators._errors import PermanentError
     from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
-    from airflow_provider_pglogical.spark.row_delta.driver_commits import ApplyLeaseHeld
+    from airflow_provider_pglogical.spark.apply.lease import ApplyLeaseHeld
 
     lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "held", spark)
     lake.run_in_process()
@@ -196,7 +196,7 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
 
     # a live lease whose driver ran on this machine and has ended (a killed task, retried here) is
     # taken over at once, without waiting for it to expire
-    from airflow_provider_pglogical.spark.row_delta.driver_commits import _start_time, this_process
+    from airflow_provider_pglogical.spark.apply.lease import _start_time, this_process
 
     killed = subprocess.Popen(["sleep", "600"])
     process = {**this_process(), "pid": killed.pid, "start": _start_time(killed.pid)}

@@ -54,7 +54,7 @@ rebuilt from the staged batches (its state is reset), as far as staging retentio
 the run's last state commit, applied batches older than the retention are removed
 (``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
 One apply per pipeline and lakehouse: the run holds a lease (a property of the state table,
-``driver_commits.ApplyLease``) from before its first write to its end; a second apply finds it and
+``lease.ApplyLease``) from before its first write to its end; a second apply finds it and
 fails at once, writing nothing (its result says ``error.kind`` = ``apply-lease-held``, which the
 operator raises as a retryable error). A killed apply's lease expires after ``--lease-seconds``.
 Every commit validates against the snapshot its step read, so no retry applies a change twice.
@@ -76,7 +76,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from airflow_provider_pglogical.spark.row_delta.driver_commits import ApplyLease, ApplyLeaseHeld
+from airflow_provider_pglogical.spark.apply.lease import ApplyLease, ApplyLeaseHeld
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging, damaged_file_error, write_result
 from airflow_provider_pglogical.spark.apply.keyed import KeyedTables
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse

@@ -1,0 +1,192 @@
+"""One apply per pipeline: the lease the apply job takes on its state table (a table property, by
+compare-and-swap), renews while it runs and releases at its end; a killed holder on the same
+machine is seen gone at once, one elsewhere when the lease expires."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.common.java_classes import java_class
+from airflow_provider_pglogical.spark.row_delta.driver_commits import java_exception_class
+from airflow_provider_pglogical.staging.contract import APPLY_LEASE_PROPERTY_PREFIX
+
+log = logging.getLogger("pglogical.apply")
+
+
+class ApplyLeaseHeld(ApplyError):
+    """Another apply of the pipeline holds its lease: nothing was applied; retry later."""
+
+    def __init__(self, message: str, lease: dict) -> None:
+        super().__init__(message)
+        self.lease = lease
+
+
+class ApplyLease:
+    """One apply per pipeline and lakehouse: a lease kept as a property of the state table.
+
+    Taken by a compare-and-swap of the table's metadata (``TableOperations.commit(base, new)``
+    refuses a stale ``base`` and never retries), renewed by a thread every third of its length,
+    removed at the end. A killed apply cannot remove it: when its driver ran on the same machine
+    (and pid namespace) as the next apply's, the next one sees that process gone and takes the lease
+    over at once (an Airflow retry of a killed task); a driver elsewhere blocks it until it expires. Works on every Iceberg catalog, as atomically as the catalog commits (a Hadoop
+    catalog on a file system without an atomic rename-if-absent leaves a window of milliseconds,
+    which the read back after the swap narrows further).
+
+    :param holder: who takes it, for the message another apply shows (an Airflow task instance).
+    """
+
+    def __init__(self, spark, lakehouse, pipeline: str, seconds: float, holder: str | None = None) -> None:
+        self.spark, self.lakehouse, self.pipeline, self.seconds = spark, lakehouse, pipeline, float(seconds)
+        self.key = APPLY_LEASE_PROPERTY_PREFIX + pipeline
+        self.id = uuid.uuid4().hex
+        self.holder = holder or f"an apply on {socket.gethostname()}, pid {os.getpid()}"
+        self.expires_at = 0.0
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._ops = None
+
+    def __enter__(self) -> "ApplyLease":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        """Take the lease, or raise :class:`ApplyLeaseHeld` when another apply holds a live one."""
+        self._ops = self.lakehouse.state_table().operations()
+        self._swap(self._take, "take")
+        found = self._lease(self._ops.refresh())  # read back: a catalog that raced must show it
+        if found is None or found.get("id") != self.id:
+            raise self._held(found or {})
+        self._renewer = threading.Thread(target=self._renew, name=f"pglogical-lease-{self.pipeline}", daemon=True)
+        self._renewer.start()
+        log.info("apply lease of %s taken until %s", self.pipeline, _utc(self.expires_at))
+
+    def check(self) -> None:
+        """Raise :class:`ApplyError` when this apply no longer holds a live lease: called before each
+        round and state commit, so an apply that stalled past its lease writes nothing more."""
+        if time.time() >= self.expires_at:
+            raise ApplyError(
+                f"pipeline {self.pipeline!r}: this apply's lease expired at {_utc(self.expires_at)} (the driver "
+                "stalled, or could not renew it), so another apply may run now; stopped before writing more. "
+                "Every step committed so far is exact and recorded or re-applied by the next apply.")
+
+    def release(self) -> None:
+        """Stop renewing and remove the lease (if still ours); a failure only leaves it to expire."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        try:
+            self._swap(lambda lease: self.key if lease is not None and lease.get("id") == self.id else None,
+                       "release")
+        except Exception as error:  # the lease expires by itself
+            log.warning("could not release the apply lease of %s (it expires at %s): %s", self.pipeline,
+                        _utc(self.expires_at), error)
+
+    # the swap --------------------------------------------------------------------------------------
+    def _take(self, lease: dict | None) -> dict | str | None:
+        if lease is not None and lease.get("id") != self.id and lease.get("expires_at", 0) > time.time():
+            if not holder_is_gone(lease.get("process")):
+                raise self._held(lease)
+            log.warning("pipeline %r: the apply holding the lease (%s) is no longer running on this machine: "
+                        "taking its lease over", self.pipeline, lease.get("holder"))
+        now = time.time()
+        return {"id": self.id, "holder": self.holder, "taken_at": now, "expires_at": now + self.seconds,
+                "process": this_process()}
+
+    def _swap(self, change, what: str, attempts: int = 20) -> None:
+        """Compare-and-swap the lease property: ``change`` maps the lease read (None when absent) to
+        a new lease (dict), a property to remove (str) or None (nothing to do); a lost race is read again."""
+        metadata = java_class(self.spark, "org.apache.iceberg.TableMetadata")
+        for _ in range(attempts):
+            base = self._ops.refresh()
+            wanted = change(self._lease(base))
+            if wanted is None:
+                return
+            builder = metadata.buildFrom(base)
+            if isinstance(wanted, str):
+                builder.removeProperties({wanted})
+            else:
+                builder.setProperties({self.key: json.dumps(wanted, sort_keys=True)})
+            try:
+                self._ops.commit(base, builder.build())
+            except Exception as error:
+                if java_exception_class(error) == "org.apache.iceberg.exceptions.CommitFailedException":
+                    continue  # another commit of the state table came first: read it again
+                raise
+            if isinstance(wanted, dict):
+                self.expires_at = wanted["expires_at"]
+            return
+        raise ApplyError(f"pipeline {self.pipeline!r}: could not {what} the apply lease: the state table "
+                         f"{self.lakehouse.name('_pglogical_state')} changed under each of {attempts} attempts")
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            def renew(lease: dict | None) -> dict | None:
+                if lease is None or lease.get("id") != self.id:
+                    self._stop.set()  # taken over: check() stops the run at its next round
+                    self.expires_at = min(self.expires_at, time.time())
+                    return None
+                return {**lease, "expires_at": time.time() + self.seconds}
+            try:
+                self._swap(renew, "renew")
+            except Exception as error:  # try again at the next beat; check() tells when it is too late
+                log.warning("could not renew the apply lease of %s: %s", self.pipeline, error)
+
+    def _lease(self, metadata) -> dict | None:
+        value = metadata.properties().get(self.key)
+        return json.loads(value) if value else None
+
+    def _held(self, lease: dict) -> ApplyLeaseHeld:
+        expires = lease.get("expires_at", 0)
+        return ApplyLeaseHeld(
+            f"pipeline {self.pipeline!r}: another apply is running ({lease.get('holder', 'unknown holder')}, "
+            f"since {_utc(lease.get('taken_at', 0))}); its lease on {self.lakehouse.name('_pglogical_state')} "
+            f"lasts until {_utc(expires)} unless renewed. Nothing was applied. Run one apply per pipeline "
+            "(max_active_tis_per_dag=1 on the apply task, or max_active_runs=1 on the DAG) and let Airflow "
+            "retry: a killed apply's lease expires by itself.", lease)
+
+
+def this_process() -> dict | None:
+    """What tells this driver process apart on its machine: the boot, the pid namespace, the pid and
+    its start time (a reused pid starts later); None where /proc does not say (not Linux)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()
+        return {"boot": boot_id, "pid_namespace": os.readlink("/proc/self/ns/pid"), "pid": os.getpid(),
+                "start": _start_time(os.getpid())}
+    except OSError:
+        return None
+
+
+def holder_is_gone(process: dict | None) -> bool:
+    """True only when the lease's holder ran in this machine's boot and pid namespace and that
+    process has ended (a killed task's driver): its lease need not be waited out. A holder elsewhere
+    (a driver on another host or container) is never judged: its lease expires by itself."""
+    here = this_process()
+    if not process or here is None or (process.get("boot"), process.get("pid_namespace")) != \
+            (here["boot"], here["pid_namespace"]):
+        return False
+    try:
+        return _start_time(int(process["pid"])) != process.get("start")
+    except OSError:  # no such process
+        return True
+
+
+def _start_time(pid: int) -> int:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
+
+
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
