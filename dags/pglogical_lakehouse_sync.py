@@ -87,6 +87,7 @@ with DAG(
         staging_root=settings.STAGING,
         pipeline=settings.PIPELINE,
         iceberg=ICEBERG,
+        conf=settings.SPARK_CONF,
     )
 
     # after an apply that succeeded or had nothing to do (skipped); not after a failed one

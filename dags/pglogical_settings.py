@@ -7,6 +7,8 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_WAREHOUSE``: Iceberg warehouse URI (default ``file://$AIRFLOW_HOME/pglogical/warehouse``)
 - ``PGLOGICAL_SPARK_CONN_ID``: the Spark connection (default ``spark_default``; host ``local[*]`` for local mode)
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
+- ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
+  "Tuning the driver JVM"; set it empty to keep the JVM's defaults)
 - ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
   Airflow retries a failed task of the sync DAG (default 2, after 30 s)
 """
@@ -41,6 +43,12 @@ PUBLISH_VIA_PARTITION_ROOT = True
 #: the sync DAG compacts, expires and cleans the Iceberg tables after the apply of one run in every
 #: period (the run whose data interval holds 00:00, 06:00, 12:00 or 18:00 UTC with 6 hours)
 MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENANCE_EVERY_HOURS", "6")))
+
+#: JVM options of the apply's Spark driver: a deployment's setting, kept here so the example's small
+#: ticks start quickly (docs/operators.md, "Tuning the driver JVM"); the operators set none themselves
+DRIVER_JAVA_OPTIONS = os.environ.get("PGLOGICAL_DRIVER_JAVA_OPTIONS",
+                                     "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
+SPARK_CONF = {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS} if DRIVER_JAVA_OPTIONS else {}
 
 #: retries of the sync DAG's tasks: every task is idempotent, so a retry applies exactly what is left
 TASK_RETRIES = int(os.environ.get("PGLOGICAL_TASK_RETRIES", "2"))

@@ -11,9 +11,10 @@ import os
 
 import pytest
 
-from tests.support.environment import prepare
+from tests.support.environment import deploy_spark_defaults, prepare
 
 prepare()
+deploy_spark_defaults()
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 from airflow_provider_pglogical.embedded.postgres import LocalPostgres, available_servers  # noqa: E402
