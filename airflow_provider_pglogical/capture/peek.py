@@ -24,12 +24,31 @@ from airflow_provider_pglogical.management.slots import changes_sql
 
 log = logging.getLogger(__name__)
 
-PROTO_VERSION = 1
+#: the highest pgoutput protocol the decoders read (4: PostgreSQL 16's parallel-streaming abort fields)
+DECODER_PROTO_VERSION = 4
 FETCH_ROWS = 20_000
+#: a window cut inside a streamed transaction that has no commit yet is read again this many times larger
+STREAM_GROWTH = 4
 
 
-def pgoutput_options(publications: Sequence[str]) -> dict[str, str]:
-    return {"proto_version": str(PROTO_VERSION), "publication_names": ",".join(publications), "messages": "true"}
+def negotiated_proto_version(server_version: int) -> int:
+    """The highest pgoutput protocol both the server and the decoders speak.
+
+    PostgreSQL 15 offers 1-3 (3: two-phase), 16 and later 1-4 (4: parallel streaming). For
+    complete transactions every version sends the same bytes; streaming needs 2 or more.
+
+    :param server_version: ``server_version_num``, e.g. ``150004``.
+    """
+    server = 3 if server_version < 160000 else 4
+    return min(server, DECODER_PROTO_VERSION)
+
+
+def pgoutput_options(publications: Sequence[str], proto_version: int = 1, streaming: bool = False) -> dict[str, str]:
+    """The peek's output-plugin options; ``streaming`` sends large in-progress transactions in blocks."""
+    options = {"proto_version": str(proto_version), "publication_names": ",".join(publications), "messages": "true"}
+    if streaming:
+        options["streaming"] = "on"
+    return options
 
 
 class _WindowFull(Exception):
@@ -50,8 +69,12 @@ class _BoundedSink:
     def write(self, chunk: bytes) -> None:
         self.chunks.append(chunk)
         self.size += len(chunk)
-        if self.size >= self.max_bytes and len(self.chunks) > 1 and chunk[wire.ROW_FRAME_SIZE:wire.ROW_FRAME_SIZE + 1] == wire.COMMIT:
+        if self.size >= self.max_bytes and len(self.chunks) > 1 and \
+                chunk[wire.ROW_FRAME_SIZE:wire.ROW_FRAME_SIZE + 1] in _COMMITS:
             raise _WindowFull
+
+
+_COMMITS = (wire.COMMIT, wire.STREAM_COMMIT)
 
 
 def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Transaction], list[dict], int, int]:
@@ -80,25 +103,43 @@ def _assemble(chunks: list[bytes], assembler: ChangeAssembler) -> tuple[list[Tra
 
 def peek_window(
     connect_kwargs: Mapping[str, Any], slot: str, publications: Sequence[str], upto: Lsn, max_changes: int,
-    max_bytes: int | None, *, vectorised: bool = True,
+    max_bytes: int | None, *, vectorised: bool = True, streaming: bool = False,
 ) -> DecodedWindow:
     """Peek ``[confirmed, upto)`` bounded by ``max_changes`` messages (and ``max_bytes``), and decode it.
 
     The rows travel as binary ``COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(…))``:
     no text-encoded bytea to decode, no per-row cursor or Python-level write overhead. They are
-    decoded column-wise (:mod:`.columnar`); a window that needs more (or is malformed) goes through
-    the message-by-message assembler instead.
+    decoded column-wise (:mod:`.columnar`); a window that needs more (streamed or two-phase
+    messages, or malformed input) goes through the message-by-message assembler instead. The slot
+    is read with the highest protocol the server offers (:func:`negotiated_proto_version`).
 
     :param vectorised: False forces the message-by-message assembler (for comparisons).
+    :param streaming: ask PostgreSQL to stream in-progress transactions larger than
+        ``logical_decoding_work_mem`` instead of spilling them to disk; only their committed
+        changes are staged (aborted transactions and subtransactions are dropped). A streamed
+        transaction larger than ``max_changes`` is read whole with a larger window.
     """
+    while True:
+        window = _peek_once(connect_kwargs, slot, publications, upto, max_changes, max_bytes, vectorised, streaming)
+        # A window cut inside a streamed transaction holds none of it: never advance, read it whole.
+        if not (streaming and window.limited and not window.transaction_count and window.open_streams):
+            return window
+        max_changes *= STREAM_GROWTH
+        log.info("a streamed transaction is larger than the window: reading up to %d changes", max_changes)
+
+
+def _peek_once(connect_kwargs: Mapping[str, Any], slot: str, publications: Sequence[str], upto: Lsn,
+               max_changes: int, max_bytes: int | None, vectorised: bool, streaming: bool) -> DecodedWindow:
     conn = psycopg2.connect(**connect_kwargs)
     conn.set_client_encoding(values.CLIENT_ENCODING)  # pgoutput sends values in the session's encoding
     conn.autocommit = True
+    proto_version = negotiated_proto_version(conn.server_version)
     try:
         with conn.cursor() as cursor:
             values.apply_session_settings(cursor)
             query, args = changes_sql(slot, binary=True, consume=False, upto_lsn=upto, upto_nchanges=max_changes,
-                                      options=pgoutput_options(publications), columns=("lsn", "data"))
+                                      options=pgoutput_options(publications, proto_version, streaming),
+                                      columns=("lsn", "data"))
             copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(cursor.mogrify(query, args).decode()))
             chunks: list[bytes] = []
             sink: Any = _BoundedSink(max_bytes) if max_bytes else _ListSink(chunks)
@@ -114,20 +155,20 @@ def peek_window(
     window = None
     if vectorised:
         try:
-            window = columnar.decode_window(chunks, PROTO_VERSION)
+            window = columnar.decode_window(chunks, proto_version)
             window.limited = limited
         except columnar.NeedsAssembler as why:
             log.info("decoding this window message by message: %s", why)
     if window is None:
-        window = _assembled_window(chunks, limited)
+        window = _assembled_window(chunks, limited, proto_version)
     if window.rows >= max_changes:
         window.limited = True
     return window
 
 
-def _assembled_window(chunks: list[bytes], limited: bool) -> DecodedWindow:
+def _assembled_window(chunks: list[bytes], limited: bool, proto_version: int) -> DecodedWindow:
     """The message-by-message path: every message of protocols 1-4, precise errors."""
-    assembler = ChangeAssembler(PROTO_VERSION)
+    assembler = ChangeAssembler(proto_version)
     transactions, messages, rows, nbytes = _assemble(chunks, assembler)
     limit = assembler.advance_limit
     if limit is not None:
@@ -139,7 +180,7 @@ def _assembled_window(chunks: list[bytes], limited: bool) -> DecodedWindow:
     return DecodedWindow(
         staged_tables.group_by_table(transactions, assembler.relations), len(transactions),
         transactions[-1].end_lsn if transactions else None, messages, schema_changes, rows, nbytes, limited,
-        held_back=limit is not None,
+        held_back=limit is not None, open_streams=bool(assembler.open_stream_xids),
     )
 
 

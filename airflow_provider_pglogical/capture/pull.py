@@ -75,7 +75,7 @@ def run_pull(
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
     before_advance: Callable[[str], None] | None = None, lock_wait_seconds: float = 60.0,
     new_tables: str = "snapshot", on_slot_lost: str = "fail", type_overrides: Mapping[str, str] | None = None,
-    on_ddl: str = "snapshot",
+    on_ddl: str = "snapshot", streaming: bool = False,
 ) -> dict:
     """Stage the slot's next window of changes as one batch, then advance the slot past it.
 
@@ -99,6 +99,9 @@ def run_pull(
         column added with a default, a type change Iceberg cannot promote, a renamed enum label):
         ``"snapshot"`` the table again (the apply replaces its Iceberg table), or ``"fail"`` naming
         the backfill to run. Renamed tables and columns, dropped and added columns are followed.
+    :param streaming: have PostgreSQL stream transactions larger than ``logical_decoding_work_mem``
+        while they run instead of spilling them to disk (``capture/peek.py``); the batch still holds
+        exactly the committed changes.
     """
     if on_slot_lost not in SLOT_LOST_POLICIES:
         raise InvalidInputError(f"on_slot_lost must be one of {SLOT_LOST_POLICIES}, not {on_slot_lost!r}")
@@ -122,7 +125,7 @@ def run_pull(
                     "advanced_to": result["lsn"], "tables": result["tables"], "transactions": 0, "changes": 0,
                     "recovered": False, "resynced": True}
         return _pull_locked(hook, record, publications, root, pipeline, max_changes, max_bytes, report,
-                            before_advance, new_tables, type_overrides, on_ddl)
+                            before_advance, new_tables, type_overrides, on_ddl, streaming)
 
 
 SLOT_LOST_POLICIES = ("fail", "resync")
@@ -153,7 +156,7 @@ def require_logical_wal(cursor) -> None:
 def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
                  max_changes: int, max_bytes: int | None, report: Callable[[str], None],
                  before_advance: Callable[[str], None] | None, new_tables: str,
-                 type_overrides: Mapping[str, str] | None, on_ddl: str = "snapshot") -> dict:
+                 type_overrides: Mapping[str, str] | None, on_ddl: str = "snapshot", streaming: bool = False) -> dict:
     started = time.monotonic()
     slot = record.slot
     with hook.autocommit_cursor() as cursor:
@@ -171,7 +174,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
         cursor.execute("SELECT pg_current_wal_flush_lsn()::text")
         upto = Lsn.parse(cursor.fetchone()[0])
 
-    window = peek_window(hook.connect_kwargs(), slot, publications, upto, max_changes, max_bytes)
+    window = peek_window(hook.connect_kwargs(), slot, publications, upto, max_changes, max_bytes, streaming=streaming)
     if window.limited or window.held_back:
         end = Lsn(window.last_end_lsn) if window.transaction_count else position
     else:

@@ -128,6 +128,11 @@ class ChangeAssembler:
         current = [self._current.xid] if self._current is not None else []
         return current + list(self._streams)
 
+    @property
+    def open_stream_xids(self) -> list[int]:
+        """Streamed transactions whose commit or abort had not arrived when the input ended."""
+        return list(self._streams)
+
     def feed(self, rows: Iterable[Row]) -> list[Transaction | LogicalMessage]:
         """Consume rows; return the transactions they completed (commit order) and the
         non-transactional messages, interleaved as PostgreSQL sent them."""

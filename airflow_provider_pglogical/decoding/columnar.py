@@ -9,8 +9,8 @@ an Arrow array (a ``take`` over an array whose offsets interleave gaps and value
 object is made per value. Its array primitives are in :mod:`.columnar_arrays`. Only the rare messages (Relation, Type, Origin, Truncate, Message) are
 decoded one by one, with :class:`~.pgoutput.PgOutputDecoder`.
 
-It covers what a ``proto_version`` 1 peek without ``streaming``/``two_phase`` sends: complete
-transactions of text-format tuples. Anything else raises :class:`NeedsAssembler` *before*
+It covers what a peek without ``streaming``/``two_phase`` sends, at any ``proto_version`` (1 to 4
+send the same bytes for complete transactions): complete transactions of text-format tuples. Anything else raises :class:`NeedsAssembler` *before*
 anything is returned, and the caller decodes the same rows with the message-by-message assembler,
 which handles every message of protocols 1 to 4 and reports malformed input precisely.
 """
@@ -188,7 +188,7 @@ def decode_window(chunks: Sequence[bytes], proto_version: int) -> DecodedWindow:
 
     :raises NeedsAssembler: the window needs the message-by-message assembler.
     """
-    if proto_version != 1:
+    if not 1 <= proto_version <= 4:
         raise NeedsAssembler(f"proto_version {proto_version}")
     buf = frame(chunks)
     count = len(buf.start)

@@ -49,6 +49,8 @@ class DecodedWindow:
     limited: bool = False
     #: True when transactions were held back before an unresolved PREPARE (two-phase slots)
     held_back: bool = False
+    #: True when a streamed transaction was still open where the window ended
+    open_streams: bool = False
 
 
 def message_record(msg: LogicalMessage, transactional: bool, commit_lsn: int | None = None) -> dict:

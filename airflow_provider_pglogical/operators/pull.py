@@ -42,6 +42,9 @@ class PgSlotPullOperator(CaptureOperator):
         PostgreSQL's exact text output (a string column in Iceberg), for values the column's
         mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
         initial sync, backfill and pull operators of a pipeline (docs/types.md).
+    :param streaming: have PostgreSQL stream transactions larger than ``logical_decoding_work_mem``
+        while they run, instead of spilling them to disk on the server; only committed changes are
+        staged (docs/postgresql-versions.md).
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     :return: (XCom) ``{"batch", "start_lsn", "end_lsn", "advanced_to", "tables", "transactions", "changes", "recovered"}``.
     """
@@ -54,7 +57,7 @@ class PgSlotPullOperator(CaptureOperator):
 
     def __init__(
         self, *, slot: str, max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
-        on_slot_lost: str = "fail", on_ddl: str = "snapshot", **kwargs: Any,
+        on_slot_lost: str = "fail", on_ddl: str = "snapshot", streaming: bool = False, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
@@ -64,6 +67,7 @@ class PgSlotPullOperator(CaptureOperator):
         self.new_tables = new_tables
         self.on_slot_lost = on_slot_lost
         self.on_ddl = on_ddl
+        self.streaming = streaming
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -72,5 +76,5 @@ class PgSlotPullOperator(CaptureOperator):
                 hook, slot=self.slot, publications=self.publications, root=root,
                 pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,
                 new_tables=self.new_tables, on_slot_lost=self.on_slot_lost, type_overrides=self.type_overrides,
-                on_ddl=self.on_ddl, report=self.log.info,
+                on_ddl=self.on_ddl, streaming=self.streaming, report=self.log.info,
             ))

@@ -127,9 +127,17 @@ def test_rows_not_one_per_chunk_go_to_the_assembler():
         columnar.decode_window([b"".join(chunks)], 1)
 
 
-def test_other_protocol_versions_go_to_the_assembler():
+@pytest.mark.parametrize("proto_version", [2, 3, 4])
+def test_later_protocol_versions_decode_the_same_complete_transactions(proto_version):
+    """Without streaming or two-phase messages, protocols 2 to 4 send protocol 1's bytes."""
+    rows = txn(700, 1000, build.relation(OID, "public", "t", COLUMNS), build.insert(OID, ["1", "a", None]))
+    assert columnar.decode_window(copy_chunks(rows), proto_version).tables[OID].build({}).to_pylist() == \
+        columnar.decode_window(copy_chunks(rows), 1).tables[OID].build({}).to_pylist()
+
+
+def test_unknown_protocol_versions_go_to_the_assembler():
     with pytest.raises(columnar.NeedsAssembler):
-        columnar.decode_window(copy_chunks(txn(700, 1000)), 2)
+        columnar.decode_window(copy_chunks(txn(700, 1000)), 5)
 
 
 def test_parts_split_large_groups_and_build_in_order(monkeypatch):
