@@ -59,6 +59,7 @@ EVERY_SERVER = (
     "tests/integration/test_toast_filter_crossing.py",
     "tests/integration/test_server_versions.py",
     "tests/integration/test_streaming.py",
+    "tests/integration/test_generated_columns.py",
 )
 
 

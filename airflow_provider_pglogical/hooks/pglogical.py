@@ -149,6 +149,7 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
         publish: Sequence[str] = pubs.PUBLISH_OPERATIONS,
         publish_via_partition_root: bool = False,
         if_not_exists: bool = True,
+        publish_generated_columns: str = "none",
     ) -> bool:
         """Create a publication; returns False when it existed already (and ``if_not_exists``).
 
@@ -159,10 +160,16 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
         :param publish: the DML operations to publish.
         :param publish_via_partition_root: publish partitions' changes as their root table's.
         :param if_not_exists: do nothing (and return False) when the publication exists.
+        :param publish_generated_columns: ``"stored"`` publishes stored generated columns
+            (PostgreSQL 18 and later; refused on an older server before anything is created).
         """
+        with self.autocommit_cursor() as cursor:
+            server_version = cursor.connection.server_version
+        pubs.check_generated_columns(name, publish_generated_columns, server_version)
         statement = pubs.create_publication_sql(
             name, tables, all_tables=all_tables, schemas=schemas, publish=publish,
             publish_via_partition_root=publish_via_partition_root,
+            publish_generated_columns="stored" if publish_generated_columns == "stored" else None,
         )
         return self._create_unless_exists("Publication", name, if_not_exists, lambda: self._execute(statement))
 
@@ -188,6 +195,7 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
         publish: Sequence[str] = pubs.PUBLISH_OPERATIONS,
         publish_via_partition_root: bool = False,
         check: bool = True,
+        publish_generated_columns: str = "none",
     ) -> publication_sync.PublicationChange:
         """Create the publication, or converge it to what is declared, and check it: in one transaction.
 
@@ -201,6 +209,8 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
         :param publish: the DML operations to publish.
         :param publish_via_partition_root: publish partitions' changes as their root table's.
         :param check: run the publisher checks before committing.
+        :param publish_generated_columns: ``"stored"`` publishes stored generated columns
+            (PostgreSQL 18 and later; refused on an older server, changing nothing).
         :return: whether it was created, and each change made to an existing one.
         """
         conn = psycopg2.connect(**self.connect_kwargs())
@@ -208,6 +218,7 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
             return publication_sync.ensure_publication(
                 conn, name, tables, all_tables=all_tables, schemas=schemas, publish=publish,
                 publish_via_partition_root=publish_via_partition_root, check=check,
+                publish_generated_columns=publish_generated_columns,
             )
         finally:
             conn.close()

@@ -43,6 +43,8 @@ def _describe_lines(info: PublicationInfo | None) -> dict[str, str]:
     lines.update({f"schema {s}": s for s in info.schemas})
     lines["publish"] = ", ".join(info.publish)
     lines["publish_via_partition_root"] = str(info.via_root).lower()
+    if info.generated_columns is not None:
+        lines["publish_generated_columns"] = info.generated_columns
     return lines
 
 
@@ -61,7 +63,7 @@ def _differences(before: PublicationInfo, after: PublicationInfo) -> list[str]:
 
 def _converge(cursor, name: str, before: PublicationInfo, tables: Sequence[PublishedTable] | None,
               all_tables: bool, schemas: Sequence[str] | None, publish: Sequence[str],
-              publish_via_partition_root: bool) -> None:
+              publish_via_partition_root: bool, publish_generated_columns: str | None) -> None:
     if before.all_tables != all_tables:
         raise PublicationError(
             f"publication {name!r} exists {'FOR ALL TABLES' if before.all_tables else 'with a table list'} and "
@@ -76,25 +78,30 @@ def _converge(cursor, name: str, before: PublicationInfo, tables: Sequence[Publi
             for statement in pubs.drop_publication_objects_sql(name, before):
                 cursor.execute(statement)
     cursor.execute(pubs.alter_publication_options_sql(
-        name, publish=publish, publish_via_partition_root=publish_via_partition_root))
+        name, publish=publish, publish_via_partition_root=publish_via_partition_root,
+        publish_generated_columns=publish_generated_columns))
 
 
 def ensure_publication(
     conn, name: str, tables: Sequence[PublishedTable] | None = None, *, all_tables: bool = False,
     schemas: Sequence[str] | None = None, publish: Sequence[str] = pubs.PUBLISH_OPERATIONS,
-    publish_via_partition_root: bool = False, check: bool = True,
+    publish_via_partition_root: bool = False, publish_generated_columns: str = "none", check: bool = True,
 ) -> PublicationChange:
     """Create or converge publication ``name`` and check it, all in one transaction on ``conn``.
 
+    :param publish_generated_columns: ``"stored"`` publishes stored generated columns (PostgreSQL
+        18; refused before anything runs on an older server), ``"none"`` does not.
     :param conn: a psycopg2 connection with autocommit off; committed on success, rolled back on
         any error (a failed check included), so a failure leaves nothing behind.
     :param check: run the publisher checks on the result before committing.
     :raises PublisherCheckError: listing every problem found (nothing was changed).
     """
-    # Statements are built first: a bad name or row filter fails before any SQL runs.
+    # Statements are built first: a bad name, row filter or option fails before any SQL runs.
+    pubs.check_generated_columns(name, publish_generated_columns, conn.server_version)
+    generated = publish_generated_columns if conn.server_version >= pubs.GENERATED_COLUMNS_SINCE else None
     create = pubs.create_publication_sql(
         name, tables, all_tables=all_tables, schemas=schemas, publish=publish,
-        publish_via_partition_root=publish_via_partition_root,
+        publish_via_partition_root=publish_via_partition_root, publish_generated_columns=generated,
     )
     try:
         with conn.cursor() as cursor:
@@ -104,7 +111,8 @@ def ensure_publication(
                 cursor.execute(create)
                 change = PublicationChange(name, created=True)
             else:
-                _converge(cursor, name, before, tables, all_tables, schemas, publish, publish_via_partition_root)
+                _converge(cursor, name, before, tables, all_tables, schemas, publish, publish_via_partition_root,
+                          generated)
                 change = PublicationChange(name, created=False, changes=_differences(before, pubs.describe_publication(cursor, name)))
             if check:
                 problems = health.find_publisher_problems(cursor, [name])

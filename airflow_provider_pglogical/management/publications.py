@@ -17,6 +17,25 @@ from airflow_provider_pglogical.management.sql_fragments import check_row_filter
 from airflow_provider_pglogical.management.validation import check_identifier
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
+#: ``publish_generated_columns`` values (PostgreSQL 18); before 18 generated columns are never published
+GENERATED_COLUMNS = ("none", "stored")
+GENERATED_COLUMNS_SINCE = 180000
+
+
+def check_generated_columns(name: str, value: str, server_version: int) -> None:
+    """Refuse an unknown ``publish_generated_columns``, or ``stored`` on a server before 18."""
+    if value not in GENERATED_COLUMNS:
+        raise PublicationError(
+            f"publication {name!r}: publish_generated_columns is {value!r}; use one of {list(GENERATED_COLUMNS)}. "
+            "Nothing was changed"
+        )
+    if value == "stored" and server_version < GENERATED_COLUMNS_SINCE:
+        raise PublicationError(
+            f"publication {name!r}: publish_generated_columns = 'stored' needs PostgreSQL 18 or later, and the "
+            f"publisher runs {server_version // 10000}: before 18 PostgreSQL never publishes generated columns. "
+            "Use publish_generated_columns='none' (the snapshot and the changes then both leave them out) or "
+            "upgrade the publisher. Nothing was changed"
+        )
 
 
 @dataclass(frozen=True)
@@ -72,7 +91,8 @@ def _tables_clause(tables: Iterable[PublishedTable]) -> sql.Composed:
     return sql.SQL(", ").join(sql.SQL("TABLE {}").format(_table_clause(t)) for t in tables)
 
 
-def _options(publish: Sequence[str] | None, publish_via_partition_root: bool | None) -> list[sql.Composable]:
+def _options(publish: Sequence[str] | None, publish_via_partition_root: bool | None,
+             publish_generated_columns: str | None = None) -> list[sql.Composable]:
     options: list[sql.Composable] = []
     if publish is not None:
         unknown = set(publish) - set(PUBLISH_OPERATIONS)
@@ -85,11 +105,18 @@ def _options(publish: Sequence[str] | None, publish_via_partition_root: bool | N
         options.append(
             sql.SQL("publish_via_partition_root = {}").format(sql.SQL("true" if publish_via_partition_root else "false"))
         )
+    if publish_generated_columns is not None:
+        if publish_generated_columns not in GENERATED_COLUMNS:
+            raise PublicationError(
+                f"publish_generated_columns is {publish_generated_columns!r}; use one of {list(GENERATED_COLUMNS)}"
+            )
+        options.append(sql.SQL("publish_generated_columns = {}").format(sql.SQL(publish_generated_columns)))
     return options
 
 
-def _with_clause(publish: Sequence[str] | None, publish_via_partition_root: bool | None) -> sql.Composable:
-    options = _options(publish, publish_via_partition_root)
+def _with_clause(publish: Sequence[str] | None, publish_via_partition_root: bool | None,
+                 publish_generated_columns: str | None = None) -> sql.Composable:
+    options = _options(publish, publish_via_partition_root, publish_generated_columns)
     if not options:
         return sql.SQL("")
     return sql.SQL(" WITH ({})").format(sql.SQL(", ").join(options))
@@ -103,8 +130,12 @@ def create_publication_sql(
     schemas: Sequence[str] | None = None,
     publish: Sequence[str] = PUBLISH_OPERATIONS,
     publish_via_partition_root: bool = False,
+    publish_generated_columns: str | None = None,
 ) -> sql.Composed:
-    """``CREATE PUBLICATION`` for a table list, ``FOR ALL TABLES`` or ``FOR TABLES IN SCHEMA``."""
+    """``CREATE PUBLICATION`` for a table list, ``FOR ALL TABLES`` or ``FOR TABLES IN SCHEMA``.
+
+    ``publish_generated_columns`` None leaves the option out (PostgreSQL's default, ``none``).
+    """
     check_identifier(name, "publication")
     if all_tables and (tables or schemas):
         raise PublicationError(f"publication {name!r}: all_tables=True cannot be combined with tables or schemas")
@@ -119,7 +150,7 @@ def create_publication_sql(
         )
     for_clause = sql.SQL(" FOR {}").format(sql.SQL(", ").join(targets)) if targets else sql.SQL("")
     return sql.SQL("CREATE PUBLICATION {}{}{}").format(
-        sql.Identifier(name), for_clause, _with_clause(publish, publish_via_partition_root)
+        sql.Identifier(name), for_clause, _with_clause(publish, publish_via_partition_root, publish_generated_columns)
     )
 
 
@@ -137,9 +168,10 @@ def alter_publication_tables_sql(name: str, action: str, tables: Sequence[Publis
 
 
 def alter_publication_options_sql(
-    name: str, *, publish: Sequence[str] | None = None, publish_via_partition_root: bool | None = None
+    name: str, *, publish: Sequence[str] | None = None, publish_via_partition_root: bool | None = None,
+    publish_generated_columns: str | None = None,
 ) -> sql.Composed:
-    options = _options(publish, publish_via_partition_root)
+    options = _options(publish, publish_via_partition_root, publish_generated_columns)
     if not options:
         raise ValueError("set_publication_options needs publish or publish_via_partition_root")
     return sql.SQL("ALTER PUBLICATION {} SET ({})").format(sql.Identifier(name), sql.SQL(", ").join(options))
@@ -237,6 +269,8 @@ class PublicationInfo:
     via_root: bool
     tables: list[PublicationTableInfo]
     schemas: list[str]
+    #: ``publish_generated_columns`` (``none``/``stored``); None before PostgreSQL 18
+    generated_columns: str | None = None
 
     @property
     def publish(self) -> tuple[str, ...]:
@@ -253,4 +287,11 @@ def describe_publication(cursor, name: str) -> PublicationInfo | None:
     tables = [PublicationTableInfo(s, t, f, list(c) if c else None) for s, t, f, c in cursor.fetchall()]
     cursor.execute(_DESCRIBE_SCHEMAS, (name,))
     schemas = [r[0] for r in cursor.fetchall()]
-    return PublicationInfo(*row, tables=tables, schemas=schemas)
+    generated = None
+    if cursor.connection.server_version >= GENERATED_COLUMNS_SINCE:
+        cursor.execute(_GENERATED_COLUMNS, (name,))
+        generated = cursor.fetchone()[0]
+    return PublicationInfo(*row, tables=tables, schemas=schemas, generated_columns=generated)
+
+
+_GENERATED_COLUMNS = "SELECT CASE pubgencols WHEN 's' THEN 'stored' ELSE 'none' END FROM pg_publication WHERE pubname = %s"

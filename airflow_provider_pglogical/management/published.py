@@ -8,6 +8,13 @@ table-sync worker does (PostgreSQL 15):
   TABLES / TABLES IN SCHEMA) makes the table unfiltered;
 - the ``publish`` operations are ignored for the initial copy, as the native subscriber does;
 - column lists must agree (no list = every column); differing lists are an error.
+
+Generated columns: PostgreSQL 15-17 never publish them, and a column list cannot name one. On 18 a
+publication with ``publish_generated_columns = stored`` publishes the stored ones, and a column
+list naming a stored generated column publishes it whatever that option says (the list wins);
+virtual generated columns are never published. ``pg_get_publication_tables`` applies these rules
+in its ``attrs`` (16+; on 15 a table without a list has ``attrs`` NULL: its plain columns), so the
+snapshot copies exactly the columns pgoutput sends.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ class ColumnInfo:
     element_type: str | None
     not_null: bool
     key: bool
+    #: ``pg_attribute.attgenerated``: ``''`` plain, ``'s'`` stored generated, ``'v'`` virtual (18)
+    generated: str = ""
 
     def manifest_entry(self) -> dict:
         return {
@@ -90,7 +99,7 @@ SELECT p.pubname, gpt.relid, n.nspname, c.relname, c.relkind, c.relreplident,
  ORDER BY n.nspname, c.relname, p.pubname
 """
 
-# Live, non-generated columns with their types and replica-identity membership.
+# Live columns with their types, replica-identity membership and whether they are generated.
 _COLUMNS = """
 SELECT a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod, t.typname,
        format_type(a.atttypid, a.atttypmod), et.typname, a.attnotnull,
@@ -101,24 +110,30 @@ SELECT a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod, t.typname,
                                        WHERE i.indrelid = c.oid AND i.indisreplident)
          ELSE a.attnum = ANY(SELECT unnest(i.indkey) FROM pg_index i
                               WHERE i.indrelid = c.oid AND i.indisprimary)
-       END
+       END,
+       a.attgenerated::text
   FROM pg_attribute a
   JOIN pg_class c ON c.oid = a.attrelid
   JOIN pg_type t ON t.oid = a.atttypid
   LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
- WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY a.attrelid, a.attnum
 """
 
 _ANCESTORS = "SELECT relid FROM pg_partition_ancestors(%s) WHERE relid <> %s::regclass"
 
 
-def table_columns(cursor, oids: Sequence[int]) -> dict[int, list[ColumnInfo]]:
-    """Columns of the given tables, in attnum order, keyed by table oid."""
+def table_columns(cursor, oids: Sequence[int], *, generated: bool = False) -> dict[int, list[ColumnInfo]]:
+    """Columns of the given tables, in attnum order, keyed by table oid.
+
+    :param generated: include generated columns (only a publication's ``attrs`` may select them).
+    """
     cursor.execute(_COLUMNS, (list(oids),))
     columns: dict[int, list[ColumnInfo]] = {}
     for relid, *rest in cursor.fetchall():
-        columns.setdefault(relid, []).append(ColumnInfo(*rest))
+        column = ColumnInfo(*rest)
+        if generated or not column.generated:
+            columns.setdefault(relid, []).append(column)
     return columns
 
 
@@ -156,7 +171,7 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
         entry["publish"] |= {op for op, on in zip(("insert", "update", "delete", "truncate"), (ins, upd, dele, trunc)) if on}
 
     _reject_root_and_leaf(cursor, by_oid)
-    columns = table_columns(cursor, list(by_oid))
+    columns = table_columns(cursor, list(by_oid), generated=True)
     resolved = []
     for oid, entry in by_oid.items():
         table_cols = columns.get(oid, [])
@@ -171,7 +186,7 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
                 "column list for this table, or subscribe to only one of them."
             )
         chosen = distinct.pop()
-        published = [c for c in table_cols if chosen is None or c.attnum in chosen]
+        published = [c for c in table_cols if (not c.generated if chosen is None else c.attnum in chosen)]
         row_filter = None
         filters = entry["filters"]
         if not entry["unfiltered"] and filters:
@@ -188,8 +203,10 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
 
 
 def _normalise(attrs: tuple[int, ...] | None, columns: list[ColumnInfo]) -> frozenset[int] | None:
-    """A list naming every column is the same as no list (as PostgreSQL's table sync treats it)."""
-    if attrs is None or set(attrs) >= {c.attnum for c in columns}:
+    """The published attnums; None for "every plain column" (no list, or one naming each of them,
+    as PostgreSQL's table sync treats it). Generated columns count only where ``attrs`` names them."""
+    plain = {c.attnum for c in columns if not c.generated}
+    if attrs is None or set(attrs) == plain:
         return None
     return frozenset(attrs)
 

@@ -48,6 +48,9 @@ class PgCreatePublicationOperator(BaseOperator):
     :param schemas: ``FOR TABLES IN SCHEMA``.
     :param publish: the DML operations to publish.
     :param publish_via_partition_root: publish partitions as their root table.
+    :param publish_generated_columns: ``"stored"`` publishes stored generated columns, which the
+        snapshot then copies too (PostgreSQL 18 and later; refused on an older server, changing
+        nothing); ``"none"`` (default) leaves generated columns out of snapshot and changes alike.
     :param check: check the result before committing and fail (changing nothing) with every problem found.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
@@ -59,7 +62,7 @@ class PgCreatePublicationOperator(BaseOperator):
         self, *, publication: str, tables: Sequence[PublishedTable | dict | str] | None = None,
         all_tables: bool = False, schemas: Sequence[str] | None = None,
         publish: Sequence[str] = PUBLISH_OPERATIONS, publish_via_partition_root: bool = False,
-        check: bool = True, postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
+        publish_generated_columns: str = "none", check: bool = True, postgres_conn_id: str = PgLogicalHook.default_conn_name, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
@@ -69,6 +72,7 @@ class PgCreatePublicationOperator(BaseOperator):
         self.schemas = schemas
         self.publish = publish
         self.publish_via_partition_root = publish_via_partition_root
+        self.publish_generated_columns = publish_generated_columns
         self.check = check
         self.postgres_conn_id = postgres_conn_id
 
@@ -78,6 +82,7 @@ class PgCreatePublicationOperator(BaseOperator):
             change = hook.ensure_publication(
                 self.publication, _as_published(self.tables), all_tables=self.all_tables, schemas=self.schemas,
                 publish=self.publish, publish_via_partition_root=self.publish_via_partition_root, check=self.check,
+                publish_generated_columns=self.publish_generated_columns,
             )
             if change.created:
                 self.log.info("Created publication %s", self.publication)
