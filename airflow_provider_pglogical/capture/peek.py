@@ -29,6 +29,7 @@ DECODER_PROTO_VERSION = 4
 FETCH_ROWS = 20_000
 #: a window cut inside a streamed transaction that has no commit yet is read again this many times larger
 STREAM_GROWTH = 4
+_MAX_CHANGES = 2**31 - 1  # upto_nchanges is an int4
 
 
 def negotiated_proto_version(server_version: int) -> int:
@@ -122,9 +123,10 @@ def peek_window(
     while True:
         window = _peek_once(connect_kwargs, slot, publications, upto, max_changes, max_bytes, vectorised, streaming)
         # A window cut inside a streamed transaction holds none of it: never advance, read it whole.
-        if not (streaming and window.limited and not window.transaction_count and window.open_streams):
+        if not (streaming and window.limited and not window.transaction_count and window.open_streams) \
+                or max_changes >= _MAX_CHANGES:
             return window
-        max_changes *= STREAM_GROWTH
+        max_changes = min(max_changes * STREAM_GROWTH, _MAX_CHANGES)
         log.info("a streamed transaction is larger than the window: reading up to %d changes", max_changes)
 
 

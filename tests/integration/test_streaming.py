@@ -13,6 +13,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.capture import peek
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.management.slots import changes_sql
 from tests.integration.replay import replay, table_rows
@@ -62,15 +63,24 @@ def test_streamed_commits_aborts_and_subtransaction_aborts_stage_only_committed_
         cur.execute("ROLLBACK TO SAVEPOINT s")
         cur.execute("UPDATE t SET v = 'kept' WHERE id = 1")
         cur.execute("COMMIT")
+        # max_changes far below one streamed transaction: the pull reads it whole, never stalls on it.
+        results = [pull(publisher_hook, root, streaming=True, max_changes=500)]
+        while results[-1]["batch"] is not None:
+            results.append(pull(publisher_hook, root, streaming=True, max_changes=500))
+        assert streamed_transactions(publisher) >= 3  # PostgreSQL did stream them
+        assert sum(r["transactions"] for r in results) == 3
+        assert sum(r["changes"] for r in results) == ROWS + 1 + 10 + ROWS + 1
+        # A large transaction still running when the pull runs: streamed, staged nothing, and the
+        # slot moved past its first changes; once it commits, the next pull stages all of it.
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO t SELECT g, %s FROM generate_series(400001, 400000 + %s) g", (pad, ROWS))
+        running = pull(publisher_hook, root, streaming=True)
+        assert running["batch"] is None and Lsn.parse(running["advanced_to"]) > Lsn.parse(results[-1]["advanced_to"])
+        cur.execute("UPDATE t SET v = 'last' WHERE id = 2")
+        cur.execute("COMMIT")
     writer.close()
     other.close()
-    # max_changes far below one streamed transaction: the pull reads it whole, never stalls on it.
-    results = [pull(publisher_hook, root, streaming=True, max_changes=500)]
-    while results[-1]["batch"] is not None:
-        results.append(pull(publisher_hook, root, streaming=True, max_changes=500))
-    assert streamed_transactions(publisher) >= 3  # PostgreSQL did stream them
-    assert sum(r["transactions"] for r in results) == 3
-    assert sum(r["changes"] for r in results) == ROWS + 1 + 10 + ROWS + 1
+    assert pull(publisher_hook, root, streaming=True)["changes"] == ROWS + 1
     assert table_rows(replay(root, "p"), "public.t", ["id", "v"]) == sorted(publisher.query("SELECT id, v FROM t"))
 
 
