@@ -36,6 +36,17 @@ _CURSOR_FACTORIES = {
 _IAM_TOKEN_REUSE_SECONDS = 300
 
 
+def _check_hosts(conn_id: str, kwargs: Mapping[str, Any]) -> None:
+    """A multi-host connection needs one port per host, or one port for all (libpq's rule)."""
+    hosts = str(kwargs.get("host", "")).split(",")
+    ports = str(kwargs["port"]).split(",") if "port" in kwargs else []
+    if len(ports) > 1 and len(ports) != len(hosts):
+        raise ValueError(
+            f"connection {conn_id!r} names {len(hosts)} host(s) ({kwargs.get('host', '')}) but {len(ports)} ports "
+            f"({kwargs['port']}): give the 'port' extra one port per host, in the hosts' order, or one port for all"
+        )
+
+
 class PgLogicalHook(SubscriptionMethods, PostgresHook):
     """Manage PostgreSQL logical replication from a standard ``postgres`` Airflow connection.
 
@@ -70,6 +81,10 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
         from :meth:`PostgresHook.get_iam_token` (a token is reused for a few minutes). Extras that
         are Airflow's (:attr:`PostgresHook.ignored_extra_options`) are left out; every other extra
         is a libpq keyword (``sslmode``, ``sslrootcert``, ``connect_timeout``, ``application_name``, …).
+
+        A multi-host connection (libpq tries each host in turn, e.g. to follow a failover): the host
+        field lists the hosts (``a,b``) and the ``port`` extra one port per host (``"5432,5433"``;
+        the port field holds one number), with ``target_session_attrs: read-write`` in the extras.
         """
         conn = self.connection
         login, password, port = conn.login, conn.password, conn.port
@@ -84,7 +99,9 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
         for key, value in conn.extra_dejson.items():
             if key not in self.ignored_extra_options:
                 kwargs[key] = value
-        return {k: v for k, v in kwargs.items() if v not in (None, "")}
+        kwargs = {k: v for k, v in kwargs.items() if v not in (None, "")}
+        _check_hosts(self.get_conn_id(), kwargs)
+        return kwargs
 
     def _iam_credentials(self, conn) -> tuple[str, str, int]:
         now = time.monotonic()

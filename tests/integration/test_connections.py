@@ -8,6 +8,7 @@ token is a real password of a real role on a real PostgreSQL, and PostgresHook's
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
 import types
@@ -122,3 +123,33 @@ def test_options_cursor_extra_and_bulk_copy_use_psycopg2(publisher, monkeypatch,
     assert publisher.query("SELECT * FROM dst ORDER BY id") == [(1, "a"), (2, "tab\tin"), (3, None)]
     hook.insert_rows("dst", [(4, "json-ish {}"), (5, None)], target_fields=["id", "name"])
     assert publisher.query("SELECT count(*) FROM dst") == [(5,)]
+
+
+def test_a_multi_host_connection_reaches_the_server_that_accepts_writes(publisher, monkeypatch):
+    """Hosts in the host field, one port per host in the ``port`` extra (the first host is down here)."""
+    cluster = publisher.cluster
+    dead = _free_port()
+    monkeypatch.setenv("AIRFLOW_CONN_PG_MULTI", json.dumps({
+        "conn_type": "postgres", "host": f"{cluster.host},{cluster.host}", "login": cluster.superuser,
+        "password": cluster.password, "schema": publisher.name,
+        "extra": {"port": f"{dead},{cluster.port}", "target_session_attrs": "read-write", "connect_timeout": "5"},
+    }))
+    hook = PgLogicalHook(postgres_conn_id="pg_multi")
+    with hook.autocommit_cursor() as cursor:
+        cursor.execute("SELECT current_database(), current_setting('port')::int")
+        assert cursor.fetchone() == (publisher.name, cluster.port)
+    assert hook.get_slot("nope") is None  # what capture code calls goes through it too
+    monkeypatch.setenv("AIRFLOW_CONN_PG_MULTI", json.dumps({
+        "conn_type": "postgres", "host": f"{cluster.host},{cluster.host}", "login": cluster.superuser,
+        "extra": {"port": f"{dead},{cluster.port},{cluster.port}"},
+    }))
+    with pytest.raises(ValueError, match=r"connection 'pg_multi' names 2 host\(s\) .* but 3 ports"):
+        PgLogicalHook(postgres_conn_id="pg_multi").connect_kwargs()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -2,8 +2,9 @@
 
 A primary and its physical standby on 18 (the newest server here, always installed). The pipeline
 ``p`` has a failover slot that the standby synchronizes; the pipeline ``q`` has an ordinary slot.
-After the promotion the same Airflow connection id points at the new primary: ``p`` pulls on and
-its lakehouse equals the new primary; ``q`` stops with SlotLostError and stages nothing.
+The Airflow connection is one multi-host connection (both hosts, ``target_session_attrs =
+read-write``): libpq picks the primary, and after the promotion, unchanged, the new primary. ``p``
+pulls on and its lakehouse equals the new primary; ``q`` stops with SlotLostError and stages nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ def alter_system(cluster: LocalPostgres, setting: str, value: str) -> None:
         conn.close()
 
 
+def multi_host_connection(primary: LocalPostgres, standby: LocalPostgres) -> str:
+    """One Airflow connection to whichever of the two servers accepts writes (libpq tries each)."""
+    return json.dumps({
+        "conn_type": "postgres", "host": f"{primary.host},{standby.host}", "login": primary.superuser,
+        "password": primary.password, "schema": "postgres",
+        "extra": {"port": f"{primary.port},{standby.port}", "target_session_attrs": "read-write"},
+    })
+
+
 def test_failover_is_refused_below_17_before_anything_is_created(publisher, publisher_hook, tmp_path):
     """The session publisher is 15: failover=True fails with the fix, no slot, no staging."""
     publisher.execute("CREATE TABLE fo_refused(id int PRIMARY KEY)")
@@ -70,9 +80,13 @@ def test_a_failover_slot_carries_the_pipeline_onto_the_promoted_standby(tmp_path
     try:
         primary.execute(SETUP)
         standby = primary.start_standby("standby", "standby_1")
-        monkeypatch.setenv("AIRFLOW_CONN_PROD", primary.connection_uri())
+        monkeypatch.setenv("AIRFLOW_CONN_PROD", multi_host_connection(primary, standby))
         monkeypatch.setenv("AIRFLOW_CONN_PROD_STANDBY", standby.connection_uri())
         hook = PgLogicalHook(postgres_conn_id="prod")
+        assert hook.connect_kwargs()["port"] == f"{primary.port},{standby.port}"
+        with hook.autocommit_cursor() as cursor:  # the primary: the standby does not accept writes
+            cursor.execute("SELECT pg_is_in_recovery(), current_setting('port')::int")
+            assert cursor.fetchone() == (False, primary.port)
         hook.create_publication("orders", [PublishedTable("orders", where="region = 'EU'")])
         failover = dict(slot="fo", publications=["orders"], root=storage, pipeline="p")
         plain = dict(slot="plain", publications=["orders"], root=storage, pipeline="q")
@@ -122,9 +136,11 @@ def test_a_failover_slot_carries_the_pipeline_onto_the_promoted_standby(tmp_path
         primary.stop()
         standby.promote()
 
-        # The same connection id, now pointing at the promoted standby.
-        monkeypatch.setenv("AIRFLOW_CONN_PROD", standby.connection_uri())
+        # The same connection, unchanged: libpq now finds the promoted standby.
         hook = PgLogicalHook(postgres_conn_id="prod")
+        with hook.autocommit_cursor() as cursor:
+            cursor.execute("SELECT current_setting('port')::int")
+            assert cursor.fetchone() == (standby.port,)
         standby.execute("INSERT INTO orders SELECT g, 'EU', g FROM generate_series(2001, 2005) g;"
                         "UPDATE orders SET n = 0 WHERE id = 2")
         before = files(root / "q")
