@@ -71,7 +71,7 @@ def test_stored_generated_columns_reach_iceberg_and_verify_on_18(publisher, publ
         pytest.skip("generated columns are published from PostgreSQL 18 on")
     from airflow_provider_pglogical.spark.jobs import apply_changes
     from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
-    from tests.support.spark_jobs import reading_session
+    from tests.support.spark_jobs import applying_session
 
     publisher.execute(
         "CREATE TABLE g(id int PRIMARY KEY, a int, s int GENERATED ALWAYS AS (a * 2) STORED,"
@@ -95,7 +95,7 @@ def test_stored_generated_columns_reach_iceberg_and_verify_on_18(publisher, publ
     expected = {"public.g": ["id", "a", "s", "note"], "public.h": ["id", "a", "s"]}
     assert staged_columns(root) == {"snapshot": expected, "changes": expected}
 
-    spark = reading_session(tmp_path / "warehouse", "test-generated-columns")
+    spark = applying_session(tmp_path / "warehouse", "test-generated-columns")
     try:
         apply_changes.run(spark, str(root), "p", catalog="lake", namespace="gen")
         for table, columns in expected.items():
