@@ -70,12 +70,14 @@ def test_streamed_commits_aborts_and_subtransaction_aborts_stage_only_committed_
         assert streamed_transactions(publisher) >= 3  # PostgreSQL did stream them
         assert sum(r["transactions"] for r in results) == 3
         assert sum(r["changes"] for r in results) == ROWS + 1 + 10 + ROWS + 1
-        # A large transaction still running when the pull runs: streamed, staged nothing, and the
-        # slot moved past its first changes; once it commits, the next pull stages all of it.
+        # A large transaction still running when the pull runs (a small commit flushes its WAL):
+        # streamed, staged nothing of it, and the slot moved past its first changes; once it
+        # commits, the next pull stages all of it.
         cur.execute("BEGIN")
         cur.execute("INSERT INTO t SELECT g, %s FROM generate_series(400001, 400000 + %s) g", (pad, ROWS))
+        small.execute("INSERT INTO t VALUES (-2, 'flushes the WAL before it')")
         running = pull(publisher_hook, root, streaming=True)
-        assert running["batch"] is None and Lsn.parse(running["advanced_to"]) > Lsn.parse(results[-1]["advanced_to"])
+        assert running["changes"] == 1 and Lsn.parse(running["advanced_to"]) > Lsn.parse(results[-1]["advanced_to"])
         cur.execute("UPDATE t SET v = 'last' WHERE id = 2")
         cur.execute("COMMIT")
     writer.close()
