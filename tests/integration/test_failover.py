@@ -121,10 +121,17 @@ def test_a_failover_slot_carries_the_pipeline_onto_the_promoted_standby(tmp_path
         run_pull(hook, **plain)
 
         # The standby's copy of the failover slot reaches the pipeline's position (its sync worker).
+        # A synced slot needs a running-transactions record replayed on the standby, which the
+        # primary otherwise logs every 15 s at most: log one at each look so a loaded machine waits
+        # for the sync worker, not for that.
         confirmed = str(hook.get_slot("fo").confirmed_flush_lsn)
-        wait_until(lambda: standby.query("SELECT synced FROM pg_replication_slots WHERE slot_name = 'fo' AND "
-                                         "confirmed_flush_lsn = %s::pg_lsn", params=(confirmed,)),
-                   timeout=90, message="the standby to sync slot fo")
+
+        def slot_synced() -> bool:
+            primary.query("SELECT pg_log_standby_snapshot()::text")
+            return bool(standby.query("SELECT synced FROM pg_replication_slots WHERE slot_name = 'fo' AND "
+                                      "confirmed_flush_lsn = %s::pg_lsn", params=(confirmed,)))
+
+        wait_until(slot_synced, timeout=180, interval=1.0, message="the standby to sync slot fo")
         assert not standby.query("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'plain'")
 
         # Changes nobody pulled yet, replayed on the standby; then the primary is gone.
