@@ -7,9 +7,7 @@ it ``spark``, ``name``, ``loaded_table`` and ``iceberg_table``; kept apart so ea
 from __future__ import annotations
 
 from airflow_provider_pglogical.spark.apply.plan import TableState
-from airflow_provider_pglogical.spark.common.hadoop_files import local_path
 from airflow_provider_pglogical.spark.common.identifiers import col, sql_string
-from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.staging.contract import STATE_TABLE, hex16
 
 #: every commit writes a ``v<N>.metadata.json``: keep the last 100 and delete older ones at commit,
@@ -35,15 +33,13 @@ class StateTable:
     def read_state(self, pipeline: str) -> dict[str, TableState]:
         """This pipeline's rows of the state table (created when missing).
 
-        The driver reads the rows' Parquet files itself where it can (``_state_rows_by_driver``):
-        in a fresh JVM a Spark query of the table costs 2-3 s, most of a small tick's job."""
+        The driver reads the rows through Iceberg's reader (``_state_rows_by_driver``): in a fresh
+        JVM a Spark query of the table costs 2-3 s, most of a small tick's job."""
         table = self.state_table()
         snapshot = table.currentSnapshot()  # what is read (the catalog's table, Spark's too)
-        self._state_snapshots[pipeline] = snapshot.snapshotId() if snapshot is not None else None
-        rows = self._state_rows_by_driver(table, pipeline)
-        if rows is None:
-            rows = [tuple(row) for row in self.spark.table(self.name(STATE_TABLE))
-                    .where(col("pipeline") == pipeline).select(*_STATE_COLUMNS).collect()]
+        read_at = snapshot.snapshotId() if snapshot is not None else None
+        self._state_snapshots[pipeline] = read_at
+        rows = self._state_rows_by_driver(table, read_at, pipeline)
         return {
             source: TableState(target, int(position, 16), set(snapshots or ()), last_batch)
             for source, target, position, snapshots, last_batch in rows
@@ -74,38 +70,12 @@ class StateTable:
             + metadata_properties() + ")"
         )
 
-    def _state_rows_by_driver(self, table, pipeline: str) -> list[tuple] | None:
-        """The pipeline's state rows read by pyarrow from the files of the table's current
-        snapshot (Iceberg plans them: the pipeline's partition); None when Spark has to read
-        them: no pyarrow, a file not on this machine's file system, or a delete file."""
-        from airflow_provider_pglogical.spark.row_delta.driver_commits import pyarrow_missing, same_thread_executor
+    def _state_rows_by_driver(self, table, snapshot: int | None, pipeline: str) -> list[tuple]:
+        """The pipeline's state rows at ``snapshot``, read by Iceberg's own reader in the driver
+        (``lookups/table_rows.py``: any FileIO, deletes and schema evolution followed; no Spark job)."""
+        from airflow_provider_pglogical.spark.lookups.table_rows import read_rows
 
-        if pyarrow_missing() is not None:
-            return None
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal("pipeline", pipeline)
-        tasks = table.newScan().filter(matching).planWith(same_thread_executor(self.spark)).planFiles()
-        paths = []
-        try:
-            found = tasks.iterator()
-            while found.hasNext():
-                task = found.next()
-                path = local_path(self.spark, task.file().location())
-                if path is None or not task.deletes().isEmpty():
-                    return None
-                paths.append(path)
-        finally:
-            tasks.close()
-        rows: list[tuple] = []
-        for path in paths:
-            read = pq.read_table(path)
-            if not {"pipeline", *_STATE_COLUMNS} <= set(read.column_names):
-                return None  # a file of another layout: Spark maps it by Iceberg's field ids
-            read = read.filter(pc.equal(read["pipeline"], pipeline))
-            rows.extend(zip(*(read[name].to_pylist() for name in _STATE_COLUMNS)))
-        return rows
+        return read_rows(self.spark, table, snapshot, list(_STATE_COLUMNS), {"pipeline": [pipeline]})
 
     def write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
         """Replace this pipeline's rows of the state table in one commit, which refuses when another

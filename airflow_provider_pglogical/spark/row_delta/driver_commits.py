@@ -1,6 +1,6 @@
 """Iceberg commits the job's driver writes itself, without a Spark job: Parquet files written
-with pyarrow through the table's own FileIO (so any warehouse URI works), Iceberg's metrics taken
-from the footer just written, and one commit.
+with pyarrow through the table's own FileIO (so any warehouse URI works), their metrics read by
+Iceberg's ``ParquetUtil``, and one commit.
 
 A Spark write costs every commit its planning and jobs, 0.3-0.5 s of a 2-core machine for a
 few rows. The row deltas (``row_deltas.py``, ``multiset_row_deltas.py``) and the state commit
@@ -28,8 +28,6 @@ log = logging.getLogger("pglogical.apply")
 
 #: the oldest pyarrow the driver's files are written with (``concat_tables(promote_options=…)``)
 MIN_PYARROW = 14
-#: parquet-mr's footer parser, as the Iceberg Spark runtime shades it
-_PARQUET_METADATA_CONVERTER = "org.apache.iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter"
 
 
 def pyarrow_missing() -> str | None:
@@ -44,8 +42,15 @@ def pyarrow_missing() -> str | None:
 def same_thread_executor(spark):
     """An executor that runs each task in the calling thread. Iceberg's worker pool would run a
     commit's (or a small scan's) few manifest reads and writes on other threads and poll them
-    every 10 ms (``Tasks.waitFor``): most of a small commit's time."""
-    return java_class(spark, "org.apache.spark.util.ThreadUtils").sameThreadExecutorService()
+    every 10 ms (``Tasks.waitFor``): most of a small commit's time. Guava's public direct executor
+    (Guava is on every Spark's class path: 14 in Spark 3.5, where it is ``sameThreadExecutor``)."""
+    from py4j.protocol import Py4JError
+
+    executors = java_class(spark, "com.google.common.util.concurrent.MoreExecutors")
+    try:
+        return executors.newDirectExecutorService()  # Guava 18 and later
+    except Py4JError:
+        return executors.sameThreadExecutor()
 
 
 class ConcurrentCommit(ApplyError):
@@ -136,19 +141,19 @@ class DriverCommits:
         everything = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").alwaysTrue()
         delta.conflictDetectionFilter(everything).validateNoConflictingDataFiles().validateNoConflictingDeleteFiles()
         if data.num_rows:
-            path, size, footer = self._write(table, data, "data")
+            path, size = self._write(table, data, "data")
             delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
                           .withPath(path).withFileSizeInBytes(size).withFormat(parquet)
-                          .withMetrics(self._metrics(footer, metrics)).build())
+                          .withMetrics(self._metrics(table, path, metrics)).build())
         if deletes.num_rows:
-            path, size, footer = self._write(table, deletes, "deletes")
+            path, size = self._write(table, deletes, "deletes")
             field_ids = [schema.findField(name).fieldId() for name in delete_columns]
             ids = self._gateway.new_array(java_class(self.spark, "int"), len(field_ids))
             for i, field_id in enumerate(field_ids):
                 ids[i] = field_id
             delta.addDeletes(java_class(self.spark, "org.apache.iceberg.FileMetadata").deleteFileBuilder(table.spec())
                              .ofEqualityDeletes(ids).withPath(path).withFileSizeInBytes(size).withFormat(parquet)
-                             .withMetrics(self._metrics(footer, metrics)).build())
+                             .withMetrics(self._metrics(table, path, metrics)).build())
         if not (data.num_rows or deletes.num_rows):
             return None
         validated_commit(delta, table, read_at)
@@ -162,11 +167,11 @@ class DriverCommits:
             commit refuses (:class:`ConcurrentCommit`) when another commit changed the partition
             since."""
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
-        path, size, footer = self._write(table, data, "data")
+        path, size = self._write(table, data, "data")
         written = (java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
                    .withPath(path).withFileSizeInBytes(size)
                    .withFormat(java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET)
-                   .withPartitionValues([value]).withMetrics(self._metrics(footer, metrics)).build())
+                   .withPartitionValues([value]).withMetrics(self._metrics(table, path, metrics)).build())
         matching = java_class(self.spark, "org.apache.iceberg.expressions.Expressions").equal(column, value)
         overwrite = table.newOverwrite().scanManifestsWith(self._same_thread()).overwriteByRowFilter(matching)
         if read_at is not None:
@@ -179,9 +184,9 @@ class DriverCommits:
         return same_thread_executor(self.spark)
 
     # files -------------------------------------------------------------------------------------
-    def _write(self, table, frame, kind: str) -> tuple[str, int, bytes]:
-        """Write ``frame`` as a Parquet file where the table keeps its data; returns its location,
-        its size and its footer (the file's metadata)."""
+    def _write(self, table, frame, kind: str) -> tuple[str, int]:
+        """Write ``frame`` as a Parquet file where the table keeps its data; returns its location
+        and its size."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -200,18 +205,13 @@ class DriverCommits:
                 out.write(bytearray(written))
             finally:
                 out.close()
-        footer_length = int.from_bytes(written[-8:-4], "little")  # a Parquet file ends <footer><length>PAR1
-        return path, len(written), written[-8 - footer_length:-8]
+        return path, len(written)
 
-    def _metrics(self, footer: bytes, config):
-        """Column bounds and counts from the file's footer, as Iceberg's own import computes them
-        (``ParquetUtil.footerMetrics``). The footer is parsed from the bytes just written:
-        ``ParquetUtil.fileMetrics`` would read the file back and build a new Hadoop configuration
-        for it, about 10 ms of the driver's CPU per file."""
-        metadata = java_class(self.spark, _PARQUET_METADATA_CONVERTER)().readParquetMetadata(
-            java_class(self.spark, "java.io.ByteArrayInputStream")(bytearray(footer)))
-        return java_class(self.spark, "org.apache.iceberg.parquet.ParquetUtil").footerMetrics(
-            metadata, java_class(self.spark, "java.util.stream.Stream").empty(), config)
+    def _metrics(self, table, path: str, config):
+        """Column bounds and counts of the file just written, by Iceberg's own public reader of a
+        Parquet footer (``ParquetUtil.fileMetrics`` through the table's FileIO: any storage)."""
+        return java_class(self.spark, "org.apache.iceberg.parquet.ParquetUtil").fileMetrics(
+            table.io().newInputFile(path), config)
 
     def arrow_field(self, schema, name: str, kind):
         """The Arrow field of Iceberg column ``name``: its field id (and its list element's), required or not."""
