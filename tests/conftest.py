@@ -85,7 +85,8 @@ def pytest_generate_tests(metafunc) -> None:
     path = metafunc.definition.nodeid.split("::", 1)[0]
     one_server = metafunc.definition.get_closest_marker("one_server") is not None
     if path in EVERY_SERVER and not one_server and "pg_version" in metafunc.fixturenames:
-        versions = test_server_versions()
+        minimum = metafunc.definition.get_closest_marker("min_server")
+        versions = [v for v in test_server_versions() if minimum is None or v >= minimum.args[0]]
         metafunc.parametrize("pg_version", versions, ids=[f"pg{v}" for v in versions])
 
 

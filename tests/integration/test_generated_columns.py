@@ -66,9 +66,8 @@ def test_without_the_option_no_generated_column_is_copied_or_streamed(publisher,
 
 
 @pytest.mark.spark
+@pytest.mark.min_server(18)  # generated columns are published from PostgreSQL 18 on
 def test_stored_generated_columns_reach_iceberg_and_verify_on_18(publisher, publisher_hook, root, pg_version, tmp_path):
-    if pg_version < 18:
-        pytest.skip("generated columns are published from PostgreSQL 18 on")
     from airflow_provider_pglogical.spark.jobs import apply_changes
     from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
     from tests.support.spark_jobs import applying_session
