@@ -111,14 +111,9 @@ class KeyedTables(StepApplier):
         if not manifest.get("files"):
             return 0
         if self.row_deltas is not None:
-            reason = ineligible(manifest, types, step.position)
-            table = self.row_deltas.load(target) if reason is None else None
-            reason = reason or self.row_deltas.table_ineligible(table)
-            if reason is None:
-                rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types)
-                self.row_delta_steps.add((source, step.batch.name))
+            rows = self.as_row_delta(step, source, target, manifest, types, ineligible(manifest, types, step.position))
+            if rows is not None:
                 return rows
-            log.debug("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
         rows = self.read(step, source, batch_types, changes=True)
         reduced = reduce_changes(self.spark, rows, keys, values, step.position,
                                  facts_decide(manifest.get("details", {}), step.position))

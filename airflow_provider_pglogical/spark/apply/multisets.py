@@ -129,15 +129,10 @@ class Multisets(StepApplier):
         if not manifest.get("files"):
             return 0
         if self.row_deltas is not None:
-            reason = multiset_ineligible(manifest, types, step.position)
-            table = self.row_deltas.load(target) if reason is None else None
-            reason = reason or self.row_deltas.table_ineligible(table)
-            if reason is None:
-                rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types,
-                                             step.batch.name)
-                self.row_delta_steps.add((source, step.batch.name))
+            rows = self.as_row_delta(step, source, target, manifest, types,
+                                     multiset_ineligible(manifest, types, step.position), step.batch.name)
+            if rows is not None:
                 return rows
-            log.debug("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
         values = _value_types(types)
         rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
         known = facts_decide(manifest.get("details", {}), step.position)

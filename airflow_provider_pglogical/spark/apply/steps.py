@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.apply.plan import Batch, Step
 from airflow_provider_pglogical.spark.apply.reduction import read_rows
 from airflow_provider_pglogical.staging.column_types import staged_columns
+
+
+log = logging.getLogger("pglogical.apply")
 
 
 class StepApplier:
@@ -19,6 +24,19 @@ class StepApplier:
         self.lakehouse = lakehouse
         #: the ``(source, batch)`` steps applied as Iceberg row deltas (``row_deltas.py``), not MERGEd
         self.row_delta_steps: set[tuple[str, str]] = set()
+
+    def as_row_delta(self, step: Step, source: str, target: str, manifest: dict, types: dict[str, str],
+                     reason: str | None, *extra) -> int | None:
+        """The rows of ``step`` applied as an Iceberg row delta by ``self.row_deltas``; None (nothing
+        done) when the batch (``reason``) or the target table is not eligible: the caller MERGEs."""
+        table = self.row_deltas.load(target) if reason is None else None
+        reason = reason or self.row_deltas.table_ineligible(table)
+        if reason is not None:
+            log.debug("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
+            return None
+        rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types, *extra)
+        self.row_delta_steps.add((source, step.batch.name))
+        return rows
 
     def read(self, step: Step, source: str, types: dict[str, str], *, changes: bool):
         """The step's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""
