@@ -4,8 +4,8 @@ A real S3 server (moto's, on loopback) holds the warehouse, Iceberg's JDBC catal
 database of the test PostgreSQL cluster, and the apply reaches both with credentials from Airflow
 connections. Staging stays on the local disk. Keyed and keyless tables with out-of-line TOAST
 values are snapshotted, changed, pulled and applied twice through ``IcebergApplyOperator``, then
-read back by another road (a Spark session of the test's own) and compared with a psycopg2 query
-of the source. While the applies run, every process's command line is watched: neither the S3
+read back by another road (a Spark session of the test's own, in a JVM of its own) and compared
+with a psycopg2 query of the source. While the applies run, every process's command line is watched: neither the S3
 secret nor the catalog's password may show there, nor in the task's log.
 """
 
@@ -26,7 +26,7 @@ from airflow_provider_pglogical.operators.iceberg_apply import RESULT_PREFIX, Ic
 from tests.integration.sync_helpers import pull, synced
 from tests.support.databases import drop_database, new_database
 from tests.support.object_store import start_s3_server
-from tests.support.spark_jobs import driver_java_conf
+from tests.support.spark_jobs import query_in_own_jvm
 
 pytestmark = pytest.mark.spark
 
@@ -110,26 +110,18 @@ class CommandLines:
         return False
 
 
-def reading_session(iceberg: IcebergConfig):
-    """The test's own Spark session on the same catalog and bucket (credentials set in-process)."""
-    from pyspark.sql import SparkSession
-
+def lake_rows(iceberg: IcebergConfig, *queries: tuple[str, str]) -> list[list[tuple]]:
+    """Sorted rows of each (table, columns), read by a Spark session of the test's own, in a JVM of
+    its own so that the S3A and JDBC jars are on its class path, with credentials set privately."""
     access = lakehouse_access(iceberg)
-    builder = SparkSession.builder.master("local[1]").appName("object-store-reader")
-    conf = {**iceberg.spark_conf(), **access.public, **access.private, "spark.ui.enabled": "false",
-            "spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": "2",
-            f"spark.sql.catalog.{iceberg.catalog}.cache-enabled": "false", **driver_java_conf()}
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    conf = {**iceberg.spark_conf(), **access.public, **access.private,
+            f"spark.sql.catalog.{iceberg.catalog}.cache-enabled": "false"}
+    results = query_in_own_jvm(conf, [f"SELECT {columns} FROM lake.shop.{table}" for table, columns in queries])
+    return [sorted(rows) for rows in results]
 
 
 def source_rows(publisher, table: str, columns: str) -> list[tuple]:
     return sorted(publisher.query(f"SELECT {columns} FROM {table}"))
-
-
-def lake_rows(spark, table: str, columns: str) -> list[tuple]:
-    return sorted(tuple(row) for row in spark.sql(f"SELECT {columns} FROM lake.shop.{table}").collect())
 
 
 def test_keyed_and_keyless_tables_with_toast_land_on_s3_through_a_jdbc_catalog_and_no_secret_shows(
@@ -170,15 +162,12 @@ def test_keyed_and_keyless_tables_with_toast_land_on_s3_through_a_jdbc_catalog_a
     assert sorted(catalog_db.query("SELECT table_name FROM iceberg_tables WHERE table_namespace = 'shop'")) == [
         ("_pglogical_state",), ("events",), ("orders",)]
 
-    spark = reading_session(iceberg)
-    try:
-        assert lake_rows(spark, "orders", "id, status, note") == source_rows(publisher, "orders", "id, status, note")
-        assert lake_rows(spark, "events", "kind, payload") == source_rows(publisher, "events", "kind, payload")
-    finally:
-        spark.stop()
+    assert lake_rows(iceberg, ("orders", "id, status, note"), ("events", "kind, payload")) == [
+        source_rows(publisher, "orders", "id, status, note"), source_rows(publisher, "events", "kind, payload")]
 
     # the credentials reached Spark (it wrote to the bucket and the catalog) through no command line and no log
-    submits = [line for line in command_lines.seen if "SparkSubmit" in line]
+    # (the JVM of an in-process session an earlier test of this worker left, "pyspark-shell", is no apply)
+    submits = [line for line in command_lines.seen if "SparkSubmit" in line and "pyspark-shell" not in line]
     assert submits and all("--properties-file" in line for line in submits), command_lines.seen
     for line in command_lines.seen:
         assert secret not in line and catalog_password not in line, line
