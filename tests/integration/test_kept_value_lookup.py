@@ -156,3 +156,46 @@ def test_kept_value_found_under_a_position_delete(spark, publisher, publisher_ho
     assert [row.content for row in deletes] == [1]  # position deletes
     assert case.looked_up() == {key: (doc,) for key, doc in case.docs.items()}
     case.apply()
+
+
+PAIRS = """
+CREATE TABLE pairs (id bigint NOT NULL, region text NOT NULL, qty int, doc text, PRIMARY KEY (id, region));
+ALTER TABLE pairs ALTER COLUMN doc SET STORAGE EXTERNAL;
+INSERT INTO pairs SELECT g, r, g, repeat(md5(g::text || r), 300)
+    FROM generate_series(1, 4) g, unnest(ARRAY['EU', 'US']) r;
+"""
+
+
+@pytest.mark.spark
+def test_kept_values_found_under_a_composite_key_and_its_key_changes(spark, publisher, publisher_hook, tmp_path):
+    """A composite key is narrowed column by column (``in`` on id, ``in`` on region): the read
+    finds every combination of the wanted values, (1, 'US') beside the wanted (1, 'EU'); only the
+    wanted pairs may lend their values. One row also changes its key, keeping its TOAST value."""
+    storage = synced(publisher, publisher_hook, tmp_path / "staging", PAIRS, ["pairs"])
+    before = publisher.query("SELECT id, region, qty, doc FROM pairs")
+    publisher.execute("UPDATE pairs SET qty = qty + 10 WHERE (id, region) IN ((1, 'EU'), (2, 'US'), (3, 'EU'))")
+    publisher.execute("UPDATE pairs SET region = 'APAC' WHERE (id, region) = (4, 'US')")  # a key change
+    staging = Staging(spark, (tmp_path / "staging").as_uri(), "p")
+    batch = Batch.parse(pull(publisher_hook, storage))
+    batch.manifest = staging.read_manifest(batch)
+    manifest = batch.manifest["tables"]["public.pairs"]
+    lakehouse = Lakehouse(spark, "lake", "pairs", "merge-on-read", None)
+    name = lakehouse.name("public__pairs")
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.pairs")
+    spark.sql(f"CREATE TABLE {name} (id bigint, region string, qty int, doc string) USING iceberg {MERGE_ON_READ}")
+    spark.createDataFrame(before, "id bigint, region string, qty int, doc string").writeTo(name).append()
+    table = lakehouse.iceberg_table("public__pairs")
+
+    wanted = [(1, "EU"), (2, "US"), (4, "US"), (9, "EU")]  # (9, 'EU') is in no snapshot
+    found = lookup_rows(spark, table, table.currentSnapshot().snapshotId(), ["id", "region"], ["doc"], wanted, name)
+    docs = {(i, r): doc for i, r, _q, doc in before}
+    assert found == {pair: (docs[pair],) for pair in wanted[:3]}
+
+    types = {f.name: f.dataType.simpleString() for f in spark.table(name).schema.fields}
+    assert manifest["key"] == ["id", "region"] and manifest["details"]["change_facts"]["unchanged"]
+    assert ineligible(manifest, types, 0) is None  # a composite key takes the row delta
+    deltas = RowDeltas(spark, staging, lakehouse)
+    deltas.apply(deltas.load("public__pairs"), "public__pairs", staging.files(batch, "public.pairs"), manifest, types)
+    columns = "id, region, qty, md5(doc)"
+    assert sorted(tuple(row) for row in spark.sql(f"SELECT {columns} FROM {name}").collect()) == \
+        sorted(publisher.query(f"SELECT {columns} FROM pairs"))

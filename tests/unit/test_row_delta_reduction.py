@@ -95,7 +95,9 @@ def test_only_batches_that_set_whole_rows_of_matching_columns_are_eligible():
     assert ineligible(manifest(), TYPES, 500) is None
     assert ineligible(manifest(unchanged=True), TYPES, 500) is None  # looked up by key
     composite = {**manifest(unchanged=True), "key": ["id", "v"]}
-    assert "composite key" in ineligible(composite, TYPES, 500)
+    assert ineligible(composite, TYPES, 500) is None  # looked up by every key column
+    stamped = {**composite, "columns": [*COLUMNS, {"name": "at", "type": "timestamptz"}], "key": ["id", "at"]}
+    assert "type not looked up" in ineligible(stamped, {**TYPES, "at": "timestamp"}, 500)
     assert ineligible({**manifest(), "key": ["id", "v"]}, TYPES, 500) is None
     truncated = manifest()
     truncated["details"]["truncated"] = True

@@ -32,7 +32,7 @@ class StepApplier:
         table = self.row_deltas.load(target) if reason is None else None
         reason = reason or self.row_deltas.table_ineligible(table)
         if reason is not None:
-            log.debug("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
+            log.info("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
             return None
         rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types, *extra)
         self.row_delta_steps.add((source, step.batch.name))

@@ -59,19 +59,40 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
     return rows
 
 
-def lookup_rows(spark, table, snapshot: int | None, key: str, columns: list[str], keys: list,
+def lookup_rows(spark, table, snapshot: int | None, key: str | list[str], columns: list[str], keys: list,
                 name: str) -> dict:
     """The rows of ``keys`` in snapshot ``snapshot`` of ``table``: key -> the values of ``columns``
-    (a tuple). A key the snapshot does not hold is left out. Two rows under one key raise
-    :class:`ApplyError` (the table ``name`` is not keyed as its batches say)."""
+    (a tuple). ``key`` is one key column (``keys`` holds its values) or a list of them (``keys``
+    holds tuples). A key the snapshot does not hold is left out. Two rows under one key raise
+    :class:`ApplyError` (the table ``name`` is not keyed as its batches say).
+
+    A composite key is narrowed by an ``in`` on each of its columns, which reads every row whose
+    values are each among the wanted ones (a superset of the wanted tuples); only the wanted tuples
+    are kept.
+    """
+    composite = not isinstance(key, str)
+    key_columns = list(key) if composite else [key]
+    wanted = set(keys)
+    narrowed = {column: sorted({k[i] for k in wanted}, key=_sortable) if composite else list(keys)
+                for i, column in enumerate(key_columns)}
+    width = len(key_columns)
     found: dict = {}
-    for row in read_rows(spark, table, snapshot, [key, *columns], {key: list(keys)}):
-        if row[0] in found:
-            raise ApplyError(f"Iceberg table {name} holds two rows under key {key} = {row[0]!r}, where its source "
+    for row in read_rows(spark, table, snapshot, [*key_columns, *columns], narrowed):
+        found_key = row[:width] if composite else row[0]
+        if composite and found_key not in wanted:
+            continue
+        if found_key in found:
+            shown = ", ".join(f"{c} = {v!r}" for c, v in zip(key_columns, row[:width]))
+            raise ApplyError(f"Iceberg table {name} holds two rows under key {shown}, where its source "
                              f"table has one: the table was written by something other than this pipeline. Fix: "
                              f"re-snapshot the table (PgBackfillOperator) so it holds the source's rows again")
-        found[row[0]] = row[1:]
+        found[found_key] = row[width:]
     return found
+
+
+def _sortable(value) -> tuple:
+    """A sort key for one key column's values, NULL first (a wanted value may be None)."""
+    return (value is not None, value)
 
 
 def arrow_values(array) -> list:

@@ -86,8 +86,8 @@ def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | No
         return BINARY_EQUALITY
     facts = manifest["details"][CHANGE_FACTS]
     if facts["unchanged"]:  # values kept from the lakehouse: looked up by key (RowDeltas._lakehouse_values)
-        if len(manifest["key"]) != 1 or not lookup_type(types[manifest["key"][0]]):
-            return "values are kept from the lakehouse under a composite key or one of a type not looked up"
+        if not all(lookup_type(types[key]) for key in manifest["key"]):
+            return "values are kept from the lakehouse under a key of a type not looked up"
         if any(kind.startswith("array<timestamp") for kind in types.values()):
             return "values are kept from the lakehouse and a column is an array of timestamps"
         if facts["rows"] > KEPT_VALUES_MAX_ROWS:
@@ -247,7 +247,7 @@ class RowDeltas(DriverCommits):
         import pyarrow.compute as pc
 
         last = rows.take(pa.array(reduction.last_rows, type=pa.int64()))
-        kept = self._lakehouse_values(rows, table, target, keys[0], reduction, snapshot) \
+        kept = self._lakehouse_values(rows, table, target, keys, reduction, snapshot) \
             if reduction.sources else {}
         schema = table.schema()
         fields, arrays = [], []
@@ -267,7 +267,7 @@ class RowDeltas(DriverCommits):
             arrays.append(array.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    def _lakehouse_values(self, rows, table, target: str, key: str, reduction: Reduction,
+    def _lakehouse_values(self, rows, table, target: str, keys: list[str], reduction: Reduction,
                           snapshot: int | None) -> dict:
         """Per column no row of the batch sent for some present key, the lakehouse's values (an Arrow
         array over the present keys): the row of the key's origin, else of the key itself (a step
@@ -281,13 +281,13 @@ class RowDeltas(DriverCommits):
             return {}
         needing = [i for i in range(len(reduction.present))
                    if any(reduction.sources[name][i] is None for name in missing)]
-        wanted = sorted({reduction.present[i][0] for i in needing} | {reduction.origins[i][0] for i in needing})
-        found = lookup_rows(self.spark, table, snapshot, key, missing, wanted, self.lakehouse.name(target))
+        wanted = {tuple(reduction.present[i]) for i in needing} | {tuple(reduction.origins[i]) for i in needing}
+        found = lookup_rows(self.spark, table, snapshot, keys, missing, list(wanted), self.lakehouse.name(target))
         values = {}
         for position, name in enumerate(missing):
             column = []
             for i, own in enumerate(reduction.present):
-                row = found.get(reduction.origins[i][0]) or found.get(own[0])
+                row = found.get(tuple(reduction.origins[i])) or found.get(tuple(own))
                 column.append(plain_value(row[position]) if row is not None else None)
             kind = rows[staged_name(name)].type
             if pa.types.is_timestamp(kind):
