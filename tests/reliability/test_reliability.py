@@ -1,6 +1,6 @@
 """The reliability harness: short seeded mode in CI, the long mode on demand.
 
-Short mode (default ``pytest`` run): a few thousand changes in three rounds that together hit
+Short mode (default ``pytest`` run): a few thousand changes in two rounds that together hit
 every kill point once; the seed is printed on failure. Long mode (deselected by default):
 ``pytest tests/reliability -m slow`` or ``python -m tests.reliability.harness --rounds N --changes M
 --seed S``.
