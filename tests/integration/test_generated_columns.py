@@ -67,7 +67,7 @@ def test_without_the_option_no_generated_column_is_copied_or_streamed(publisher,
 
 @pytest.mark.spark
 @pytest.mark.min_server(18)  # generated columns are published from PostgreSQL 18 on
-def test_stored_generated_columns_reach_iceberg_and_verify_on_18(publisher, publisher_hook, root, pg_version, tmp_path):
+def test_stored_generated_columns_reach_iceberg_and_verify_on_18_also_when_added_later(publisher, publisher_hook, root, pg_version, tmp_path):
     from airflow_provider_pglogical.spark.jobs import apply_changes
     from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
     from tests.support.spark_jobs import applying_session
@@ -103,6 +103,22 @@ def test_stored_generated_columns_reach_iceberg_and_verify_on_18(publisher, publ
             assert [c for c in frame.columns if not c.startswith("_pglogical")] == columns
             lake = sorted(tuple(r) for r in frame.select(*columns).collect())
             assert lake == sorted(publisher.query(f"SELECT {', '.join(columns)} FROM {name}")), table
+        tables = source_projection.source_tables(publisher_hook.published_tables(publications), "lake", "gen")
+        result = verify_tables(publisher_hook.connect_kwargs(), tables, root, "p",
+                               lambda plan: verify_job.run(spark, json.loads(storage_path(plan).read_text())))
+        assert result["equal"], result["summary"]
+
+        # a stored generated column added later: PostgreSQL computes it for every existing row,
+        # which no change carries, so the pull re-snapshots the table (never NULLs in old rows)
+        publisher.execute("ALTER TABLE g ADD COLUMN d int GENERATED ALWAYS AS (a + 100) STORED;"
+                          "UPDATE g SET note = 'after' WHERE id = 3")
+        run_pull(publisher_hook, slot="s1", publications=publications, root=root, pipeline="p")
+        assert staged_columns(root)["snapshot"]["public.g"] == ["id", "a", "s", "note", "d"]
+        apply_changes.run(spark, str(root), "p", catalog="lake", namespace="gen")
+        columns = ["id", "a", "s", "note", "d"]
+        lake = sorted(tuple(r) for r in spark.table("lake.gen.public__g").select(*columns).collect())
+        assert lake == sorted(publisher.query(f"SELECT {', '.join(columns)} FROM g"))
+        assert all(row[4] == row[1] + 100 for row in lake)
         tables = source_projection.source_tables(publisher_hook.published_tables(publications), "lake", "gen")
         result = verify_tables(publisher_hook.connect_kwargs(), tables, root, "p",
                                lambda plan: verify_job.run(spark, json.loads(storage_path(plan).read_text())))
