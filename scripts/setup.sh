@@ -46,7 +46,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip setuptools wheel &&
     .venv/bin/python -m pip install --disable-pip-version-check -e '.[test]'; } >"$log" 2>&1 \
     || { tail -n 40 "$log"; echo "setup: pip install failed (full log: $log)"; exit 1; }
-  .venv/bin/python -c "import airflow_provider_pglogical, pyspark, psycopg2, pyarrow, airflow.providers.apache.spark"
+  .venv/bin/python -c "import airflow_provider_pglogical, pyspark, psycopg2, pyarrow, airflow.providers.apache.spark, airflow.providers.amazon, s3fs"
   echo "$want" > "$stamp"
 fi
 

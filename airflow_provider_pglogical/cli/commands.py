@@ -12,12 +12,13 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.lakehouse.staging_roots import staging_path
 from airflow_provider_pglogical.management.pipeline_ops import drop_pipeline, pipeline_status
 from airflow_provider_pglogical.management.validation import check_pipeline_name, check_staging_root
 
 
 def _target(args) -> tuple[PgLogicalHook, ObjectStoragePath, str]:
-    root = ObjectStoragePath(check_staging_root(args.staging_root))
+    root = staging_path(check_staging_root(args.staging_root))
     return PgLogicalHook(postgres_conn_id=args.conn_id), root, check_pipeline_name(args.pipeline)
 
 

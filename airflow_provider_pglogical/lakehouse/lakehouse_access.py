@@ -36,7 +36,7 @@ def lakehouse_access(config: IcebergConfig) -> LakehouseAccess:
     """Read the config's Airflow connections (storage, catalog) into Spark properties."""
     access = LakehouseAccess()
     if config.storage_conn_id:
-        _storage(config.storage_conn_id, access)
+        storage_properties(config.storage_conn_id, access)
     if config.catalog_conn_id:
         _catalog(config, access)
     return access
@@ -48,8 +48,9 @@ def _connection(conn_id: str):
     return BaseHook.get_connection(conn_id)
 
 
-def _storage(conn_id: str, access: LakehouseAccess) -> None:
-    """An ``aws`` connection: keys in login/password (or extras), endpoint and region in extras."""
+def storage_properties(conn_id: str, access: LakehouseAccess, prefix: str = "spark.hadoop.fs.s3a.") -> None:
+    """An ``aws`` connection as S3A properties under ``prefix`` (``spark.hadoop.fs.s3a.bucket.<b>.`` for
+    one bucket): keys in login/password (or extras), endpoint and region in extras."""
     conn = _connection(conn_id)
     extra = conn.extra_dejson
     key = conn.login or extra.get("aws_access_key_id")
@@ -62,19 +63,19 @@ def _storage(conn_id: str, access: LakehouseAccess) -> None:
         )
     endpoint = extra.get("endpoint_url")
     if endpoint:
-        access.public["spark.hadoop.fs.s3a.endpoint"] = str(endpoint)
-        access.public["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(str(endpoint).startswith("https:")).lower()
+        access.public[f"{prefix}endpoint"] = str(endpoint)
+        access.public[f"{prefix}connection.ssl.enabled"] = str(str(endpoint).startswith("https:")).lower()
     path_style = extra.get("path_style_access", bool(endpoint))
-    access.public["spark.hadoop.fs.s3a.path.style.access"] = str(str(path_style).lower() in _TRUE).lower()
+    access.public[f"{prefix}path.style.access"] = str(str(path_style).lower() in _TRUE).lower()
     if extra.get("region_name"):
-        access.public["spark.hadoop.fs.s3a.endpoint.region"] = str(extra["region_name"])
+        access.public[f"{prefix}endpoint.region"] = str(extra["region_name"])
     if key:
-        access.private["spark.hadoop.fs.s3a.access.key"] = str(key)
-        access.private["spark.hadoop.fs.s3a.secret.key"] = str(secret)
+        access.private[f"{prefix}access.key"] = str(key)
+        access.private[f"{prefix}secret.key"] = str(secret)
         token = extra.get("aws_session_token")
         if token:
-            access.private["spark.hadoop.fs.s3a.session.token"] = str(token)
-            access.public["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
+            access.private[f"{prefix}session.token"] = str(token)
+            access.public[f"{prefix}aws.credentials.provider"] = (
                 "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider")
 
 

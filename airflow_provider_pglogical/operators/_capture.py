@@ -9,6 +9,7 @@ from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import BaseOperator, ObjectStoragePath
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.lakehouse.staging_roots import staging_path
 from airflow_provider_pglogical.lineage import CaptureLineageMixin
 from airflow_provider_pglogical.management.validation import check_staging_root
 
@@ -35,7 +36,8 @@ class CaptureOperator(CaptureLineageMixin, BaseOperator):
 
     def publisher_and_staging(self) -> tuple[PgLogicalHook, ObjectStoragePath]:
         """The publisher's hook and the checked staging root (after templates are rendered)."""
-        return PgLogicalHook(postgres_conn_id=self.postgres_conn_id), ObjectStoragePath(check_staging_root(self.staging_root))
+        root = staging_path(check_staging_root(self.staging_root))  # its file system and connection, checked
+        return PgLogicalHook(postgres_conn_id=self.postgres_conn_id), root
 
 
 def staging_root_argument(staging_root: str | None, staging_path: str | None, task_id: str) -> str:

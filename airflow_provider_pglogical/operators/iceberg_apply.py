@@ -20,7 +20,8 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
-from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, lakehouse_access, private_properties
+from airflow_provider_pglogical.lakehouse.staging_roots import check_staging_store, spark_uri, staging_access
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
@@ -78,9 +79,10 @@ class IcebergApplyOperator(SparkSubmitOperator):
     Nothing is looked up when the DAG is parsed: the Iceberg jar and the Spark properties are
     resolved when the task runs.
 
-    :param staging_root: staging root URI as Spark's Hadoop FileSystem reads it
-        (``file:///data/staging``, ``s3a://bucket/staging``). The job's result is written under it;
-        the task reads it through ``ObjectStoragePath`` (``s3a://`` is read as ``s3://``). (templated)
+    :param staging_root: staging root URI, the one the capture operators write to
+        (``file:///data/staging``, ``s3://<aws_conn_id>@bucket/staging``). The task lists it through
+        ``ObjectStoragePath``; Spark reads it as ``s3a://bucket/staging`` with the connection's keys
+        in the private properties file (docs/lakehouse.md, "Staging on S3"). (templated)
     :param pipeline: pipeline name: the batches are under ``<staging_root>/<pipeline>/``. (templated)
     :param iceberg: the lakehouse; default :class:`IcebergConfig` (embedded Hadoop catalog ``lake``).
         (templated: its ``catalog``, ``warehouse``, ``namespace`` and ``extra_conf``)
@@ -155,7 +157,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
-        args = ["--staging-root", str(self.staging_root), "--pipeline", str(self.pipeline), *self.iceberg.job_args()]
+        args = ["--staging-root", spark_uri(str(self.staging_root)), "--pipeline", str(self.pipeline),
+                *self.iceberg.job_args()]
         if self.table_map:
             args += ["--table-map", json.dumps(self.table_map)]
         if self.concurrency != DEFAULT_CONCURRENCY:
@@ -174,16 +177,17 @@ class IcebergApplyOperator(SparkSubmitOperator):
         """Run the job; returns the pipeline, the state table and how many steps and rows were applied."""
         with fail_permanent_errors():
             # staging_root and pipeline are rendered by now: check them, then build the command line
-            check_staging_root(str(self.staging_root))
+            check_staging_store(check_staging_root(str(self.staging_root)))
             self.iceberg.check()
             check_pipeline_name(self.pipeline)
             check_table_map(self.table_map)
+            staging = staging_access(str(self.staging_root), self.iceberg, self.iceberg.spark_conf())
             root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
             pending = pending_batches(root, str(self.pipeline), lakehouse)
             if self.skip_when_idle:
                 self.skip_if_idle(pending, lakehouse, root)
             self.py_files = with_job_bundle(self.py_files)
-            result = self.run_spark_submit(context)
+            result = self.run_spark_submit(context, staging)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
@@ -200,15 +204,19 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "tables": sorted({step["table"] for step in steps}),
             }
 
-    def run_spark_submit(self, context: Context) -> dict:
-        """The apply as its own spark-submit; returns the job's result."""
+    def run_spark_submit(self, context: Context, staging: LakehouseAccess | None = None) -> dict:
+        """The apply as its own spark-submit; returns the job's result.
+
+        :param staging: what Spark needs to reach an object-store staging root (:func:`staging_access`).
+        """
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
         access = lakehouse_access(self.iceberg)  # credentials: never on the command line
-        self.conf = {**self.iceberg.spark_conf(), **access.public, **(self.conf or {}), RESULT_CONF: result_at,
-                     STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
+        staging = staging or LakehouseAccess()
+        self.conf = {**self.iceberg.spark_conf(), **access.public, **staging.public, **(self.conf or {}),
+                     RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
         self.application_args = [*self.job_args(), *lease_holder_args(context)]
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
-        with private_properties(access.private, given) as self.properties_file:
+        with private_properties({**access.private, **staging.private}, given) as self.properties_file:
             try:
                 super().execute(context)
             except Exception as failure:

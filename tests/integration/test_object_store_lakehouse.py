@@ -2,8 +2,10 @@
 
 A real S3 server (moto's, on loopback) holds the warehouse, Iceberg's JDBC catalog lives in a
 database of the test PostgreSQL cluster, and the apply reaches both with credentials from Airflow
-connections. Staging stays on the local disk. Keyed and keyless tables with out-of-line TOAST
-values are snapshotted, changed, pulled and applied twice through ``IcebergApplyOperator``, then
+connections. Staging is on the same bucket under another prefix (``s3://<conn>@lake/staging``):
+the initial sync and the pull write it through ``ObjectStoragePath``, the apply job reads it and
+removes the applied batches (retention) through S3A. Keyed and keyless tables with out-of-line
+TOAST values are snapshotted, changed, pulled and applied twice through the operators, then
 read back by another road (a Spark session of the test's own, in a JVM of its own) and compared
 with a psycopg2 query of the source. While the applies run, every process's command line is watched: neither the S3
 secret nor the catalog's password may show there, nor in the task's log.
@@ -16,14 +18,18 @@ import logging
 import os
 import threading
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access
+from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import RESULT_PREFIX, IcebergApplyOperator
-from tests.integration.sync_helpers import pull, synced
+from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
+from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from tests.support.databases import drop_database, new_database
 from tests.support.object_store import start_s3_server
 from tests.support.spark_jobs import query_in_own_jvm
@@ -124,8 +130,8 @@ def source_rows(publisher, table: str, columns: str) -> list[tuple]:
     return sorted(publisher.query(f"SELECT {columns} FROM {table}"))
 
 
-def test_keyed_and_keyless_tables_with_toast_land_on_s3_through_a_jdbc_catalog_and_no_secret_shows(
-        publisher, publisher_hook, catalog_db, s3_server, tmp_path, monkeypatch, caplog, capfd):
+def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog_and_no_secret_shows(
+        publisher, publisher_hook, catalog_db, s3_server, monkeypatch, caplog, capfd):
     secret = f"s3-secret-{uuid.uuid4().hex}"
     catalog_password = catalog_db.cluster.password
     s3_server.create_bucket(BUCKET)
@@ -135,29 +141,43 @@ def test_keyed_and_keyless_tables_with_toast_land_on_s3_through_a_jdbc_catalog_a
     iceberg = IcebergConfig(catalog_type="jdbc", catalog_conn_id=catalog_db.conn_id, warehouse=f"s3a://{BUCKET}/warehouse",
                             storage_conn_id="pglogical_lake_s3", namespace="shop")
 
+    staging = f"s3://pglogical_lake_s3@{BUCKET}/staging"  # the same bucket and connection as the warehouse
+    capture = {"publications": ["p"], "staging_root": staging, "pipeline": "p", "postgres_conn_id": publisher.conn_id}
+
     def apply() -> dict:
-        operator = IcebergApplyOperator(task_id="apply", staging_root=storage.as_uri(), pipeline="p", iceberg=iceberg,
+        operator = IcebergApplyOperator(task_id="apply", staging_root=staging, pipeline="p", iceberg=iceberg,
                                         table_map={"public.orders": "orders", "public.events": "events"},
+                                        staging_retention=timedelta(0),
                                         conf={"spark.ui.enabled": "false"}, env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
         return operator.execute({})
 
-    storage = synced(publisher, publisher_hook, tmp_path / "staging", SOURCE, ["orders", "events"])
+    publisher.execute(SOURCE)
+    publisher_hook.create_publication("p", [PublishedTable("orders"), PublishedTable("events")])
     caplog.clear()
     capfd.readouterr()
     with caplog.at_level(logging.DEBUG), CommandLines() as command_lines:
+        snapshot = PgInitialSyncOperator(task_id="sync", slot="s1", **capture).execute({})["batch"].rsplit("/", 1)[1]
         first = apply()
         publisher.execute(CHANGES)
-        pull(publisher_hook, storage)
+        changes = PgSlotPullOperator(task_id="pull", slot="s1", **capture).execute({})["batch"].rsplit("/", 1)[1]
         second = apply()
     out, err = capfd.readouterr()
     task_log = "\n".join((caplog.text, out, err))  # Airflow's structlog loggers write to the process's output
     assert first["tables"] == second["tables"] == ["public.events", "public.orders"], (first, second)
+    with pytest.raises(AirflowSkipException, match="Spark was not started"):  # an idle tick lists S3 staging only
+        apply()
 
     # the warehouse is on the S3 server: metadata and data files of both tables, none on the local disk
     keys = s3_server.keys(BUCKET, "warehouse/")
     for table in ("orders", "events"):
         assert any(k.startswith(f"warehouse/shop/{table}/metadata/") for k in keys), keys
         assert any(k.startswith(f"warehouse/shop/{table}/data/") for k in keys), keys
+    # staging is on the S3 server too, and retention removed the applied snapshot (a change batch stays:
+    # the newest one is kept for a pull that died before advancing its slot)
+    staged = s3_server.keys(BUCKET, "staging/p/")
+    assert f"staging/p/{changes}/_manifest.json" in staged, staged
+    assert not [key for key in staged if key.startswith(f"staging/p/{snapshot}/")], staged
+    assert "staging/p/_retention.json" in staged, staged
     # and the tables are in the JDBC catalog, not in a Hadoop catalog's version-hint
     assert sorted(catalog_db.query("SELECT table_name FROM iceberg_tables WHERE table_namespace = 'shop'")) == [
         ("_pglogical_state",), ("events",), ("orders",)]

@@ -63,6 +63,11 @@ def _plain_file_path(uri: str) -> str | None:
     return path
 
 
+#: staged bytes on an object store the driver hashes itself (py4j carries about 1.7 MB/s) rather than
+#: in a Spark job over the executors, whose start costs seconds
+DRIVER_HASH_BYTES = 256 * 1024
+
+
 def _file_mode(spark) -> int:
     return staging_file_mode(spark.conf.get(STAGING_FILE_MODE_CONF, None))
 
@@ -165,9 +170,9 @@ class Staging:
     def damaged_files(self, reads: dict[str, tuple[Batch, set[str]]]) -> list[str]:
         """Files the steps will read that differ from their manifest: missing, of another size, or
         of another SHA-256. Sizes come from one listing per batch; every file is read once more
-        to hash it (by Python on ``file:``, else by one Spark job on the executors): on the order of
-        a second per GB. Files staged before sizes and hashes were recorded are not checked."""
-        problems, expected = [], {}
+        to hash it (by Python on ``file:`` and for a few small files on an object store, else by one
+        Spark job on the executors): on the order of a second per GB. Files staged before sizes and hashes were recorded are not checked."""
+        problems, expected, lengths = [], {}, {}
         for batch, sources in reads.values():
             directory = self._path(f"{self.directory}/{batch.name}")
             sizes = {status.getPath().getName(): status.getLen() for status in self._fs.listStatus(directory)}
@@ -181,15 +186,17 @@ class Staging:
                                                                       f"{size:,} (truncated or replaced)"))
                     elif entry.get(FILE_SHA256):
                         expected[f"{self.directory}/{batch.name}/{name}"] = (batch, source, name, entry[FILE_SHA256])
-        actual = self._sha256(list(expected))
+                        lengths[f"{self.directory}/{batch.name}/{name}"] = sizes[name]
+        actual = self._sha256(list(expected), lengths)
         for uri, (batch, source, name, sha256) in expected.items():
             if actual.get(_batch_file(uri)) != sha256:
                 problems.append(_damaged(batch, source, name, "has other bytes than were staged (its SHA-256 differs "
                                                               "from the manifest's)"))
         return problems
 
-    def _sha256(self, uris: list[str]) -> dict[str, str]:
-        """``{"<batch>/<file>": SHA-256 hex}`` of staged files."""
+    def _sha256(self, uris: list[str], lengths: dict[str, int] | None = None) -> dict[str, str]:
+        """``{"<batch>/<file>": SHA-256 hex}`` of staged files: read by the driver on ``file:``, and on
+        an object store while they are small in all (``lengths``): a Spark job costs seconds there."""
         out, remote = {}, []
         for uri in uris:
             local = local_path(self.spark, uri)
@@ -201,6 +208,9 @@ class Staging:
                 for chunk in iter(lambda: file.read(1 << 20), b""):
                     digest.update(chunk)
             out[_batch_file(uri)] = digest.hexdigest()
+        if remote and sum((lengths or {}).get(uri, DRIVER_HASH_BYTES) for uri in remote) < DRIVER_HASH_BYTES:
+            out.update((_batch_file(uri), hashlib.sha256(self.read_bytes(uri)).hexdigest()) for uri in remote)
+            remote = []
         if remote:
             hashed = self.spark.sparkContext.binaryFiles(",".join(remote)).map(_sha256_of).collect()
             out.update((_batch_file(uri), digest) for uri, digest in hashed)
