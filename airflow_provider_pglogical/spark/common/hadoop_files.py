@@ -171,7 +171,8 @@ class Staging:
         """Files the steps will read that differ from their manifest: missing, of another size, or
         of another SHA-256. Sizes come from one listing per batch; every file is read once more
         to hash it (by Python on ``file:`` and for a few small files on an object store, else by one
-        Spark job on the executors): on the order of a second per GB. Files staged before sizes and hashes were recorded are not checked."""
+        Spark job on the executors): on the order of a second per GB. Files staged before sizes and
+        hashes were recorded are not checked."""
         problems, expected, lengths = [], {}, {}
         for batch, sources in reads.values():
             directory = self._path(f"{self.directory}/{batch.name}")
