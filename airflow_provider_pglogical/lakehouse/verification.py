@@ -21,8 +21,9 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, lakehouse_access, private_properties
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path as staging_path_of
 from airflow_provider_pglogical.staging.contract import RESULT_CONF, STAGING_FILE_MODE_CONF, default_target_name, table_key
 from airflow_provider_pglogical.staging.job_result import read_result, storage_path
 from airflow_provider_pglogical.staging.pipeline_record import read_record
@@ -40,20 +41,26 @@ class LakehouseDiffers(PgLogicalError):
 
 
 def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spark_default",
-                   driver_memory: str = "2g") -> dict:
+                   driver_memory: str = "2g", staging: LakehouseAccess | None = None) -> dict:
     """spark-submit the comparison job through the Spark provider's hook; returns its JSON result.
 
     The job writes the result next to its plan, read back through ObjectStoragePath: the driver's
     stdout is not needed (cluster deploy modes).
+
+    :param plan_uri: the plan as Airflow reaches it (``s3://<conn>@bucket/…`` on S3; Spark gets
+        :func:`spark_uri` of it).
+    :param staging: what Spark needs to reach an object-store staging root (``staging_access``).
     """
     result_at = f"{plan_uri.rsplit('/', 1)[0]}/_result-{uuid.uuid4().hex}.json"
     access = lakehouse_access(iceberg)  # credentials: never on the command line
-    with private_properties(access.private) as properties_file:
+    staging = staging or LakehouseAccess()
+    with private_properties({**access.private, **staging.private}) as properties_file:
         hook = SparkSubmitHook(
-            conf={**iceberg.spark_conf(), **access.public, RESULT_CONF: result_at,
+            conf={**iceberg.spark_conf(), **access.public, **staging.public, RESULT_CONF: spark_uri(result_at),
                   STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
             conn_id=conn_id, name="pglogical-verify", properties_file=properties_file,
-            driver_memory=driver_memory, py_files=with_job_bundle(None), application_args=["--plan", plan_uri],
+            driver_memory=driver_memory, py_files=with_job_bundle(None),
+            application_args=["--plan", spark_uri(plan_uri)],
         )
         hook.submit(application=str(VERIFY_JOB))
     return read_result(result_at, job="verify")
@@ -63,7 +70,10 @@ def verify_tables(connect_kwargs: Mapping[str, Any], tables: list[source_project
                   root: ObjectStoragePath, pipeline: str, compare: Callable[[str], dict], *, limit: int = 10) -> dict:
     """Digest the source in PostgreSQL, have ``compare`` (the Spark job) digest Iceberg, explain differences.
 
-    :param compare: runs the Spark comparison on a plan file (its URI) and returns the job's result.
+    :param compare: runs the Spark comparison on a plan file (its URI as Airflow reaches it) and
+        returns the job's result. The plan names its output directory as Spark reaches it
+        (``s3a://…`` for an ``s3://<conn>@…`` root); the rows written there are read back here
+        through ``root``'s own path, so with its connection.
     :returns: the job's result, each differing table completed by PostgreSQL's row comparison
         (``missing_rows``, ``extra_rows``, ``only_in_source``, ``only_in_target``, ``first_differing_keys``).
     """
@@ -74,13 +84,16 @@ def verify_tables(connect_kwargs: Mapping[str, Any], tables: list[source_project
                 source_projection.bucket_sums(cursor, table)
             make_dirs(directory)  # private (0700) on a local file system: the job writes source rows under it
             plan = directory / "plan.json"
-            plan.write_text(json.dumps({"output": str(directory / "rows"),
-                                        "tables": [table.spec() for table in tables]}))
+            rows, output = directory / "rows", spark_uri(str(directory / "rows"))
+            plan.write_text(json.dumps({"output": output, "tables": [table.spec() for table in tables]}))
             result = compare(str(plan))
             for table, verdict in zip(tables, result["tables"]):
                 if verdict.get("buckets"):
+                    written = verdict["rows_at"]  # <output>/table-<i>, as Spark named it
+                    at = rows / written[len(output):].lstrip("/") if written.startswith(output) \
+                        else storage_path(written)
                     verdict.update(source_projection.differences(
-                        cursor, table, verdict["buckets"], _target_rows(verdict["rows_at"]), limit))
+                        cursor, table, verdict["buckets"], _target_rows(at), limit))
     finally:
         if directory.exists():
             directory.rmdir(recursive=True)
@@ -89,10 +102,10 @@ def verify_tables(connect_kwargs: Mapping[str, Any], tables: list[source_project
     return result
 
 
-def _target_rows(uri: str) -> dict[str, list]:
-    """The Spark job's rows of the differing buckets (Parquet parts under ``uri``), column by column."""
+def _target_rows(directory: ObjectStoragePath) -> dict[str, list]:
+    """The Spark job's rows of the differing buckets (Parquet parts in ``directory``), column by column."""
     parts = []
-    for part in sorted(storage_path(uri).iterdir(), key=str):
+    for part in sorted(directory.iterdir(), key=str):
         if part.name.endswith(".parquet"):
             with part.open("rb") as fh:
                 parts.append(pq.read_table(fh))
@@ -129,11 +142,14 @@ def verify_pipeline(
     iceberg = iceberg or IcebergConfig()
     publisher = PgLogicalHook(postgres_conn_id=postgres_conn_id)
     published = publisher.published_tables(list(publications))
-    table_map = followed_renames(ObjectStoragePath(staging_path), pipeline, published, table_map)
+    root = staging_path_of(staging_path)
+    table_map = followed_renames(root, pipeline, published, table_map)
     tables = source_projection.source_tables(
         published, iceberg.catalog, iceberg.namespace, table_map=table_map,
         type_overrides=type_overrides, apply_row_filters=source_conn_id is None)
     source = PgLogicalHook(postgres_conn_id=source_conn_id) if source_conn_id else publisher
     report(f"verify: digesting {len(tables)} table(s) in PostgreSQL, then comparing them with Iceberg in Spark")
-    return verify_tables(source.connect_kwargs(), tables, ObjectStoragePath(staging_path), pipeline,
-                         lambda plan: run_verify_job(plan, iceberg, conn_id=spark_conn_id), limit=limit)
+    staging = staging_access(staging_path, iceberg, iceberg.spark_conf())
+    return verify_tables(source.connect_kwargs(), tables, root, pipeline,
+                         lambda plan: run_verify_job(plan, iceberg, conn_id=spark_conn_id, staging=staging),
+                         limit=limit)

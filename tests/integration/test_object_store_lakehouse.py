@@ -6,9 +6,9 @@ connections. Staging is on the same bucket under another prefix (``s3://<conn>@l
 the initial sync and the pull write it through ``ObjectStoragePath``, the apply job reads it and
 removes the applied batches (retention) through S3A. Keyed and keyless tables with out-of-line
 TOAST values are snapshotted, changed, pulled and applied twice through the operators, then
-read back by another road (a Spark session of the test's own, in a JVM of its own) and compared
-with a psycopg2 query of the source. While the applies run, every process's command line is watched: neither the S3
-secret nor the catalog's password may show there, nor in the task's log.
+compared with the source by verify (PostgreSQL digests the source, a verify job digests Iceberg
+through the same catalog, bucket and staging root). While all of them run, every process's command
+line is watched: neither the S3 secret nor the catalog's password may show there, nor in the log.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access
+from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import RESULT_PREFIX, IcebergApplyOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from tests.support.databases import drop_database, new_database
 from tests.support.object_store import start_s3_server
-from tests.support.spark_jobs import query_in_own_jvm
 
 pytestmark = pytest.mark.spark
 
@@ -116,16 +115,6 @@ class CommandLines:
         return False
 
 
-def lake_rows(iceberg: IcebergConfig, *queries: tuple[str, str]) -> list[list[tuple]]:
-    """Sorted rows of each (table, columns), read by a Spark session of the test's own, in a JVM of
-    its own so that the S3A and JDBC jars are on its class path, with credentials set privately."""
-    access = lakehouse_access(iceberg)
-    conf = {**iceberg.spark_conf(), **access.public, **access.private,
-            f"spark.sql.catalog.{iceberg.catalog}.cache-enabled": "false"}
-    results = query_in_own_jvm(conf, [f"SELECT {columns} FROM lake.shop.{table}" for table, columns in queries])
-    return [sorted(rows) for rows in results]
-
-
 def source_rows(publisher, table: str, columns: str) -> list[tuple]:
     return sorted(publisher.query(f"SELECT {columns} FROM {table}"))
 
@@ -161,6 +150,11 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
         publisher.execute(CHANGES)
         changes = PgSlotPullOperator(task_id="pull", slot="s1", **capture).execute({})["batch"].rsplit("/", 1)[1]
         second = apply()
+        # verify, the pipeline's own witness (PostgreSQL digests the source, Spark the Iceberg tables),
+        # through the same catalog, bucket and staging root
+        verified = verify_pipeline(postgres_conn_id=publisher.conn_id, publications=["p"], staging_path=staging,
+                                   pipeline="p", iceberg=iceberg, report=lambda message: None,
+                                   table_map={"public.orders": "orders", "public.events": "events"})
     out, err = capfd.readouterr()
     task_log = "\n".join((caplog.text, out, err))  # Airflow's structlog loggers write to the process's output
     assert first["tables"] == second["tables"] == ["public.events", "public.orders"], (first, second)
@@ -182,8 +176,10 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
     assert sorted(catalog_db.query("SELECT table_name FROM iceberg_tables WHERE table_namespace = 'shop'")) == [
         ("_pglogical_state",), ("events",), ("orders",)]
 
-    assert lake_rows(iceberg, ("orders", "id, status, note"), ("events", "kind, payload")) == [
-        source_rows(publisher, "orders", "id, status, note"), source_rows(publisher, "events", "kind, payload")]
+    assert verified["equal"], verified["summary"]
+    counts = {t["table"]: (t["source_rows"], t["target_rows"]) for t in verified["tables"]}
+    assert counts == {"public.orders": (len(source_rows(publisher, "orders", "id")),) * 2,
+                      "public.events": (len(source_rows(publisher, "events", "kind")),) * 2}, counts
 
     # the credentials reached Spark (it wrote to the bucket and the catalog) through no command line and no log
     # (the JVM of an in-process session an earlier test of this worker left, "pyspark-shell", is no apply)

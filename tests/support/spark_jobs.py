@@ -94,40 +94,6 @@ def applying_session(warehouse: Path, app_name: str):
     return session
 
 
-#: the body of :func:`query_in_own_jvm`'s process: Spark conf and queries on stdin, rows as JSON on stdout
-_OWN_JVM_READER = """
-import json, sys
-from pyspark.sql import SparkSession
-request = json.load(sys.stdin)
-builder = SparkSession.builder.master("local[1]").appName("own-jvm-reader")
-for key, value in request["conf"].items():
-    builder = builder.config(key, value)
-spark = builder.getOrCreate()
-rows = [[list(row) for row in spark.sql(query).collect()] for query in request["queries"]]
-spark.stop()
-print("ROWS " + json.dumps(rows))
-"""
-
-
-def query_in_own_jvm(conf: dict[str, str], queries: list[str], timeout: float = 600) -> list[list[tuple]]:
-    """Rows of each query, run by a Spark session in a JVM of its own (a fresh Python process).
-
-    A test's in-process sessions share one JVM per pytest worker, whose class path was fixed by the
-    first session: jars a later session names (S3A, a JDBC driver) never reach it. The conf, which
-    may hold credentials, travels on stdin, never on the command line.
-    """
-    import sys
-
-    conf = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": "2",
-            **driver_java_conf(), **conf}
-    proc = subprocess.run([sys.executable, "-c", _OWN_JVM_READER], input=json.dumps({"conf": conf, "queries": queries}),
-                          env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=timeout)
-    result = [line for line in proc.stdout.splitlines() if line.startswith("ROWS ")]
-    assert proc.returncode == 0 and result, f"the reader failed ({proc.returncode}):\n{proc.stderr[-5000:]}"
-    return [[tuple(row) for row in rows] for rows in json.loads(result[-1][5:])]
-
-
 def reading_session(warehouse: Path, app_name: str, extra: dict[str, str] | None = None):
     """An in-process Spark session (``local[1]``) that reads the Iceberg warehouse a test's jobs
     write, with the catalog's cache off so it sees every commit, and the driver options of
