@@ -11,7 +11,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, Param
 
-from airflow_provider_pglogical import IcebergApplyOperator, IcebergConfig, PgBackfillOperator
+from airflow_provider_pglogical import IcebergApplyOperator, PgBackfillOperator
 
 import pglogical_settings as settings
 
@@ -45,6 +45,6 @@ with DAG(
         conn_id=settings.SPARK_CONN_ID,
         staging_root=settings.STAGING,
         pipeline=settings.PIPELINE,
-        iceberg=IcebergConfig(warehouse=settings.WAREHOUSE, namespace=settings.NAMESPACE),
+        iceberg=settings.iceberg_config(),
     )
     backfill >> apply

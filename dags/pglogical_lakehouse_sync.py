@@ -20,7 +20,6 @@ from airflow.sdk import DAG, CronTriggerTimetable, TriggerRule, task
 
 from airflow_provider_pglogical import (
     IcebergApplyOperator,
-    IcebergConfig,
     IcebergMaintenanceOperator,
     PgCreatePublicationOperator,
     PgInitialSyncOperator,
@@ -31,7 +30,7 @@ from airflow_provider_pglogical.lakehouse.maintenance_window import maintenance_
 
 import pglogical_settings as settings
 
-ICEBERG = IcebergConfig(warehouse=settings.WAREHOUSE, namespace=settings.NAMESPACE)
+ICEBERG = settings.iceberg_config()
 #: the schedule's period: a run's data interval is the tick before it, so the housekeeping gate
 #: sees every moment once (change both together)
 TICK = dt.timedelta(minutes=10)

@@ -5,6 +5,14 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_SOURCE_CONN_ID``: the publisher's ``postgres`` connection (default ``pglogical_source``)
 - ``PGLOGICAL_STAGING``: staging root URI (default ``file://$AIRFLOW_HOME/pglogical/staging``)
 - ``PGLOGICAL_WAREHOUSE``: Iceberg warehouse URI (default ``file://$AIRFLOW_HOME/pglogical/warehouse``)
+- ``PGLOGICAL_CATALOG_TYPE``: the Iceberg catalog's type (default ``hadoop``, the embedded one; on an
+  object store a transactional one: ``jdbc``, ``rest``, ``glue``; docs/lakehouse.md)
+- ``PGLOGICAL_CATALOG_CONN_ID``: for ``jdbc``, the ``postgres`` connection of the catalog's database
+  (default none)
+- ``PGLOGICAL_CATALOG_URI``: the catalog's ``uri`` when no connection gives it (a REST URL; default none)
+- ``PGLOGICAL_STORAGE_CONN_ID``: the ``aws`` connection of an ``s3a://`` warehouse: keys, endpoint
+  (default none: the machine's AWS credentials chain)
+- ``PGLOGICAL_NAMESPACE``: the Iceberg namespace of the tables (default ``shop``)
 - ``PGLOGICAL_SPARK_CONN_ID``: the Spark connection (default ``spark_default``; host ``local[*]`` for local mode)
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
@@ -17,7 +25,10 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Mapping
 from pathlib import Path
+
+from airflow_provider_pglogical import IcebergConfig
 
 _home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")).resolve()
 
@@ -39,6 +50,20 @@ TABLES = [
     {"name": "public.events"},
 ]
 PUBLISH_VIA_PARTITION_ROOT = True
+
+
+def iceberg_config(environ: Mapping[str, str] = os.environ) -> IcebergConfig:
+    """The lakehouse every example DAG applies to, maintains and verifies, from ``environ``: a fresh
+    config per DAG (operators render its templates), and the demo builds it from its own run's environment."""
+    return IcebergConfig(
+        catalog_type=environ.get("PGLOGICAL_CATALOG_TYPE") or "hadoop",
+        catalog_conn_id=environ.get("PGLOGICAL_CATALOG_CONN_ID") or None,
+        catalog_uri=environ.get("PGLOGICAL_CATALOG_URI") or None,
+        storage_conn_id=environ.get("PGLOGICAL_STORAGE_CONN_ID") or None,
+        warehouse=environ.get("PGLOGICAL_WAREHOUSE") or WAREHOUSE,
+        namespace=environ.get("PGLOGICAL_NAMESPACE") or NAMESPACE,
+    )
+
 
 #: the sync DAG compacts, expires and cleans the Iceberg tables after the apply of one run in every
 #: period (the run whose data interval holds 00:00, 06:00, 12:00 or 18:00 UTC with 6 hours)

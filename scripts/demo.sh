@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the main job end to end on the embedded default:
 # a local PostgreSQL, Airflow (dags test), Spark local mode and a local Iceberg warehouse.
+# `--lakehouse s3`: the warehouse on a local S3 server (moto) through Iceberg's JDBC catalog instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,6 +1,6 @@
 """The embedded end-to-end demo: local PostgreSQL → Airflow DAGs → Spark local → local Iceberg.
 
-    python -m airflow_provider_pglogical.embedded.demo [--ticks 3] [--keep]
+    python -m airflow_provider_pglogical.embedded.demo [--ticks 3] [--keep] [--lakehouse local|s3]
 
 1. starts a throwaway PostgreSQL 15 on loopback and loads a demo schema (a row filter, a column
    list, a partitioned table, arrays, jsonb, TOAST-sized values);
@@ -11,6 +11,9 @@
    untouched, deletes, a key change), then the DAG again (slot-lag sensor, pull, apply);
 4. runs ``pglogical_backfill`` for one table while the slot keeps its position;
 5. verifies the lakehouse against the source and prints a summary.
+
+``--lakehouse s3`` runs the same flow on the production shape (``demo_lakehouse.py``): the warehouse
+on a local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL; staging stays on the disk.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from airflow_provider_pglogical.embedded import demo_lakehouse
 from airflow_provider_pglogical.embedded.postgres import LocalPostgres
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +123,9 @@ def workload(pg: LocalPostgres, db: str, rng: random.Random, tick: int) -> dict:
     return done
 
 
-def airflow_env(home: Path, pg: LocalPostgres, db: str) -> dict:
+def airflow_env(home: Path, pg: LocalPostgres, db: str, lakehouse: Mapping[str, str] | None = None) -> dict:
+    """The DAGs' environment; ``lakehouse`` (catalog, warehouse, their connections) replaces the
+    embedded warehouse under ``home``."""
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),
@@ -134,16 +141,20 @@ def airflow_env(home: Path, pg: LocalPostgres, db: str) -> dict:
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         # the DAGs, and this very package first (not another copy installed in the environment)
         "PYTHONPATH": os.pathsep.join([str(DAGS), str(REPO)]),
+        **(lakehouse or {}),
     }
     return env
 
 
-def airflow(env: dict, *args: str) -> None:
+def airflow(env: dict, *args: str, redact: Sequence[str] = ()) -> None:
     started = time.monotonic()
     proc = subprocess.run([str(Path(sys.executable).parent / "airflow"), *args], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        print(proc.stdout[-20000:])
+        output = proc.stdout[-20000:]
+        for secret in redact:
+            output = output.replace(secret, "***")
+        print(output)
         raise SystemExit(f"demo: `airflow {' '.join(args)}` failed (exit {proc.returncode})")
     print(f"  airflow {' '.join(args[:3])} … ok ({time.monotonic() - started:.0f}s)")
 
@@ -154,38 +165,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--home", default=str(REPO / ".airflow-demo"))
     parser.add_argument("--keep", action="store_true", help="keep PostgreSQL and the warehouse afterwards")
+    parser.add_argument("--lakehouse", choices=demo_lakehouse.LAKEHOUSES, default="local",
+                        help="local: a Hadoop catalog on a local directory (default); s3: the warehouse on a "
+                             "local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    try:
+        demo_lakehouse.check(args.lakehouse)
+    except RuntimeError as error:  # nothing is started or removed yet
+        raise SystemExit(f"demo: --lakehouse {args.lakehouse}: {error}") from None
     rng = random.Random(args.seed)
     home = Path(args.home)
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     pg = LocalPostgres(name="demo", keep=args.keep).start()
+    lakehouse = None
     try:
         db = "shop"
         pg.create_database(db)
         print(f"PostgreSQL {pg.query('SHOW server_version')[0][0]} on 127.0.0.1:{pg.port}; loading the demo schema")
         load(pg, db, rng)
-        env = airflow_env(home, pg, db)
+        lakehouse = (demo_lakehouse.s3_lakehouse(pg) if args.lakehouse == "s3"
+                     else demo_lakehouse.local_lakehouse(home))
+        print(f"lakehouse: {lakehouse.where}")
+        env = airflow_env(home, pg, db, lakehouse.env)
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW", "PGLOGICAL", "SPARK"))})
-        airflow(env, "db", "migrate")
+
+        def run(*command: str) -> None:
+            airflow(env, *command, redact=lakehouse.redact)
+
+        run("db", "migrate")
         print("initial sync and first apply")
-        airflow(env, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:00:00+00:00")
+        run("dags", "test", "pglogical_lakehouse_sync", "2026-01-01T00:00:00+00:00")
         activity = []
         for tick in range(1, args.ticks + 1):
             activity.append(workload(pg, db, rng, tick))
             print(f"tick {tick}: {activity[-1]}")
-            airflow(env, "dags", "test", "pglogical_lakehouse_sync", f"2026-01-01T00:{10 * tick:02d}:00+00:00")
+            run("dags", "test", "pglogical_lakehouse_sync", f"2026-01-01T00:{10 * tick:02d}:00+00:00")
         print("backfill of public.customers while the slot keeps flowing")
         workload(pg, db, rng, args.ticks + 1)
-        airflow(env, "dags", "test", "pglogical_backfill", "2026-01-02T00:00:00+00:00",
-                "--conf", json.dumps({"table": "public.customers"}))
-        airflow(env, "dags", "test", "pglogical_lakehouse_sync", "2026-01-02T00:10:00+00:00")
+        run("dags", "test", "pglogical_backfill", "2026-01-02T00:00:00+00:00",
+            "--conf", json.dumps({"table": "public.customers"}))
+        run("dags", "test", "pglogical_lakehouse_sync", "2026-01-02T00:10:00+00:00")
         print("verify")
         result = verify(env)
-        summary(pg, db, env, result, activity, time.monotonic() - started)
+        summary(pg, db, env, result, activity, time.monotonic() - started, lakehouse)
         return 0 if result["equal"] else 1
     finally:
+        if lakehouse is not None:
+            lakehouse.close(keep=args.keep)
         if not args.keep:
             pg.stop()
 
@@ -194,20 +222,19 @@ def verify(env: dict) -> dict:
     sys.path.insert(0, str(DAGS))
     import pglogical_settings as settings
 
-    from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
     from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 
-    # Paths from this run's environment: the settings module may have been imported earlier
-    # (e.g. by a DagBag parse) with other values.
+    # The lakehouse and paths of this run's environment: the settings module may have been imported
+    # earlier (e.g. by a DagBag parse) with other values.
     return verify_pipeline(
         postgres_conn_id=settings.SOURCE_CONN_ID, publications=[settings.PUBLICATION],
         staging_path=env["PGLOGICAL_STAGING"], pipeline=settings.PIPELINE,
-        iceberg=IcebergConfig(warehouse=env["PGLOGICAL_WAREHOUSE"], namespace=settings.NAMESPACE),
-        report=lambda message: None,
+        iceberg=settings.iceberg_config(env), report=lambda message: None,
     )
 
 
-def summary(pg: LocalPostgres, db: str, env: dict, result: dict, activity: list[dict], seconds: float) -> None:
+def summary(pg: LocalPostgres, db: str, env: dict, result: dict, activity: list[dict], seconds: float,
+            lakehouse: demo_lakehouse.DemoLakehouse | None = None) -> None:
     from airflow.sdk import ObjectStoragePath
 
     import pglogical_settings as settings
@@ -227,6 +254,8 @@ def summary(pg: LocalPostgres, db: str, env: dict, result: dict, activity: list[
           f"retained WAL {slot.retained_wal_bytes:,} bytes")
     print(f"  workload: {sum(a['inserts'] for a in activity)} inserts, {sum(a['updates'] for a in activity)} updates, "
           f"{sum(a['deletes'] for a in activity)} deletes over {len(activity)} ticks")
+    if lakehouse is not None:
+        print(f"  lakehouse: {lakehouse.describe()}")
     print(f"  verify: {'PASSED' if result['equal'] else 'FAILED'} (source at LSN {result['source_lsn']})")
     if not result["equal"]:
         print(result["summary"])
