@@ -13,7 +13,7 @@
 5. verifies the lakehouse against the source and prints a summary.
 
 ``--lakehouse s3`` runs the same flow on the production shape (``demo_lakehouse.py``): the warehouse
-on a local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL; staging stays on the disk.
+on a local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL; staging on the same bucket.
 """
 
 from __future__ import annotations

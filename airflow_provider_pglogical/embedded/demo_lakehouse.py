@@ -94,8 +94,10 @@ def s3_lakehouse(pg: LocalPostgres) -> DemoLakehouse:
         server.stop()
         raise
     warehouse = f"s3a://{BUCKET}/{WAREHOUSE_PREFIX}"
+    staging = f"s3://{STORAGE_CONN_ID}@{BUCKET}/staging"  # the connection in the root, as ObjectStoragePath takes it
     env = {
         "PGLOGICAL_WAREHOUSE": warehouse,
+        "PGLOGICAL_STAGING": staging,
         "PGLOGICAL_CATALOG_TYPE": "jdbc",
         "PGLOGICAL_CATALOG_CONN_ID": CATALOG_CONN_ID,
         "PGLOGICAL_STORAGE_CONN_ID": STORAGE_CONN_ID,
@@ -107,5 +109,5 @@ def s3_lakehouse(pg: LocalPostgres) -> DemoLakehouse:
              "extra": {"endpoint_url": server.endpoint, "region_name": "us-east-1"}}),
     }
     where = (f"Iceberg JDBC catalog in database {CATALOG_DB} on {pg.host}:{pg.port}, "
-             f"warehouse {warehouse} on the S3 server {server.endpoint}")
+             f"warehouse {warehouse} and staging {staging} on the S3 server {server.endpoint}")
     return DemoLakehouse(env=env, where=where, redact=[secret, password], s3=server)
