@@ -42,6 +42,15 @@ def lakehouse_access(config: IcebergConfig) -> LakehouseAccess:
     return access
 
 
+def job_access(config: IcebergConfig, staging: LakehouseAccess | None = None) -> LakehouseAccess:
+    """Everything one of our spark-submits needs: the lakehouse's Spark configuration and access,
+    plus an object-store staging root's (``staging_roots.staging_access``). ``public`` goes into the
+    job's ``conf``, ``private`` into its private properties file, never onto the command line."""
+    lake, staging = lakehouse_access(config), staging or LakehouseAccess()
+    return LakehouseAccess(public={**config.spark_conf(), **lake.public, **staging.public},
+                           private={**lake.private, **staging.private})
+
+
 def _connection(conn_id: str):
     from airflow.sdk import BaseHook
 

@@ -20,7 +20,7 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
-from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, lakehouse_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
 from airflow_provider_pglogical.lakehouse.staging_roots import check_staging_store, spark_uri, staging_access
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.staging.contract import (
@@ -210,13 +210,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
         :param staging: what Spark needs to reach an object-store staging root (:func:`staging_access`).
         """
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
-        access = lakehouse_access(self.iceberg)  # credentials: never on the command line
-        staging = staging or LakehouseAccess()
-        self.conf = {**self.iceberg.spark_conf(), **access.public, **staging.public, **(self.conf or {}),
+        access = job_access(self.iceberg, staging)  # credentials: never on the command line
+        self.conf = {**access.public, **(self.conf or {}),
                      RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
         self.application_args = [*self.job_args(), *lease_holder_args(context)]
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
-        with private_properties({**access.private, **staging.private}, given) as self.properties_file:
+        with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
             except Exception as failure:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access, private_properties
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.spark.launch import MAINTENANCE_JOB, with_job_bundle
 from airflow_provider_pglogical.management.validation import check_count
@@ -113,8 +113,8 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> None:
         # resolved when the task runs, not when the DAG is parsed (the jar lookup, templated values)
         with fail_permanent_errors():  # a refused lakehouse is not retried
-            access = lakehouse_access(self.iceberg)  # credentials: never on the command line
-            self.conf = {**self.iceberg.spark_conf(), **access.public, **(self.conf or {})}
+            access = job_access(self.iceberg)  # credentials: never on the command line
+            self.conf = {**access.public, **(self.conf or {})}
         self.application_args = self.job_args()
         self.py_files = with_job_bundle(self.py_files)
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made

@@ -24,7 +24,9 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import (
     s3a_jars,
 )
 from airflow_provider_pglogical.lakehouse.lakehouse_access import (
+    LakehouseAccess,
     escape_property,
+    job_access,
     lakehouse_access,
     private_properties,
 )
@@ -109,6 +111,15 @@ def test_credentials_come_from_connections_and_only_the_private_properties_hold_
         "spark.sql.catalog.lake.jdbc.password": "catalog-secret",
     }
     assert "secret" not in json.dumps({**config.spark_conf(), **access.public})
+    # what a spark-submit of ours gets: the catalog's conf, the lakehouse's and a staging root's
+    # access, the secrets of both only in the private part
+    staging = LakehouseAccess(public={"spark.hadoop.fs.s3a.bucket.stage.endpoint": "http://127.0.0.1:9001"},
+                              private={"spark.hadoop.fs.s3a.bucket.stage.secret.key": "staging-secret"})
+    job = job_access(config, staging)
+    assert job.public == {**config.spark_conf(), **access.public, **staging.public}
+    assert job.private == {**access.private, **staging.private}
+    assert "secret" not in json.dumps(job.public)
+    assert job_access(config).private == access.private
 
 
 def test_a_key_without_its_secret_is_refused_naming_the_connection(monkeypatch):
