@@ -177,15 +177,25 @@ def holder_is_gone(process: dict | None) -> bool:
             (here["boot"], here["pid_namespace"]):
         return False
     try:
-        return _start_time(int(process["pid"])) != process.get("start")
+        state, start = _state_and_start(int(process["pid"]))
     except OSError:  # no such process
         return True
+    # a zombie has ended: only its parent has yet to reap it (a killed driver whose JVM died with it
+    # waits for init, which in a container may never come)
+    return state in ("Z", "X") or start != process.get("start")
+
+
+def _state_and_start(pid: int) -> tuple[str, int]:
+    """The process's state letter and start time in clock ticks since boot (fields 3 and 22 of
+    /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
 
 
 def _start_time(pid: int) -> int:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[19])
+    """The process's start time in clock ticks since boot."""
+    return _state_and_start(pid)[1]
 
 
 def _utc(seconds: float) -> str:
