@@ -21,7 +21,7 @@ from airflow.sdk import Asset, AssetAlias
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
-from airflow_provider_pglogical.lakehouse.staging_roots import check_staging_store, spark_uri, staging_access
+from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
@@ -177,12 +177,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
         """Run the job; returns the pipeline, the state table and how many steps and rows were applied."""
         with fail_permanent_errors():
             # staging_root and pipeline are rendered by now: check them, then build the command line
-            check_staging_store(check_staging_root(str(self.staging_root)))
+            root = staging_path(check_staging_root(str(self.staging_root)))  # its file system is installed
             self.iceberg.check()
             check_pipeline_name(self.pipeline)
             check_table_map(self.table_map)
             staging = staging_access(str(self.staging_root), self.iceberg, self.iceberg.spark_conf())
-            root, lakehouse = storage_path(str(self.staging_root)), self.lakehouse_identity()
+            lakehouse = self.lakehouse_identity()
             pending = pending_batches(root, str(self.pipeline), lakehouse)
             if self.skip_when_idle:
                 self.skip_if_idle(pending, lakehouse, root)
@@ -264,7 +264,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         """Staged tables → the Iceberg tables this run changed (with their columns)."""
         from airflow_provider_pglogical.lineage import apply_lineage
 
-        return apply_lineage(storage_path(str(self.staging_root)), str(self.pipeline),
+        return apply_lineage(staging_path(str(self.staging_root)), str(self.pipeline),
                              self.iceberg.warehouse or default_warehouse(), self.iceberg.namespace,
                              getattr(self, "_applied_steps", []))
 
