@@ -21,7 +21,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, lakehouse_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path as staging_path_of
 from airflow_provider_pglogical.staging.contract import RESULT_CONF, STAGING_FILE_MODE_CONF, default_target_name, table_key
@@ -52,12 +52,10 @@ def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spa
     :param staging: what Spark needs to reach an object-store staging root (``staging_access``).
     """
     result_at = f"{plan_uri.rsplit('/', 1)[0]}/_result-{uuid.uuid4().hex}.json"
-    access = lakehouse_access(iceberg)  # credentials: never on the command line
-    staging = staging or LakehouseAccess()
-    with private_properties({**access.private, **staging.private}) as properties_file:
+    access = job_access(iceberg, staging)  # credentials: never on the command line
+    with private_properties(access.private) as properties_file:
         hook = SparkSubmitHook(
-            conf={**iceberg.spark_conf(), **access.public, **staging.public, RESULT_CONF: spark_uri(result_at),
-                  STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
+            conf={**access.public, RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
             conn_id=conn_id, name="pglogical-verify", properties_file=properties_file,
             driver_memory=driver_memory, py_files=with_job_bundle(None),
             application_args=["--plan", spark_uri(plan_uri)],
@@ -133,11 +131,15 @@ def verify_pipeline(
     iceberg: IcebergConfig | None = None, table_map: dict[str, str] | None = None,
     source_conn_id: str | None = None, spark_conn_id: str = "spark_default", report=print,
     type_overrides: dict[str, str] | None = None, limit: int = 10,
+    compare: Callable[[str], dict] | None = None,
 ) -> dict:
     """Compare the published projection (read from ``source_conn_id`` or the publisher) with Iceberg.
 
     The source is read by PostgreSQL itself (row digests in one snapshot), never through the
     capture's COPY parser, so a capture bug cannot hide from the comparison (docs/reliability.md).
+
+    :param compare: runs the Spark side on the plan's URI in a session the caller already has
+        (see :func:`compare_in_session`); by default the verify job is spark-submitted.
     """
     iceberg = iceberg or IcebergConfig()
     publisher = PgLogicalHook(postgres_conn_id=postgres_conn_id)
@@ -149,7 +151,15 @@ def verify_pipeline(
         type_overrides=type_overrides, apply_row_filters=source_conn_id is None)
     source = PgLogicalHook(postgres_conn_id=source_conn_id) if source_conn_id else publisher
     report(f"verify: digesting {len(tables)} table(s) in PostgreSQL, then comparing them with Iceberg in Spark")
-    staging = staging_access(staging_path, iceberg, iceberg.spark_conf())
-    return verify_tables(source.connect_kwargs(), tables, root, pipeline,
-                         lambda plan: run_verify_job(plan, iceberg, conn_id=spark_conn_id, staging=staging),
-                         limit=limit)
+    if compare is None:
+        staging = staging_access(staging_path, iceberg, iceberg.spark_conf())
+        compare = lambda plan: run_verify_job(plan, iceberg, conn_id=spark_conn_id, staging=staging)  # noqa: E731
+    return verify_tables(source.connect_kwargs(), tables, root, pipeline, compare, limit=limit)
+
+
+def compare_in_session(spark) -> Callable[[str], dict]:
+    """A ``compare`` for :func:`verify_pipeline` that runs the verify job's comparison in ``spark``,
+    an open session whose catalog is the lakehouse's (no spark-submit: a JVM start saved)."""
+    from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
+
+    return lambda plan: verify_job.run(spark, json.loads(storage_path(plan).read_text()))

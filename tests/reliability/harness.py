@@ -57,6 +57,9 @@ KILL_POINTS = (
                                   # the apply of that batch SIGKILLed between data and state commit
 )
 
+#: the kill points whose outcome the server decides (the rest kill the apply, a Spark job)
+SERVER_KILL_POINTS = ("initial_sync_mid_copy", "pull_before_manifest", "pull_before_advance", "backfill_mid_copy")
+
 KILL_SCRIPT = textwrap.dedent("""
     import json, os, sys
     from airflow.sdk import ObjectStoragePath
@@ -123,6 +126,8 @@ class Figures:
     missed: dict = field(default_factory=dict)
     batches: int = 0
     spark_submits: int = 0
+    #: applies and verify comparisons run in the harness's own Spark session (no JVM start)
+    in_session: int = 0
     toast_cells: int = 0
     #: table comparisons made (lakehouse against the native subscriber or the publisher) and how
     #: many of them found the two sides different; any difference fails the round
@@ -137,8 +142,11 @@ class Figures:
 
 
 class Harness:
-    def __init__(self, publisher, subscriber, workdir: Path, seed: int, *, report=None) -> None:
+    def __init__(self, publisher, subscriber, workdir: Path, seed: int, *, report=None, spark=None) -> None:
+        """``spark``: an open session on :attr:`warehouse` (:meth:`session`) that runs the applies
+        nobody kills and verify's comparisons in process; without it each is a spark-submit."""
         self.publisher, self.subscriber = publisher, subscriber
+        self.spark = spark
         self.workdir = Path(workdir)
         self.seed = seed
         self.rng = random.Random(seed * 7919 + 1)
@@ -199,6 +207,20 @@ class Harness:
             return False
         self.fail(f"task for kill point {point} failed instead of dying (exit {proc.returncode}):\n{proc.stdout[-5000:]}")
         return False
+
+    @staticmethod
+    def session(workdir: Path):
+        """A Spark session for ``Harness(spark=...)`` on the harness's warehouse under ``workdir``,
+        its catalog uncached so it sees what the killed spark-submitted applies committed. Stop it."""
+        from pyspark.sql import SparkSession
+
+        from tests.support.spark_jobs import applying_session
+
+        if SparkSession.getActiveSession() is not None:  # its catalog would be another warehouse's
+            raise HarnessFailure("a Spark session is already open in this process: stop it first")
+        spark = applying_session(Path(workdir) / "warehouse", "reliability-harness")
+        spark.conf.set("spark.sql.catalog.lake.cache-enabled", "false")
+        return spark
 
     # --- setup -----------------------------------------------------------------------------
     def setup(self, *, initial_rows: int = 300, kill: bool = True) -> None:
@@ -272,6 +294,11 @@ class Harness:
         """spark-submit the apply job; ``kill``: None, ``apply_before_state`` or ``apply_mid_merge``."""
         from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
 
+        if kill is None and self.spark is not None:
+            from airflow_provider_pglogical.spark.jobs import apply_changes
+
+            self.figures.in_session += 1
+            return apply_changes.run(self.spark, self.staging, PIPELINE, "lake", NAMESPACE, retention_hours=0)
         env = {"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"} if kill == "apply_before_state" else {}
         # retention at its most eager: every batch applied by every table goes at once (but the
         # newest change batch), so every kill point also meets a staging with its history removed
@@ -352,13 +379,16 @@ class Harness:
         """``verify_pipeline``'s verdict. When it finds differences, verify runs again to list up to
         200 differing rows per table (``diagnosis``); the verdict stays the first run's, whatever the
         second says."""
-        from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+        from airflow_provider_pglogical.lakehouse.verification import compare_in_session, verify_pipeline
 
-        self.figures.spark_submits += 1
+        if self.spark is None:
+            self.figures.spark_submits += 1
+        else:
+            self.figures.in_session += 1
         result = verify_pipeline(postgres_conn_id=self.publisher.conn_id, publications=publications,
                                  staging_path=self.staging, pipeline=PIPELINE, iceberg=self.iceberg(),
                                  source_conn_id=source_conn_id, type_overrides=TYPE_OVERRIDES, report=lambda m: None,
-                                 limit=limit)
+                                 limit=limit, compare=None if self.spark is None else compare_in_session(self.spark))
         if limit > 10:
             return result
         self.figures.compared_tables += len(result["tables"])

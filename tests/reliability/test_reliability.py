@@ -13,15 +13,25 @@ import random
 
 import pytest
 
-from tests.reliability.harness import KILL_POINTS, Harness, long_schedule, short_schedule
+from tests.conftest import test_server_versions
+from tests.reliability.harness import KILL_POINTS, SERVER_KILL_POINTS, Harness, long_schedule, short_schedule
 
 pytestmark = [pytest.mark.spark, pytest.mark.reliability]
 
 SEED = int(os.environ.get("PGLOGICAL_RELIABILITY_SEED", "20261123"))
 
 
-def test_short_mode_every_kill_point_then_equal(publisher, subscriber, tmp_path):
-    harness = Harness(publisher, subscriber, tmp_path, SEED)
+@pytest.fixture
+def harness_spark(tmp_path):
+    """The harness's in-process session: the applies nobody kills and verify's comparisons run in
+    it, the killed applies are spark-submitted (their process is what gets killed)."""
+    spark = Harness.session(tmp_path)
+    yield spark
+    spark.stop()
+
+
+def test_short_mode_every_kill_point_then_equal(publisher, subscriber, tmp_path, harness_spark):
+    harness = Harness(publisher, subscriber, tmp_path, SEED, spark=harness_spark)
     harness.reproduce = f"PGLOGICAL_RELIABILITY_SEED={SEED} pytest tests/reliability -q"
     harness.setup(initial_rows=200)
     for kills, truncate in short_schedule():
@@ -34,6 +44,24 @@ def test_short_mode_every_kill_point_then_equal(publisher, subscriber, tmp_path)
     assert harness.shapes.rounds == figures.rounds  # every round ran issue 33's DDL shapes, then verified equal
     assert figures.compared_tables >= 2 * figures.rounds and figures.differing_tables == 0
     # retention removed history along the way (every apply runs it at 0 hours), and still equal
+    assert harness.removed_batches() > 0
+
+
+NEWER_SERVERS = test_server_versions()[1:]  # the oldest runs every kill point above
+
+
+@pytest.mark.parametrize("pg_version", NEWER_SERVERS, ids=[f"pg{v}" for v in NEWER_SERVERS])
+def test_short_mode_server_kill_points_on_newer_servers(publisher, subscriber, tmp_path, harness_spark, pg_version):
+    """The kill points whose outcome the server decides (a snapshot, a pull or a backfill killed
+    mid-way, then resumed) on 16 and 18; the apply's kill points are the lakehouse's, run above."""
+    harness = Harness(publisher, subscriber, tmp_path, SEED + pg_version, spark=harness_spark)
+    harness.reproduce = f"PGLOGICAL_RELIABILITY_SEED={SEED} pytest tests/reliability -q -k pg{pg_version}"
+    harness.setup(initial_rows=200)
+    harness.round(1500, set(SERVER_KILL_POINTS) - {"initial_sync_mid_copy"}, truncate=True)
+    figures = harness.figures
+    assert publisher.query("SELECT current_setting('server_version_num')::int / 10000")[0][0] == pg_version
+    assert set(figures.kills) == set(SERVER_KILL_POINTS), (figures.kills, figures.missed)
+    assert figures.verified_rounds == figures.rounds == 1 and figures.differing_tables == 0
     assert harness.removed_batches() > 0
 
 
