@@ -355,13 +355,15 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
 
     # -- health ------------------------------------------------------------------------------
     def check_publisher(self, publications: Sequence[str], tables: Sequence[str] = (), failover: bool = False,
-                        standby: "PgLogicalHook | None" = None) -> list[str]:
+                        standby: "PgLogicalHook | None" = None, pull_every: float | None = None) -> list[str]:
         """Raise one :class:`~airflow_provider_pglogical.exceptions.PublisherCheckError` listing every
         problem (server version, wal_level, slots, WAL senders, REPLICATION role, replica identities, row
         filters and column lists against the replica identity, missing tables or publications). Read-only.
 
         :param failover: also check what failover slots need on the primary (17+, synchronized_standby_slots).
         :param standby: the physical standby's hook: also check its slot-sync settings.
+        :param pull_every: seconds between the pipeline's scheduled pulls, if known (see
+            :func:`health.publisher_warnings`).
         :return: warnings that do not stop replication (e.g. a short idle_replication_slot_timeout).
         """
         with self.autocommit_cursor() as cursor:
@@ -374,4 +376,4 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
                         problems += health.failover_problems(cursor, standby_cursor)
             if problems:
                 raise PublisherCheckError(problems)
-            return health.publisher_warnings(cursor)
+            return health.publisher_warnings(cursor, pull_every)

@@ -33,6 +33,8 @@ FAILOVER_SERVER_VERSION_NUM = 170000
 #: below this, ``idle_replication_slot_timeout`` (18, seconds) may invalidate the slot between two
 #: scheduled pulls, a weekend's pause or a long apply outage: a day is the shortest we keep quiet about
 IDLE_TIMEOUT_WARNING_SECONDS = 24 * 3600
+#: ... and below this many of the DAG's pull intervals, when the check knows them
+IDLE_TIMEOUT_SCHEDULE_FACTOR = 3
 
 
 def version_problem(version_num: int) -> str | None:
@@ -286,22 +288,53 @@ def _conninfo_has_dbname(conninfo: str) -> bool:
         return False
 
 
-def publisher_warnings(cursor) -> list[str]:
-    """What does not stop replication now but may invalidate the slot later (18's idle timeout)."""
+def publisher_warnings(cursor, pull_every: float | None = None) -> list[str]:
+    """What does not stop replication now but may invalidate the slot later (18's idle timeout).
+
+    :param pull_every: seconds between the pipeline's scheduled pulls, when known: a timeout under
+        three of them is as risky as one under a day (one late or failed run from invalidation).
+    """
     cursor.execute("SELECT setting::int, unit FROM pg_settings WHERE name = 'idle_replication_slot_timeout'")
     row = cursor.fetchone()
-    if row is None or not row[0]:
+    return [] if row is None else idle_timeout_warnings(row[0], row[1], pull_every)
+
+
+def idle_timeout_warnings(setting: int, unit: str | None, pull_every: float | None = None) -> list[str]:
+    """:func:`publisher_warnings`' rule, on the setting as ``pg_settings`` gives it (0: disabled)."""
+    if not setting:
         return []
-    seconds = row[0] * {"min": 60, "s": 1, "ms": 0.001}.get(row[1] or "s", 1)
-    if seconds >= IDLE_TIMEOUT_WARNING_SECONDS:
+    row = (setting, unit)
+    seconds = setting * {"min": 60, "s": 1, "ms": 0.001}.get(unit or "s", 1)
+    schedule_bound = IDLE_TIMEOUT_SCHEDULE_FACTOR * pull_every if pull_every else 0
+    if seconds >= max(IDLE_TIMEOUT_WARNING_SECONDS, schedule_bound):
         return []
+    why = (f"under {IDLE_TIMEOUT_SCHEDULE_FACTOR} of the DAG's pull intervals ({_duration(pull_every)} each)"
+           if seconds >= IDLE_TIMEOUT_WARNING_SECONDS else "under a day")
+    wanted = max(IDLE_TIMEOUT_WARNING_SECONDS, schedule_bound)
     return [
-        f"idle_replication_slot_timeout is {row[0]}{row[1] or ''}: PostgreSQL invalidates a slot nobody consumed "
-        "for that long (at the next checkpoint), and the pipeline then stops with SlotLostError "
+        f"idle_replication_slot_timeout is {row[0]}{row[1] or ''}, {why}: PostgreSQL invalidates a slot nobody "
+        "consumed for that long (at the next checkpoint), and the pipeline then stops with SlotLostError "
         "(invalidation_reason = idle_timeout) and needs a resync. Pulls must come more often than that, outages "
-        "included: raise it to a day or more (ALTER SYSTEM SET idle_replication_slot_timeout = '1d'), or 0 to "
-        "disable it"
+        f"included: raise it to {_duration(wanted)} or more (ALTER SYSTEM SET idle_replication_slot_timeout = "
+        f"'{_setting(wanted)}'), or 0 to disable it"
     ]
+
+
+def _setting(seconds: float) -> str:
+    """``seconds`` as a PostgreSQL duration setting, rounded up to a whole unit (1d, 30h, 90min)."""
+    for unit, size in (("d", 86400), ("h", 3600)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{-(-int(seconds) // 60)}min"
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as people write it in a message (2 days, 6 hours, 10 minutes, 30 seconds)."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds:g} seconds"
 
 
 _COLUMNLESS = """

@@ -99,8 +99,8 @@ class PgCreatePublicationOperator(BaseOperator):
 class PgCheckPublisherOperator(BaseOperator):
     """Fail with one message listing every problem that would stop replication of ``publications``.
 
-    Warnings that do not stop replication yet (a short ``idle_replication_slot_timeout``) are
-    logged and returned.
+    Warnings that do not stop replication yet (an ``idle_replication_slot_timeout`` under a day, or
+    under three of the DAG's intervals, taken from the run's data interval) are logged and returned.
 
     :param publications: the publications to check.
     :param failover: also check what failover slots need (PostgreSQL 17+, the primary's
@@ -128,7 +128,18 @@ class PgCheckPublisherOperator(BaseOperator):
         with fail_permanent_errors():
             standby = PgLogicalHook(postgres_conn_id=self.standby_conn_id) if self.standby_conn_id else None
             warnings = PgLogicalHook(postgres_conn_id=self.postgres_conn_id).check_publisher(
-                list(self.publications), failover=bool(self.failover or standby), standby=standby)
+                list(self.publications), failover=bool(self.failover or standby), standby=standby,
+                pull_every=schedule_interval_seconds(context))
             for warning in warnings:
                 self.log.warning(warning)
             return warnings
+
+
+def schedule_interval_seconds(context: Context) -> float | None:
+    """The run's data interval in seconds (how often a scheduled DAG runs); None for a manual run or
+    an asset-triggered one, whose interval says nothing of the next run."""
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None:
+        return None
+    seconds = (end - start).total_seconds()
+    return seconds if seconds > 0 else None

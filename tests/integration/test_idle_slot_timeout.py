@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pendulum
 import pytest
 from airflow.sdk import ObjectStoragePath
 
@@ -16,6 +17,7 @@ from airflow_provider_pglogical.embedded.postgres import LocalPostgres, wait_unt
 from airflow_provider_pglogical.exceptions import SlotError, SlotLostError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.management.publications import PublishedTable
+from airflow_provider_pglogical.operators.publication import PgCheckPublisherOperator
 from airflow_provider_pglogical.sensors.pglogical import PgSlotLagSensor
 from tests.integration.test_cli import pglogical
 
@@ -35,6 +37,16 @@ def test_an_idle_timeout_is_told_apart_from_removed_wal(tmp_path, monkeypatch):
         root = tmp_path / "staging"
         common = dict(slot="s1", publications=["p"], root=ObjectStoragePath(root.as_uri()), pipeline="p")
         run_initial_sync(hook, **common)
+
+        # two days: fine for a DAG pulling every 10 minutes, one late run from a resync for a daily one
+        cluster.execute("ALTER SYSTEM SET idle_replication_slot_timeout = '2d'")
+        cluster.execute("SELECT pg_reload_conf()")
+        wait_until(lambda: cluster.query("SHOW idle_replication_slot_timeout")[0][0] == "2d", message="the reload")
+        start = pendulum.datetime(2026, 1, 1, tz="UTC")
+        check = PgCheckPublisherOperator(task_id="check", publications=["p"], postgres_conn_id="idle")
+        assert check.execute({"data_interval_start": start, "data_interval_end": start.add(minutes=10)}) == []
+        (daily,) = check.execute({"data_interval_start": start, "data_interval_end": start.add(days=1)})
+        assert "under 3 of the DAG's pull intervals (1 day each)" in daily and "'3d'" in daily, daily
 
         cluster.execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1s'")
         cluster.execute("SELECT pg_reload_conf()")
