@@ -303,7 +303,6 @@ def idle_timeout_warnings(setting: int, unit: str | None, pull_every: float | No
     """:func:`publisher_warnings`' rule, on the setting as ``pg_settings`` gives it (0: disabled)."""
     if not setting:
         return []
-    row = (setting, unit)
     seconds = setting * {"min": 60, "s": 1, "ms": 0.001}.get(unit or "s", 1)
     schedule_bound = IDLE_TIMEOUT_SCHEDULE_FACTOR * pull_every if pull_every else 0
     if seconds >= max(IDLE_TIMEOUT_WARNING_SECONDS, schedule_bound):
@@ -312,7 +311,7 @@ def idle_timeout_warnings(setting: int, unit: str | None, pull_every: float | No
            if seconds >= IDLE_TIMEOUT_WARNING_SECONDS else "under a day")
     wanted = max(IDLE_TIMEOUT_WARNING_SECONDS, schedule_bound)
     return [
-        f"idle_replication_slot_timeout is {row[0]}{row[1] or ''}, {why}: PostgreSQL invalidates a slot nobody "
+        f"idle_replication_slot_timeout is {setting}{unit or ''}, {why}: PostgreSQL invalidates a slot nobody "
         "consumed for that long (at the next checkpoint), and the pipeline then stops with SlotLostError "
         "(invalidation_reason = idle_timeout) and needs a resync. Pulls must come more often than that, outages "
         f"included: raise it to {_duration(wanted)} or more (ALTER SYSTEM SET idle_replication_slot_timeout = "
