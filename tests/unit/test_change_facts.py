@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pyarrow as pa
 
 from airflow_provider_pglogical.decoding.staged_tables import change_schema
@@ -16,14 +18,15 @@ def staged(rows: list[dict]) -> pa.Table:
     schema = change_schema(COLUMNS, ["id"])
     return pa.Table.from_pylist([{
         contract.OP: r["op"], contract.COMMIT_LSN: r["lsn"], contract.SEQ: i,
-        contract.UNCHANGED: r.get("u"), "id": r.get("id"), "doc": r.get("doc"), "_old_id": r.get("old"),
+        contract.COMMIT_TS: r.get("ts"), contract.UNCHANGED: r.get("u"), "id": r.get("id"), "doc": r.get("doc"), "_old_id": r.get("old"),
     } for i, r in enumerate(rows)], schema=schema)
 
 
 def test_facts_count_rows_and_see_kept_values_and_old_keys():
     plain = staged([{"op": "I", "lsn": 300, "id": 1, "doc": "a"}, {"op": "U", "lsn": 200, "id": 1, "doc": "b"},
                     {"op": "D", "lsn": 400, "id": 1}])
-    assert change_facts(plain, ["id"]) == {"rows": 3, "first_commit_lsn": 200, "unchanged": False, "old_keys": False}
+    assert change_facts(plain, ["id"]) == {"rows": 3, "first_commit_lsn": 200, "unchanged": False, "old_keys": False,
+                                           "first_commit_ts": None, "last_commit_ts": None}
 
     moved = staged([{"op": "U", "lsn": 100, "id": 2, "doc": "x", "old": 1}])
     assert change_facts(moved, ["id"])["old_keys"] is True
@@ -32,7 +35,15 @@ def test_facts_count_rows_and_see_kept_values_and_old_keys():
     empty_lists = staged([{"op": "I", "lsn": 100, "id": 3, "u": []}])
     assert change_facts(empty_lists, ["id"])["unchanged"] is False
     assert change_facts(staged([]), ["id"]) == {"rows": 0, "first_commit_lsn": None, "unchanged": False,
-                                               "old_keys": False}
+                                               "old_keys": False, "first_commit_ts": None, "last_commit_ts": None}
+
+
+def test_facts_give_the_commit_times_the_ui_measures_freshness_from():
+    t0 = dt.datetime(2026, 11, 27, 18, 0, tzinfo=dt.timezone.utc)
+    rows = staged([{"op": "I", "lsn": 300, "id": 1, "ts": t0 + dt.timedelta(seconds=5)},
+                   {"op": "U", "lsn": 200, "id": 1, "ts": t0}])
+    facts = change_facts(rows, ["id"])
+    assert (facts["first_commit_ts"], facts["last_commit_ts"]) == (t0.isoformat(), (t0 + dt.timedelta(seconds=5)).isoformat())
 
 
 def test_facts_decide_only_whole_batches_without_truncate_or_kept_values():
