@@ -11,6 +11,7 @@ the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runt
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from airflow_provider_pglogical.staging.apply_marker import (
     write_marker,
 )
 from airflow_provider_pglogical.staging.applied_positions import record_applied
+from airflow_provider_pglogical.ui.history import apply_entry, errors_recorded, safely_record
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.staging.private_files import file_mode
 from airflow_provider_pglogical.management.validation import (
@@ -187,10 +189,16 @@ class IcebergApplyOperator(SparkSubmitOperator):
             if self.skip_when_idle:
                 self.skip_if_idle(pending, lakehouse, root)
             self.py_files = with_job_bundle(self.py_files)
-            result = self.run_spark_submit(context, staging)
+            started = time.monotonic()
+            with errors_recorded(root, str(self.pipeline), "apply", self.log.warning):
+                result = self.run_spark_submit(context, staging)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
+            # the UI's chart of freshness: commit to queryable, per table
+            safely_record(root, str(self.pipeline), "apply",
+                          lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
+                          self.log.warning)
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow_provider_pglogical.capture.pull import run_pull
+from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.operators._capture import CaptureOperator
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+from airflow_provider_pglogical.ui.history import errors_recorded, pull_entry, safely_record
 
 
 if TYPE_CHECKING:
@@ -72,9 +75,16 @@ class PgSlotPullOperator(CaptureOperator):
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
             hook, root = self.publisher_and_staging()
-            return self.remember_lineage(hook, root, run_pull(
-                hook, slot=self.slot, publications=self.publications, root=root,
-                pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,
-                new_tables=self.new_tables, on_slot_lost=self.on_slot_lost, type_overrides=self.type_overrides,
-                on_ddl=self.on_ddl, streaming=self.streaming, report=self.log.info,
-            ))
+            started = time.monotonic()
+            with errors_recorded(root, self.pipeline, "pull", self.log.warning):
+                result = run_pull(
+                    hook, slot=self.slot, publications=self.publications, root=root,
+                    pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,
+                    new_tables=self.new_tables, on_slot_lost=self.on_slot_lost, type_overrides=self.type_overrides,
+                    on_ddl=self.on_ddl, streaming=self.streaming, report=self.log.info,
+                )
+            seconds = time.monotonic() - started
+            # the UI's chart of slot lag: the slot as the pull left it
+            safely_record(root, self.pipeline, "pull",
+                          lambda: pull_entry(result, seconds, connector.get_slot(hook, self.slot)), self.log.warning)
+            return self.remember_lineage(hook, root, result)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from airflow.sdk import ObjectStoragePath
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
@@ -18,6 +19,7 @@ from airflow_provider_pglogical.operators.publication import PgCreatePublication
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
+from airflow_provider_pglogical.ui.history import read_history
 
 pytestmark = pytest.mark.spark
 
@@ -72,6 +74,14 @@ def test_status_shows_slot_lag_last_batch_and_applied_positions(pipeline, publis
     table = pglogical(tmp_path, "status", *args)
     assert table.returncode == 0, table.stderr[-3000:]
     assert "shop_slot" in table.stdout and "public__orders" in table.stdout and synced["lsn"] in table.stdout
+
+    # the tasks recorded their figures for the UI's charts (airflow_provider_pglogical/ui/history.py)
+    root = ObjectStoragePath(staging)
+    [applied_run] = read_history(root, "shop", "apply")
+    assert (applied_run["rows"], applied_run["steps"], applied_run["freshness_seconds"]) == (25, 1, None)
+    [pulled_run] = read_history(root, "shop", "pull")
+    assert (pulled_run["rows"], pulled_run["end_lsn"]) == (3, pulled["advanced_to"])
+    assert pulled_run["lag_bytes"] >= 0 and pulled_run["retained_wal_bytes"] > 0
 
 
 def test_drop_removes_the_slot_then_staging_and_keeps_the_lakehouse(pipeline, publisher, publisher_hook, tmp_path):
