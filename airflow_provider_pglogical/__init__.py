@@ -115,4 +115,8 @@ def get_provider_info() -> dict:
             }
         ],
         "cli": ["airflow_provider_pglogical.cli.definition.get_pglogical_cli_commands"],
+        # the pipeline view in the Airflow UI (docs/ui.md): installing the provider registers it
+        "plugins": [
+            {"name": "pglogical", "plugin-class": "airflow_provider_pglogical.ui.plugin.PgLogicalPipelinesPlugin"},
+        ],
     }

@@ -54,3 +54,21 @@ def subscription_health(status: SubscriptionStatus | None, name: str) -> dict:
         "message": f"subscription {name!r}: " + ("every table is ready" if status.ready
                                                   else f"waiting for {', '.join(pending) or 'tables'}"),
     }
+
+
+_HEADROOM = """
+SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
+       (SELECT safe_wal_size FROM pg_replication_slots WHERE slot_name = %s)
+"""
+
+
+def wal_headroom(cursor, slot: str) -> dict:
+    """How much more WAL the slot may hold before PostgreSQL invalidates it.
+
+    ``max_slot_wal_keep_size_bytes``: None when unlimited (-1); ``safe_wal_size_bytes``: WAL that can
+    still be written before the slot is lost (PostgreSQL's ``safe_wal_size``; None when unlimited).
+    """
+    cursor.execute(_HEADROOM, (slot,))
+    limit_mb, safe = cursor.fetchone()
+    return {"max_slot_wal_keep_size_bytes": None if limit_mb is None or limit_mb < 0 else limit_mb * 1024 * 1024,
+            "safe_wal_size_bytes": safe}
