@@ -32,6 +32,12 @@ if [ ! -f /usr/share/java/postgresql.jar ]; then
   apt_install libpostgresql-jdbc-java
 fi
 
+# Chromium, headless, for the pipeline view's browser test (tests/integration/test_ui.py).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "setup: installing Chromium"
+  apt_install chromium
+fi
+
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 if [ ! -x .venv/bin/python ]; then
