@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--home", default=str(REPO / ".airflow-demo"))
     parser.add_argument("--keep", action="store_true", help="keep PostgreSQL and the warehouse afterwards")
+    parser.add_argument("--ui", type=int, nargs="?", const=8080, default=None, metavar="PORT",
+                        help="then serve Airflow's UI with the pipeline view on 127.0.0.1:PORT (8080) until Ctrl-C")
     parser.add_argument("--lakehouse", choices=demo_lakehouse.LAKEHOUSES, default="local",
                         help="local: a Hadoop catalog on a local directory (default); s3: the warehouse on a "
                              "local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL")
@@ -210,12 +212,28 @@ def main(argv: list[str] | None = None) -> int:
         print("verify")
         result = verify(env)
         summary(pg, db, env, result, activity, time.monotonic() - started, lakehouse)
+        if args.ui is not None:
+            serve_ui(env, args.ui)
+        else:
+            print("  pipeline view: run the demo with --ui, then open http://127.0.0.1:8080/pglogical/ (docs/ui.md)")
         return 0 if result["equal"] else 1
     finally:
         if lakehouse is not None:
             lakehouse.close(keep=args.keep)
         if not args.keep:
             pg.stop()
+
+
+def serve_ui(env: dict, port: int) -> None:
+    """Airflow's API server on loopback with the demo's DAGs and connections, every visitor an
+    admin (a throwaway demo: no login), in the foreground until Ctrl-C; PostgreSQL stays up meanwhile."""
+    print(f"\npipeline view: http://127.0.0.1:{port}/pglogical/ (Airflow: http://127.0.0.1:{port}/); Ctrl-C stops it")
+    ui_env = {**env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
+    try:
+        subprocess.run([str(Path(sys.executable).parent / "airflow"), "api-server", "--host", "127.0.0.1",
+                        "--port", str(port)], env=ui_env, check=False)
+    except KeyboardInterrupt:
+        pass
 
 
 def verify(env: dict) -> dict:
