@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.ui is not None:
             serve_ui(env, args.ui)
         else:
-            print("  pipeline view: run the demo with --ui, then open http://127.0.0.1:8080/pglogical/ (docs/ui.md)")
+            print("  pipeline view: run the demo with --ui, then Browse -> Replication pipelines in Airflow's UI at "
+                  "http://127.0.0.1:8080/ (docs/ui.md)")
         return 0 if result["equal"] else 1
     finally:
         if lakehouse is not None:
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
 def serve_ui(env: dict, port: int) -> None:
     """Airflow's API server on loopback with the demo's DAGs and connections, every visitor an
     admin (a throwaway demo: no login), in the foreground until Ctrl-C; PostgreSQL stays up meanwhile."""
-    print(f"\npipeline view: http://127.0.0.1:{port}/pglogical/ (Airflow: http://127.0.0.1:{port}/); Ctrl-C stops it")
+    print(f"\npipeline view: open Airflow at http://127.0.0.1:{port}/ (you are logged in as an admin), then Browse -> "
+          f"Replication pipelines, or http://127.0.0.1:{port}/pglogical/ in the same browser; Ctrl-C stops it")
     ui_env = {**env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
     try:
         subprocess.run([str(Path(sys.executable).parent / "airflow"), "api-server", "--host", "127.0.0.1",
