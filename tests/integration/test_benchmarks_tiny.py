@@ -29,6 +29,7 @@ TINY = {
     "bench_step_profile.py": (["--tiny"], "tick 3:"),
     "bench_housekeeping.py": (["--tiny"], "small shuffles, 4 at a time: median"),
     "bench_soak.py": (["--tiny"], "verification: all 2 lakehouse tables equal their source tables"),
+    "bench_freshness.py": (["--tiny"], "freshness through the scheduler: p50"),
 }
 #: scripts in bench/ that do not run here, and why
 NOT_RUN = {
