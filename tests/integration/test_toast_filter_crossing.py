@@ -7,21 +7,18 @@ The pipeline fetches those values from the publisher, so the lakehouse equals th
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
-from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+from airflow_provider_pglogical.lakehouse.verification import compare_in_session, verify_pipeline
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
-from tests.support.spark_jobs import run_job, submit_command
+from airflow_provider_pglogical.spark.jobs import apply_changes
+from tests.support.spark_jobs import applying_session
 
 DDL = """
 CREATE TABLE orders(id int NOT NULL, region text NOT NULL, n int, note text, blob bytea);
@@ -32,18 +29,19 @@ ALTER TABLE orders ALTER COLUMN blob SET STORAGE EXTERNAL;
 """
 
 
-def apply(root: Path, warehouse: Path) -> None:
-    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", "p", "--namespace", "toast"],
-                             IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast"))
-    code, output = run_job(command)
-    assert code == 0, output[-5000:]
+@pytest.fixture
+def spark(tmp_path):
+    """The apply and verify's comparisons in one in-process session on the test's warehouse (a
+    spark-submit each would pay a JVM start per server version)."""
+    session = applying_session(tmp_path / "warehouse", "test-toast-filter-crossing")
+    yield session
+    session.stop()
 
 
 @pytest.mark.spark
 def test_rows_entering_the_filter_keep_their_toast_values(
-    publisher, subscriber, publisher_hook, subscriber_hook, tmp_path, monkeypatch
+    publisher, subscriber, publisher_hook, subscriber_hook, tmp_path, spark
 ):
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     publisher.execute(DDL)
     subscriber.execute(DDL)
     # Rows 1..8 start outside the filter, with out-of-line text and bytea (> 2 kB, stored EXTERNAL).
@@ -73,7 +71,7 @@ def test_rows_entering_the_filter_keep_their_toast_values(
     # Row 3 changes again later: the later value wins over the fetched one.
     publisher.execute("UPDATE orders SET note = 'changed later' WHERE id = 3")
     run_pull(publisher_hook, slot="s1", publications=["pub"], root=storage, pipeline="p")
-    apply(root, warehouse)
+    apply_changes.run(spark, root.as_uri(), "p", "lake", "toast")
 
     wait_until(lambda: subscriber.query("SELECT note FROM orders WHERE id = 3") == [("changed later",)],
                timeout=30, message="the native subscriber to catch up")
@@ -82,7 +80,7 @@ def test_rows_entering_the_filter_keep_their_toast_values(
     assert subscriber.query("SELECT id FROM orders WHERE blob IS NULL ORDER BY id") == [(1,), (2,), (3,), (5,), (6,)]
     iceberg = IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast")
     common = dict(postgres_conn_id=publisher.conn_id, publications=["pub"], staging_path=root.as_uri(),
-                  pipeline="p", iceberg=iceberg, report=lambda m: None)
+                  pipeline="p", iceberg=iceberg, report=lambda m: None, compare=compare_in_session(spark))
     # … the lakehouse equals the publisher's projection, every cell …
     against_publisher = verify_pipeline(**common)
     assert against_publisher["equal"], against_publisher["summary"]

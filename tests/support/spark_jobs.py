@@ -77,6 +77,7 @@ def applying_session(warehouse: Path, app_name: str):
     """An in-process Spark session (``local[2]``) that applies to the Iceberg warehouse as the apply
     job's own session does (UTC, case-sensitive names, the job's tuning) and reads it back. Stop it
     when done."""
+    import logging
     import os
 
     from pyspark.sql import SparkSession
@@ -84,6 +85,9 @@ def applying_session(warehouse: Path, app_name: str):
     from airflow_provider_pglogical.spark.common.session import tune_session
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # py4j logs each connection it closes at INFO, also from __del__ while the interpreter is busy
+    # elsewhere (an import being compiled): keep it quiet, as reading_session does
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     builder = SparkSession.builder.master("local[2]").appName(app_name)
     for key, value in {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.ui.enabled": "false",
                        "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
