@@ -42,6 +42,7 @@ prepare()  # spark-submit beside this interpreter, Spark on loopback
 from airflow_provider_pglogical.embedded import demo  # noqa: E402
 from airflow_provider_pglogical.embedded.postgres import LocalPostgres, wait_until  # noqa: E402
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
+from tests.support.airflow_server import answers, free_port  # noqa: E402
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DAG_ID = "pglogical_freshness"
@@ -65,24 +66,6 @@ def continuous_dags(folder: Path) -> None:
         raise SystemExit("bench_freshness: the example DAG's dag_id, schedule or start_date line changed: "
                          "update continuous_dags()")
     (folder / "pglogical_freshness.py").write_text(text)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def answers(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 class Services:

@@ -12,16 +12,15 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_pglogical.embedded import demo
 from airflow_provider_pglogical.embedded.postgres import wait_until
+from tests.support.airflow_server import answers, free_port
 
 pytestmark = pytest.mark.spark
 
@@ -49,24 +48,10 @@ def _query(env: dict, statement: str) -> list:
     return json.loads(line[5:])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def airflow_services(tmp_path, publisher):
     demo.load(publisher.cluster, publisher.name, random.Random(11))
-    port = _free_port()
+    port = free_port()
     env = demo.airflow_env(tmp_path, publisher.cluster, publisher.name)
     env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"http://127.0.0.1:{port}/execution/"
     _run(env, "db", "migrate")
@@ -82,7 +67,7 @@ def airflow_services(tmp_path, publisher):
             processes.append(subprocess.Popen([AIRFLOW, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))
             if name == "api-server":
-                wait_until(lambda: _healthy(f"http://127.0.0.1:{port}/execution/health"), timeout=180,
+                wait_until(lambda: answers(f"http://127.0.0.1:{port}/execution/health"), timeout=180,
                            message="the Airflow API server to answer")
         yield env
     finally:

@@ -46,6 +46,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now (a server's health check while it starts)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def plugin_entry_point_installed() -> bool:
     """Whether the installed distribution declares the ``airflow.plugins`` entry point (an editable
     install made before it was added to setup.cfg does not, until ``scripts/setup.sh`` reinstalls)."""
