@@ -79,8 +79,10 @@ class KeyedTables(StepApplier):
         from pyspark.sql import functions as F
 
         manifest = step.batch.manifest["tables"][source]
-        frame = self.read(step, source, types, changes=False)
         predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
+        if self.adopted(step, source, target, types, ranged=predicate is not None):
+            return manifest.get("rows", 0)
+        frame = self.read(step, source, types, changes=False)
         if predicate is None:
             self.replace_all(frame, target)
             return manifest.get("rows", 0)

@@ -45,6 +45,7 @@ class Multisets(StepApplier):
 
         manifest = step.batch.manifest["tables"][source]
         predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
+        self.adopted(step, source, target, types, keyless=True)  # logs why a multiset is rewritten
         if predicate is not None:
             return self._ranged_snapshot(step, source, target, types, predicate)
         values = _value_types(types)

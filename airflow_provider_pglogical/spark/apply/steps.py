@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from airflow_provider_pglogical.spark.apply.adoption import Adoption, adoption_refused
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.apply.plan import Batch, Step
@@ -24,6 +25,8 @@ class StepApplier:
         self.lakehouse = lakehouse
         #: the ``(source, batch)`` steps applied as Iceberg row deltas (``row_deltas.py``), not MERGEd
         self.row_delta_steps: set[tuple[str, str]] = set()
+        #: the ``(source, batch)`` snapshot steps whose staged files were adopted (``adoption.py``): how many
+        self.adopted_steps: dict[tuple[str, str], int] = {}
 
     def as_row_delta(self, step: Step, source: str, target: str, manifest: dict, types: dict[str, str],
                      reason: str | None, *extra) -> int | None:
@@ -37,6 +40,23 @@ class StepApplier:
         rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types, *extra)
         self.row_delta_steps.add((source, step.batch.name))
         return rows
+
+    def adopted(self, step: Step, source: str, target: str, types: dict[str, str], *, keyless: bool = False,
+                ranged: bool = False) -> bool:
+        """Replace ``target``'s rows with the snapshot's staged files as they are (``adoption.py``);
+        False (nothing done, the reason logged) when they cannot be: the caller rewrites them."""
+        manifest = step.batch.manifest["tables"][source]
+        table = self.lakehouse.iceberg_table(target) if not (keyless or ranged) else None
+        reason = adoption_refused(staged_columns(manifest, changes=False), types, keyless=keyless, ranged=ranged,
+                                  partitioned=table is not None and not table.spec().isUnpartitioned())
+        files = 0
+        if reason is None:
+            files, reason = Adoption(self.spark).adopt(table, self.staging.files(step.batch, source), step.batch.name)
+        if reason is not None:
+            log.info("%s, batch %s: the snapshot is rewritten, not adopted: %s", source, step.batch.name, reason)
+            return False
+        self.adopted_steps[(source, step.batch.name)] = files
+        return True
 
     def read(self, step: Step, source: str, types: dict[str, str], *, changes: bool):
         """The step's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""

@@ -252,10 +252,13 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     seconds = round(time.monotonic() - started, 3)
     jobs, stages = spark_work(keyed.spark, group)
     row_delta = (source, step.batch.name) in applier.row_delta_steps
+    adopted = applier.adopted_steps.get((source, step.batch.name), 0)
     log.info("%s: applied %s %s (%d rows%s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
-             rows, ", a row delta" if row_delta else "", seconds, jobs, stages)
+             rows, ", a row delta" if row_delta else f", {adopted} staged files adopted" if adopted else "",
+             seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
-            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta}
+            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta,
+            "adopted_files": adopted}
 
 
 def spark_job_group(spark, description: str) -> str:

@@ -1,0 +1,164 @@
+"""A snapshot batch's staged Parquet files adopted into its Iceberg table as data files: no rewrite.
+
+Reading the staged rows and writing them again costs a snapshot about four times its copy from
+PostgreSQL (issue 37). When the staged values already are the table's values, in the table's
+physical types, the driver instead copies each staged file next to the table's data, page by
+page (Parquet's ``ParquetFileWriter.appendFile``: the column chunks' bytes, undecoded, under a
+new footer that carries the table's field ids), and commits the copies in one ``OverwriteFiles``
+that replaces every row, validated against concurrent commits like the rewrite's overwrite.
+
+Why a copy and not the staged files themselves: staging retention (``retention.py``) deletes
+applied batches, and a table must own its files. The copy is in the table's data location, so
+only Iceberg's expiry or orphan removal ever deletes it; a copy a killed run left uncommitted is
+an orphan that ``remove_orphan_files`` removes. The field ids make the files exact under any
+later rename, drop or re-added column, which a name mapping would not.
+
+What is adopted (:func:`adoption_refused`, pure): a full snapshot of a keyed, unpartitioned table
+whose every column is staged as exactly the Spark type the table holds, of a kind whose staged
+Parquet form is Iceberg's. Anything else keeps the rewrite, and the job logs why at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import uuid
+
+log = logging.getLogger("pglogical.apply")
+
+#: Spark types whose staged Parquet form (pyarrow's, ``staging/typemap.py``) Iceberg reads as the same values
+ADOPTABLE_TYPES = frozenset({"boolean", "int", "bigint", "float", "double", "string", "binary", "date",
+                             "timestamp", "timestamp_ntz"})
+_DECIMAL = re.compile(r"^decimal\(\d+,\d+\)$")
+_ARRAY = re.compile(r"^array<(.+)>$")
+#: the snapshot summary property naming the staged batch a commit adopted
+ADOPTED_PROPERTY = "pglogical.adopted-batch"
+#: tests only: ``copied`` SIGKILLs the driver after the copies are written and before the commit,
+#: ``committed`` after the commit, before anything else (the reliability harness's kill points)
+CRASH_VARIABLE = "PGLOGICAL_ADOPT_CRASH"
+_PARQUET = "org.apache.iceberg.shaded.org.apache.parquet"
+
+
+def adoptable_type(kind: str) -> bool:
+    """Whether a column of Spark type ``kind`` can be adopted from its staged Parquet form."""
+    element = _ARRAY.match(kind)
+    if element:
+        return element.group(1) in ADOPTABLE_TYPES or bool(_DECIMAL.match(element.group(1)))
+    return kind in ADOPTABLE_TYPES or bool(_DECIMAL.match(kind))
+
+
+def adoption_refused(staged: dict[str, str], types: dict[str, str], *, keyless: bool, ranged: bool,
+                     partitioned: bool) -> str | None:
+    """Why a snapshot's staged files cannot become the table's data files as they are; None when they can.
+
+    :param staged: staged column -> Spark type (``column_types.staged_columns``, overrides applied).
+    :param types: the target table's column -> Spark type, after its evolution for this batch.
+    """
+    if keyless:
+        return "a keyless table numbers its identical rows (_pglogical_occurrence): the rows are rewritten"
+    if ranged:
+        return "a ranged backfill replaces only its key range: a MERGE"
+    if partitioned:
+        return "the table is partitioned: a staged file may span partitions"
+    missing = sorted(set(types) - set(staged))
+    if missing:
+        return f"the table has columns the batch does not stage ({', '.join(missing)})"
+    for name, kind in staged.items():
+        if types.get(name) != kind:
+            return f"column {name} is staged as {kind} but the table holds {types.get(name)}"
+        if not adoptable_type(kind):
+            return f"column {name}: type {kind} is not adopted as staged"
+    return None
+
+
+class Adoption:
+    """Adopts a snapshot's staged files into an Iceberg table from the driver (py4j)."""
+
+    def __init__(self, spark) -> None:
+        self.spark = spark
+
+    def _class(self, name: str):
+        from airflow_provider_pglogical.spark.common.java_classes import java_class
+
+        return java_class(self.spark, name)
+
+    def adopt(self, table, files: list[str], batch: str) -> tuple[int, str | None]:
+        """Replace every row of ``table`` (Java) with the staged ``files``, in one commit.
+
+        Returns the number of files adopted, or ``(0, reason)`` when a file's own schema is not
+        the table's (nothing was committed then; the caller rewrites)."""
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import same_thread_executor, validated_commit
+
+        snapshot = table.currentSnapshot()
+        read_at = snapshot.snapshotId() if snapshot is not None else None
+        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
+        mapping = self._class("org.apache.iceberg.mapping.MappingUtil").create(table.schema())
+        sources = []
+        for path in files:  # every footer checked before anything is written
+            source = self._class(f"{_PARQUET}.hadoop.util.HadoopInputFile").fromPath(
+                self._class("org.apache.hadoop.fs.Path")(path), conf)
+            reader = self._class(f"{_PARQUET}.hadoop.ParquetFileReader").open(source)
+            try:
+                schema = self._class("org.apache.iceberg.parquet.ParquetSchemaUtil").applyNameMapping(
+                    reader.getFooter().getFileMetaData().getSchema(), mapping)
+            finally:
+                reader.close()
+            reason = self._schema_differs(table.schema(), schema, path)
+            if reason is not None:
+                return 0, reason
+            sources.append((source, schema))
+        metrics = self._class("org.apache.iceberg.MetricsConfig").forTable(table)
+        overwrite = table.newOverwrite().scanManifestsWith(same_thread_executor(self.spark))
+        everything = self._class("org.apache.iceberg.expressions.Expressions").alwaysTrue()
+        overwrite.overwriteByRowFilter(everything)
+        if read_at is not None:
+            overwrite.validateFromSnapshot(read_at)
+        overwrite.conflictDetectionFilter(everything).validateNoConflictingData().validateNoConflictingDeletes()
+        for source, schema in sources:
+            overwrite.addFile(self._copy(table, source, schema, conf, metrics))
+        overwrite.set(ADOPTED_PROPERTY, batch)
+        _crash_point("copied")
+        validated_commit(overwrite, table, read_at)
+        _crash_point("committed")
+        return len(sources), None
+
+    def _schema_differs(self, expected, schema, path: str) -> str | None:
+        """Why a staged file's schema (with the table's ids) does not read as the table's types."""
+        unmapped = [field.getName() for field in schema.getFields() if field.getId() is None]
+        if unmapped:
+            return f"staged file {path}: the table has no column {', '.join(unmapped)}"
+        found = self._class("org.apache.iceberg.parquet.ParquetSchemaUtil").convert(schema)
+        for field in found.columns():
+            wanted = expected.findField(field.fieldId())
+            if wanted is None or not wanted.type().equals(field.type()):
+                return (f"staged file {path}: column {field.name()} is Parquet {field.type()} but the table "
+                        f"holds {wanted.type() if wanted is not None else 'no such column'}")
+        return None
+
+    def _copy(self, table, source, schema, conf, metrics):
+        """A page-by-page copy of a staged file where the table keeps its data, under a footer with
+        the table's field ids; returns its ``DataFile`` (metrics from that footer)."""
+        path = table.locationProvider().newDataLocation(f"pglogical-{uuid.uuid4().hex}-adopted.parquet")
+        target = self._class(f"{_PARQUET}.hadoop.util.HadoopOutputFile").fromPath(
+            self._class("org.apache.hadoop.fs.Path")(path), conf)
+        writer_class = self._class(f"{_PARQUET}.hadoop.ParquetFileWriter")
+        writer = writer_class(target, schema, self._class(f"{_PARQUET}.hadoop.ParquetFileWriter$Mode").CREATE,
+                              128 * 1024 * 1024, 0)
+        writer.start()
+        writer.appendFile(source)
+        writer.end(self._class("java.util.HashMap")())
+        written = table.io().newInputFile(path)
+        return (self._class("org.apache.iceberg.DataFiles").builder(table.spec())
+                .withPath(path).withFileSizeInBytes(written.getLength())
+                .withFormat(self._class("org.apache.iceberg.FileFormat").PARQUET)
+                .withMetrics(self._class("org.apache.iceberg.parquet.ParquetUtil").fileMetrics(written, metrics))
+                .build())
+
+
+def _crash_point(name: str) -> None:
+    """Tests only: die like a killed driver at an adoption's kill point (:data:`CRASH_VARIABLE`)."""
+    if os.environ.get(CRASH_VARIABLE) == name:
+        log.error("crash point reached: adoption %s", name)
+        os.kill(os.getpid(), signal.SIGKILL)
