@@ -407,6 +407,14 @@ def test_bucketed_tables_merge_through_a_bucketed_batch_table_exactly(lake):
 
 
 def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(lake):
+    # killed after a snapshot's staged files were copied into a table and before their commit: the
+    # copies are orphans (housekeeping's remove_orphan_files deletes them), the table has no row
+    code, output = spark_submit(lake.warehouse, "crash", lake.root, env={"PGLOGICAL_ADOPT_CRASH": "copied"})
+    assert code != 0 and "crash point reached: adoption copied" in output, output[-3000:]
+    copies = set((lake.warehouse / "crash").glob("*/data/*-adopted.parquet"))
+    assert copies and lake.state("crash") == {}
+    tables = [r.tableName for r in lake.spark.sql("SHOW TABLES IN lake.crash").collect()]
+    assert not [t for t in tables if lake.spark.table(f"lake.crash.`{t}`").count()], tables
     # the dangerous point: the MERGEs of round 2 (steps 5-8: C1, and C2 of tags) are committed,
     # their positions are not
     code, output = spark_submit(lake.warehouse, "crash", lake.root, env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "8"})
@@ -438,6 +446,8 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
     rerun = applied(lake.warehouse, "crash", lake.root)
     assert [s["batch"][:16] for s in rerun["steps"]] == ["0000000000002000"] * 3
     assert_shop(lake, "crash")
+    live = set().union(*(lake.live_paths("crash", t) for t in ("public__orders", "public__events", "items")))
+    assert copies and not copies & live  # the killed run's copies were never committed
 
 
 def test_late_full_backfill_and_ranged_backfill(lake, tmp_path):

@@ -182,6 +182,8 @@ def test_duplicates_nulls_updates_deletes_and_a_killed_apply(pipeline, publisher
     code, output = pipeline.apply(env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "2"})
     assert code != 0, output[-3000:]
     assert "crash point reached after the data commit of step 2" in output
+    # the keyless snapshot cannot be adopted as staged: it is rewritten, numbered, and the log says why
+    assert "the snapshot is rewritten, not adopted: a keyless table numbers its identical rows" in output
     snapshot_lsn = pipeline.position()
     after_crash = pipeline.lake()
     assert after_crash[(5, "w", None)] == 2 and after_crash[(1, "x", Decimal("1.50"))] == 2  # batch 1 is in

@@ -183,6 +183,15 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     summary = apply_changes.run(spark, str(root), "p", catalog="lake", namespace="special",
                                 table_map={"public.special": "special"})
     assert [step["batch"] for step in summary["steps"]] == [staged_name(snapshot), staged_name(pulled)]
+    # the snapshot's staged file is adopted as the table's data file, not rewritten by a Spark job
+    assert (summary["steps"][0]["adopted_files"], summary["steps"][0]["spark_jobs"]) == (1, 0)
+    (adopted,) = spark.sql("SELECT operation, summary FROM lake.special.special.snapshots "
+                           "WHERE summary['pglogical.adopted-batch'] IS NOT NULL").collect()
+    assert (adopted.operation, adopted.summary["added-data-files"], adopted.summary["added-records"]) == (
+        "overwrite", "1", "4")
+    (location,) = spark.sql("SELECT file_path FROM lake.special.special.files WHERE file_path LIKE '%-adopted.parquet'"
+                            ).collect()
+    assert "/special/special/data/" in location.file_path and str(root.path) not in location.file_path
     schema = {f.name: f.dataType.simpleString() for f in spark.table("lake.special.special").schema.fields}
     assert schema == {"id": "int", "d": "date", "ts": "timestamp_ntz", "tz": "timestamp", "f4": "float",
                       "f8": "double", "n": "decimal(10,2)", "nu": "string", "arr": "array<int>",
