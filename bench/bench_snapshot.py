@@ -1,6 +1,10 @@
 """Snapshot benchmark: our initial sync vs raw COPY and dlt's sql_database, on one table, one run.
 
-    .venv/bin/python bench/bench_snapshot.py --rows 5000000 [--dlt-python bench/.venv-dlt/bin/python]
+    .venv/bin/python bench/bench_snapshot.py --rows 5000000 [--dlt-python bench/.venv-dlt/bin/python] [--iceberg]
+
+With ``--iceberg``, also from the exported snapshot to a queryable Iceberg table: the snapshot
+(one worker) then the apply job by spark-submit (the operators' command line, local[2]), both
+timed, into a fresh warehouse each run.
 
 Baselines in the same run: ``psql -c "COPY t TO STDOUT" > /dev/null`` (raw COPY), and, when a
 Python with dlt and connectorx is given, dlt's ``sql_database`` source with the pyarrow and the
@@ -11,6 +15,7 @@ how that virtualenv is made: dlt is not a dependency of the provider).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -43,6 +48,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dlt-python", default=None, help="a Python with dlt[parquet] and connectorx installed")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
+    parser.add_argument("--iceberg", action="store_true", help="also snapshot -> queryable Iceberg (spark-submit)")
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.repeat = 2000, 1
@@ -85,6 +91,12 @@ def main() -> None:
             seconds = measured(name, snapshot)
             results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
             print(results[-1], flush=True)
+        if args.iceberg:
+            applied: list[dict] = []
+            name = "snapshot -> queryable Iceberg (1 worker + apply job)"
+            seconds = measured(name, lambda: to_iceberg(hook, applied))
+            results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
+            print(results[-1], "apply steps:", json.dumps(applied), flush=True)
         if args.dlt_python:
             for backend in ("pyarrow", "connectorx"):
                 def dlt_run():
@@ -106,7 +118,43 @@ def main() -> None:
         ours2 = results[2][1]
         print(f"two workers vs one: {ours1 / ours2:.2f}x")
         for name, seconds, _ in results[3:]:
+            if name.startswith("snapshot ->"):
+                continue
             print(f"one worker vs {name}: {seconds / ours1:.2f}x faster; two workers: {seconds / ours2:.2f}x")
+
+
+def to_iceberg(hook: PgLogicalHook, applied: list[dict]) -> None:
+    """The snapshot into a fresh staging root, then the apply job into a fresh warehouse."""
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo))
+    from tests.support.environment import prepare
+
+    prepare()  # spark-submit beside this interpreter, Spark on loopback
+    from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+    from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
+    from tests.support.spark_jobs import job_result, run_job, submit_command
+
+    slot, base = f"bench_{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp(prefix="bench-iceberg-"))
+    try:
+        run_initial_sync(hook, slot=slot, publications=["pub"], root=ObjectStoragePath((base / "staging").as_uri()),
+                         pipeline="bench", parallelism=1, report=lambda m: None)
+        started = time.perf_counter()
+        command = submit_command(APPLY_JOB, ["--staging-root", (base / "staging").as_uri(), "--pipeline", "bench",
+                                             "--namespace", "bench", "--keep-staging"],
+                                 IcebergConfig(warehouse=(base / "warehouse").as_uri()), driver_memory="2g",
+                                 conf={"spark.driver.extraJavaOptions": ""})  # C2 too: a large step
+        code, output = run_job(command)
+        assert code == 0, output[-5000:]
+        result = job_result(output, RESULT_PREFIX)
+        applied.extend({"wall": round(time.perf_counter() - started, 2), "in_job": result["seconds"],
+                        **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}}
+                       for step in result["steps"])
+    finally:
+        hook.drop_slot(slot)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
