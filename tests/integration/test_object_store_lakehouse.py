@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import uuid
 from datetime import timedelta
@@ -158,6 +159,8 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
     out, err = capfd.readouterr()
     task_log = "\n".join((caplog.text, out, err))  # Airflow's structlog loggers write to the process's output
     assert first["tables"] == second["tables"] == ["public.events", "public.orders"], (first, second)
+    # the keyed snapshot's staged files were adopted into the S3 warehouse (retention removed them after)
+    assert re.search(r"public\.orders: applied snapshot \S+ \(\d+ rows, 1 staged files adopted\)", task_log)
     with pytest.raises(AirflowSkipException, match="Spark was not started"):  # an idle tick lists S3 staging only
         apply()
 
