@@ -55,7 +55,18 @@ KILL_POINTS = (
     "backfill_mid_copy",          # run_backfill SIGKILLed after its first Parquet part, before the manifest
     "schema_change",              # pull SIGKILLed right after a batch holding an ADD COLUMN is staged, then
                                   # the apply of that batch SIGKILLed between data and state commit
+    "adopt_before_commit",        # the first apply SIGKILLs itself after copying a snapshot's files into the
+                                  # table (adoption, issue 37), before the commit that adds them
+    "adopt_after_commit",         # ... and right after that commit, before the state commit
 )
+#: kill points of the set-up (the initial sync and its first apply), not of a round
+SETUP_KILL_POINTS = ("initial_sync_mid_copy", "adopt_before_commit", "adopt_after_commit")
+#: the apply kill points where the job kills itself: the environment that arms it, and what it logs then
+SELF_KILLS = {
+    "apply_before_state": ({"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"}, "crash point reached after the data commit"),
+    "adopt_before_commit": ({"PGLOGICAL_ADOPT_CRASH": "copied"}, "crash point reached: adoption copied"),
+    "adopt_after_commit": ({"PGLOGICAL_ADOPT_CRASH": "committed"}, "crash point reached: adoption committed"),
+}
 
 #: the kill points whose outcome the server decides (the rest kill the apply, a Spark job)
 SERVER_KILL_POINTS = ("initial_sync_mid_copy", "pull_before_manifest", "pull_before_advance", "backfill_mid_copy")
@@ -223,7 +234,9 @@ class Harness:
         return spark
 
     # --- setup -----------------------------------------------------------------------------
-    def setup(self, *, initial_rows: int = 300, kill: bool = True) -> None:
+    def setup(self, *, initial_rows: int = 300, kill: bool = True, adopt_kills: bool = True) -> None:
+        """Schema, publications, the native subscriber, the initial sync and its first apply; ``kill``
+        kills the initial sync mid-copy first, ``adopt_kills`` that apply at both adoption points."""
         from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
         from airflow_provider_pglogical.management.publications import PublishedTable
 
@@ -242,6 +255,9 @@ class Harness:
             self.killed_subprocess("initial_sync_mid_copy")
         run_initial_sync(hook, slot=SLOT, publications=self.publications, root=self.root, pipeline=PIPELINE,
                          type_overrides=TYPE_OVERRIDES, report=lambda m: None)
+        if adopt_kills:
+            self.apply("adopt_before_commit")
+            self.apply("adopt_after_commit")
         self.apply()
 
     def committed_batches(self, kind: str) -> int:
@@ -291,7 +307,7 @@ class Harness:
         return submit_command(job, args, self.iceberg())
 
     def apply(self, kill: str | None = None) -> dict | None:
-        """spark-submit the apply job; ``kill``: None, ``apply_before_state`` or ``apply_mid_merge``."""
+        """spark-submit the apply job; ``kill``: None, ``apply_mid_merge`` or one of :data:`SELF_KILLS`."""
         from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
 
         if kill is None and self.spark is not None:
@@ -299,7 +315,7 @@ class Harness:
 
             self.figures.in_session += 1
             return apply_changes.run(self.spark, self.staging, PIPELINE, "lake", NAMESPACE, retention_hours=0)
-        env = {"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"} if kill == "apply_before_state" else {}
+        env = SELF_KILLS[kill][0] if kill in SELF_KILLS else {}
         # retention at its most eager: every batch applied by every table goes at once (but the
         # newest change batch), so every kill point also meets a staging with its history removed
         args = ["--staging-root", self.staging, "--pipeline", PIPELINE, *self.iceberg().job_args(),
@@ -328,11 +344,11 @@ class Harness:
                 if code != 0:
                     self.fail(f"apply failed (exit {code}), see {log_path}:\n{text[-5000:]}")
             return None
-        if kill == "apply_before_state":
+        if kill in SELF_KILLS:
             if code == 0:
                 self.figures.missed[kill] = self.figures.missed.get(kill, 0) + 1
                 return None
-            if "crash point reached" not in text:
+            if SELF_KILLS[kill][1] not in text:
                 self.fail(f"apply failed (exit {code}) before its crash point, see {log_path}:\n{text[-5000:]}")
             self.figures.killed(kill)
             return None
@@ -475,7 +491,7 @@ def short_schedule() -> list[tuple[set[str], bool]]:
 
 
 def long_schedule(rounds: int, rng: random.Random) -> list[tuple[set[str], bool]]:
-    points = [p for p in KILL_POINTS if p != "initial_sync_mid_copy"]
+    points = [p for p in KILL_POINTS if p not in SETUP_KILL_POINTS]
     schedule = []
     for i in range(rounds):
         kills = {points[i % len(points)]}

@@ -56,7 +56,7 @@ def test_short_mode_server_kill_points_on_newer_servers(publisher, subscriber, t
     mid-way, then resumed) on 16 and 18; the apply's kill points are the lakehouse's, run above."""
     harness = Harness(publisher, subscriber, tmp_path, SEED + pg_version, spark=harness_spark)
     harness.reproduce = f"PGLOGICAL_RELIABILITY_SEED={SEED} pytest tests/reliability -q -k pg{pg_version}"
-    harness.setup(initial_rows=200)
+    harness.setup(initial_rows=200, adopt_kills=False)
     harness.round(1500, set(SERVER_KILL_POINTS) - {"initial_sync_mid_copy"}, truncate=True)
     figures = harness.figures
     assert publisher.query("SELECT current_setting('server_version_num')::int / 10000")[0][0] == pg_version
