@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias
 
+from airflow_provider_pglogical.lakehouse.catalog_tables import catalog_metadata_locations
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
@@ -254,13 +255,18 @@ class IcebergApplyOperator(SparkSubmitOperator):
         if targets is None:
             self.log.info("the apply marker records no target tables (an older version wrote it): starting Spark")
             return
-        # only local metadata is looked at: on an object store it would take the store's credentials here
-        # (docs/lakehouse.md, "Not tested yet")
-        local = {name: location for name, location in targets.items() if location and scheme_of(location) in ("", "file")}
-        gone = sorted(name for name, location in local.items() if not storage_path(location).exists())
+        # a JDBC catalog is asked (a DROP TABLE leaves the files); a Hadoop catalog's local metadata file
+        # is looked at; any other catalog is trusted to the marker (docs/lakehouse.md, "The idle tick")
+        listed = catalog_metadata_locations(self.iceberg, targets)
+        if listed is not None:
+            gone = sorted(name for name, location in listed.items() if targets[name] and location is None)
+        else:
+            local = {name: location for name, location in targets.items()
+                     if location and scheme_of(location) in ("", "file")}
+            gone = sorted(name for name, location in local.items() if not storage_path(location).exists())
         if gone:
-            self.log.warning("Iceberg table(s) %s lost their metadata file since the last apply (dropped?): "
-                             "starting Spark, which rebuilds them from staging", ", ".join(gone))
+            self.log.warning("Iceberg table(s) %s are gone from the catalog or lost their metadata file since the "
+                             "last apply (dropped?): starting Spark, which rebuilds them from staging", ", ".join(gone))
             return
         raise AirflowSkipException(
             f"nothing to apply: every committed batch of pipeline {self.pipeline} was applied to "

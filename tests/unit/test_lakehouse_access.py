@@ -145,3 +145,17 @@ def test_property_escaping_follows_java_properties():
     assert escape_property(" lead\ttab\nline") == "\\ lead\\ttab\\nline"
     assert escape_property("#x!") == "\\#x!"
     assert escape_property("😀") == "\\ud83d\\ude00"
+
+
+def test_only_a_jdbc_catalog_reached_through_its_connection_is_asked_for_its_tables_by_the_idle_tick():
+    from airflow_provider_pglogical.lakehouse.catalog_tables import catalog_metadata_locations, lists_tables_without_spark
+
+    s3 = {"warehouse": "s3a://b/wh"}
+    assert lists_tables_without_spark(IcebergConfig(catalog_type="jdbc", catalog_conn_id="cat", **s3))
+    assert lists_tables_without_spark(IcebergConfig(catalog_type="JDBC", catalog_conn_id="cat"))
+    for config in (IcebergConfig(), IcebergConfig(catalog_type="rest", catalog_uri="https://c", **s3),
+                   IcebergConfig(catalog_type="jdbc", catalog_uri="jdbc:postgresql://h/db", **s3),
+                   IcebergConfig(catalog_type="jdbc", catalog_conn_id="cat", catalog_uri="jdbc:postgresql://h/db"),
+                   IcebergConfig(catalog_impl="org.apache.iceberg.aws.glue.GlueCatalog", catalog_conn_id="cat", **s3)):
+        assert not lists_tables_without_spark(config), config
+        assert catalog_metadata_locations(config, ["orders"]) is None  # not asked: the tick trusts the marker
