@@ -7,8 +7,11 @@ the initial sync and the pull write it through ``ObjectStoragePath``, the apply 
 removes the applied batches (retention) through S3A. Keyed and keyless tables with out-of-line
 TOAST values are snapshotted, changed, pulled and applied twice through the operators, then
 compared with the source by verify (PostgreSQL digests the source, a verify job digests Iceberg
-through the same catalog, bucket and staging root). While all of them run, every process's command
-line is watched: neither the S3 secret nor the catalog's password may show there, nor in the log.
+through the same catalog, bucket and staging root). The second apply runs beside another apply of
+the pipeline and a housekeeping run (compaction, expiry, orphan listing through S3A): the lease
+and the commits the JDBC catalog validates let none lose or double a change. While all of them
+run, every process's command line is watched: neither the S3 secret nor the catalog's password
+may show there, nor in the log. Last, a table dropped from the catalog is not taken for idle.
 """
 
 from __future__ import annotations
@@ -19,16 +22,20 @@ import os
 import re
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from airflow.exceptions import AirflowException
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import RESULT_PREFIX, IcebergApplyOperator
+from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from tests.support.databases import drop_database, new_database
@@ -134,12 +141,23 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
     staging = f"s3://pglogical_lake_s3@{BUCKET}/staging"  # the same bucket and connection as the warehouse
     capture = {"publications": ["p"], "staging_root": staging, "pipeline": "p", "postgres_conn_id": publisher.conn_id}
 
+    spark = {"conf": {"spark.ui.enabled": "false"}, "env_vars": {"SPARK_LOCAL_IP": "127.0.0.1"}}
+
     def apply() -> dict:
         operator = IcebergApplyOperator(task_id="apply", staging_root=staging, pipeline="p", iceberg=iceberg,
                                         table_map={"public.orders": "orders", "public.events": "events"},
-                                        staging_retention=timedelta(0),
-                                        conf={"spark.ui.enabled": "false"}, env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
+                                        staging_retention=timedelta(0), **spark)
         return operator.execute({})
+
+    def housekeeping() -> None:  # expires every snapshot but the newest: its files go from the bucket
+        IcebergMaintenanceOperator(task_id="housekeeping", iceberg=iceberg, older_than_hours=0, retain_last=1,
+                                   driver_memory="1g", **spark).execute({})
+
+    def outcome(task) -> dict | BaseException:
+        try:
+            return task()
+        except Exception as error:  # judged below, then by the comparison with the source
+            return error
 
     publisher.execute(SOURCE)
     publisher_hook.create_publication("p", [PublishedTable("orders"), PublishedTable("events")])
@@ -150,7 +168,20 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
         first = apply()
         publisher.execute(CHANGES)
         changes = PgSlotPullOperator(task_id="pull", slot="s1", **capture).execute({})["batch"].rsplit("/", 1)[1]
-        second = apply()
+        manifest_lists = manifest_lists_of(s3_server)
+        # two applies of the pipeline at once (a zombie beside its retry) and housekeeping beside them
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            *applies, kept = pool.map(outcome, [apply, apply, housekeeping])
+        # each apply applied, was held off by the other's lease, found nothing left, or stopped at a commit
+        # that conflicted with housekeeping's (Iceberg's validation: nothing of that step committed)
+        assert all(isinstance(a, (dict, ConcurrentApplyError, AirflowException)) for a in [*applies, kept or {}]), \
+            (applies, kept)
+        if not any(isinstance(a, dict) for a in applies):  # the next apply finishes what a refused one left
+            applies.append(apply())
+        if kept is not None:  # a compaction meeting an apply's commit fails one of the two: it runs again
+            housekeeping()
+        second = {"tables": sorted({t for a in applies if isinstance(a, dict) for t in a["tables"]})}
+        raced = f"two applies and housekeeping at once: {[type(a).__name__ for a in applies]}, housekeeping {kept!r}"
         # verify, the pipeline's own witness (PostgreSQL digests the source, Spark the Iceberg tables),
         # through the same catalog, bucket and staging root
         verified = verify_pipeline(postgres_conn_id=publisher.conn_id, publications=["p"], staging_path=staging,
@@ -158,12 +189,16 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
                                    table_map={"public.orders": "orders", "public.events": "events"})
     out, err = capfd.readouterr()
     task_log = "\n".join((caplog.text, out, err))  # Airflow's structlog loggers write to the process's output
+    print(raced)
     assert first["tables"] == second["tables"] == ["public.events", "public.orders"], (first, second)
     # the keyed snapshot's staged files were adopted into the S3 warehouse (retention removed them after)
     assert re.search(r"public\.orders: applied snapshot \S+ \(\d+ rows, 1 staged files adopted\)", task_log)
     with pytest.raises(AirflowSkipException, match="Spark was not started"):  # an idle tick lists S3 staging only
         apply()
 
+    # housekeeping expired the older snapshots: their manifest lists are gone from the bucket (through S3A)
+    expired = manifest_lists - manifest_lists_of(s3_server)
+    assert expired, manifest_lists
     # the warehouse is on the S3 server: metadata and data files of both tables, none on the local disk
     keys = s3_server.keys(BUCKET, "warehouse/")
     for table in ("orders", "events"):
@@ -195,3 +230,17 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
     assert "Spark-Submit cmd" in task_log and RESULT_PREFIX.strip() in task_log, task_log[-3000:]
     properties_files = {line.split("--properties-file ", 1)[1].split(" ", 1)[0] for line in submits}
     assert not any(os.path.exists(path) for path in properties_files), "the private properties file outlived its job"
+
+    # a table dropped from the catalog (JdbcCatalog.dropTable without purge: its entry goes, its files
+    # stay) is no idle tick: the operator asks the catalog, without a JVM, and starts Spark to rebuild it
+    catalog_db.execute("DELETE FROM iceberg_tables WHERE table_namespace = 'shop' AND table_name = 'orders'")
+    started = []
+    monkeypatch.setattr(IcebergApplyOperator, "run_spark_submit", lambda self, *a, **k: started.append(1) or {})
+    apply()  # the job itself is not run: its rebuild of a missing table is tested on the local disk
+    out, err = capfd.readouterr()
+    assert started and "table(s) orders are gone from the catalog" in out + err, (out + err)[-2000:]
+
+
+def manifest_lists_of(s3_server) -> set[str]:
+    """The manifest list of every snapshot of every table in the warehouse (``snap-*.avro``)."""
+    return {key for key in s3_server.keys(BUCKET, "warehouse/") if key.rsplit("/", 1)[1].startswith("snap-")}
