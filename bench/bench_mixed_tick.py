@@ -1,6 +1,6 @@
 """Benchmark of a tick of about 2,000 changes over five tables of different shapes.
 
-    python bench/bench_mixed_tick.py [--ticks 6] [--rows 20000] [--driver-jvm none,c1]
+    python bench/bench_mixed_tick.py [--ticks 6] [--rows 20000] [--driver-jvm none,c1] [--lakehouse local,s3]
 
 Five tables: two with an 8 kB value the changes leave unchanged (its TOAST is not sent) and key
 changes among their updates, a plain keyed table, a keyless table (``REPLICA IDENTITY FULL``)
@@ -16,7 +16,10 @@ Both report the job's own apply time ("in-job": listing, manifests, state read, 
 state commit; the JVM start excluded) and each table's step, and the submit pipeline the apply
 task's wall time. With ``--driver-jvm none,c1`` the submit pipeline's ticks alternate between
 driver JVM options a deployment sets (``bench_tick.driver_jvm_settings``: none, C1 only, a class
-archive, both). After the last tick both lakehouses are compared with their source.
+archive, both). With ``--lakehouse local,s3`` a third pipeline, ``s3``, gets the same workload and
+the same apply task with the production-shaped lakehouse (moto's S3 server, Iceberg's JDBC catalog,
+staging on the bucket: ``bench_tick.s3_lakehouse``), and its ratio to ``submit`` is printed. After
+the last tick every lakehouse is compared with its source (the S3 one by ``verify_pipeline``).
 """
 
 from __future__ import annotations
@@ -125,6 +128,24 @@ def finish(spark, wrong: list[str]) -> None:
         raise SystemExit(1)
 
 
+def compare_s3(rows: list[dict], pipeline) -> list[str]:
+    """Print the S3 pipeline's medians and ratio to the local submit pipeline, then verify its
+    lakehouse against its source (``verify_pipeline``: PostgreSQL digests, a Spark job through the
+    JDBC catalog); returns the tables that differ."""
+    from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+
+    local, remote = (statistics.median(r[key] for r in rows) for key in ("apply_task", "apply_task_s3"))
+    print(f"S3 + JDBC catalog, medians over {len(rows)} ticks: apply task {remote:.2f} s, in-job "
+          f"{statistics.median(r['in_job_s3'] for r in rows):.2f} s; local {local:.2f} s: "
+          f"{remote / local:.2f}x the local apply task; in-job phases (medians) S3 "
+          f"{bench_tick.phase_medians([r['phases_s3'] for r in rows])}; local "
+          f"{bench_tick.phase_medians([r['phases'] for r in rows])}")
+    verified = verify_pipeline(postgres_conn_id="bench_s3", publications=["bench"],
+                               staging_path=pipeline.staging, pipeline="p", iceberg=pipeline.iceberg,
+                               report=lambda message: None)
+    return [] if verified["equal"] else [f"s3: {verified['summary']}"]
+
+
 def steps_line(steps: list[dict]) -> str:
     """Each table's step: seconds and Spark jobs."""
     return ", ".join(f"{s['table'].split('.')[1]} {s['seconds']:.1f} s/{s.get('spark_jobs', 0)} jobs" for s in steps)
@@ -136,6 +157,8 @@ def main() -> None:
     parser.add_argument("--driver-jvm", default="none,c1", help="of none, c1, cds, c1+cds")
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--lakehouse", default="local", choices=["local", "local,s3"],
+                        help="local,s3: also apply the same ticks to an S3 server with a JDBC catalog")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
     if args.tiny:
@@ -146,16 +169,19 @@ def main() -> None:
         # --tiny: no baseline (bench_idle_apply's tiny run covers it), one JVM fewer in CI
         baseline = float("nan") if args.tiny else bench_tick.bare_spark_submit_seconds(tmp_path)
         print(f"bare spark-submit of an empty PySpark job: {baseline:.2f} s (load {bench_tick.load()})", flush=True)
+        s3 = bench_tick.s3_lakehouse(pg) if "s3" in args.lakehouse else None
         pipelines = {}
-        for db in ("submit", "inproc"):
+        for db in ("submit", "inproc", *(["s3"] if s3 else [])):
             pg.create_database(db)
             create_source(pg, db, args.rows)
-            pipelines[db] = bench_tick.Pipeline(pg, db, tmp_path, db)
+            pipelines[db] = bench_tick.Pipeline(pg, db, tmp_path, db, "s3" if db == "s3" else "local")
             pipelines[db].sync()
-        submit = pipelines["submit"]
+        submit, on_s3 = pipelines["submit"], pipelines.get("s3")
         settings = args.driver_jvm.split(",")
         jvm = bench_tick.driver_jvm_settings(tmp_path)
         submit.apply(java_options=jvm["dump"] if any("cds" in name for name in settings) else "")  # writes the archive
+        if on_s3:
+            on_s3.apply(java_options=jvm["dump"] if any("cds" in name for name in settings) else "")
         warehouse = tmp_path / "warehouse-inproc"
         spark = spark_session(warehouse, args.driver_memory)
         staging = tmp_path / "staging-inproc"
@@ -179,6 +205,11 @@ def main() -> None:
             warm, warm_steps = apply_in_process()
             row = {"tick": tick, "driver_jvm": quick, "changes": pulled["submit"], "apply_task": wall,
                    "in_job_submit": cold, "in_job_inproc": warm, "load": bench_tick.load()}
+            if on_s3:
+                row["apply_task_s3"], row["in_job_s3"] = on_s3.apply(java_options=jvm[quick])
+                row["phases"], row["phases_s3"] = submit.phases, on_s3.phases
+                print(f"tick {tick} on S3 + JDBC: apply task {row['apply_task_s3']:.2f} s, in-job "
+                      f"{row['in_job_s3']:.2f} s [{steps_line(on_s3.steps)}]", flush=True)
             print(f"tick {tick}: {row['changes']} changes (in-process pipeline {pulled['inproc']}); driver JVM {quick}: "
                   f"apply task {wall:.2f} s, in-job {cold:.2f} s [{cold_steps}]; in-process in-job {warm:.2f} s "
                   f"[{steps_line(warm_steps)}] (load {row['load']})", flush=True)
@@ -193,6 +224,9 @@ def main() -> None:
         print(f"in-job in the long-lived session, median over {len(rows)} ticks: "
               f"{statistics.median(r['in_job_inproc'] for r in rows):.2f} s")
         wrong = differences(pg, "submit", spark, tmp_path / "warehouse-submit") + differences(pg, "inproc", spark, warehouse)
+        if on_s3:
+            wrong += compare_s3(rows, on_s3)
+            s3.close(False)
         finish(spark, wrong)
 
 

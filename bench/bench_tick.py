@@ -2,6 +2,7 @@
 
     python bench/bench_tick.py ticks [--tables 1,10,50,200] [--ticks 3] [--concurrency 1,4]
                                      [--driver-jvm none,c1,cds,c1+cds] [--updates same|spread]
+                                     [--lakehouse local,s3]
     python bench/bench_tick.py freshness [--tables 5] [--ticks 20]
 
 ``ticks``: for each table count, N tables of 1,000 rows (half of them with an 8 kB value that
@@ -12,7 +13,10 @@ the same run, is a bare spark-submit of an empty PySpark job. Prints the medians
 issue asks for, and the job's own apply time (sum of its steps, JVM start excluded).
 ``--driver-jvm`` compares driver JVM options a deployment sets as Spark conf (docs/operators.md,
 "Tuning the driver JVM"), tick by tick: none, C1 only, a class-data-sharing archive (written by
-the warm-up apply), or both.
+the warm-up apply), or both. ``--lakehouse local,s3`` runs a second pipeline over the same tables
+and changes with the production-shaped lakehouse (moto's S3 server on loopback, Iceberg's JDBC
+catalog in the bench cluster, staging on the same bucket) and prints its ratio to the local one,
+with the phases of each job and what an idle tick's staging listing costs on each store.
 
 ``freshness``: a writer commits a small transaction every 50 ms on N tables while ticks (pull,
 then apply) run back to back; a change's freshness is the end of the apply that made it readable
@@ -50,6 +54,8 @@ from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E4
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
+from airflow_provider_pglogical.staging.apply_marker import read_marker  # noqa: E402
+from airflow_provider_pglogical.staging.layout import committed_batches  # noqa: E402
 from tests.support.spark_jobs import bare_spark_submit_seconds  # noqa: E402
 
 ROWS = 1000
@@ -90,15 +96,42 @@ def change_tables(pg, db: str, names: list[str], tick: int, updates: str = "same
     return 100 * len(names)
 
 
-class Pipeline:
-    """One pipeline over a throwaway database: initial sync, pulls and applies by the library calls."""
+#: where a pipeline's lakehouse is: ``local`` (a Hadoop catalog and staging on the local disk) or
+#: ``s3`` (moto's S3 server on loopback for the warehouse and staging, Iceberg's JDBC catalog in the
+#: bench cluster: the demo's ``--lakehouse s3``, started by :func:`s3_lakehouse`)
+LAKEHOUSES = ("local", "s3")
 
-    def __init__(self, pg, db: str, tmp: Path, tag: str) -> None:
+
+def s3_lakehouse(pg):
+    """Start the S3 server and create the JDBC catalog's database, named in ``AIRFLOW_CONN_*``
+    variables of this process; ``.close(False)`` stops the server."""
+    from airflow_provider_pglogical.embedded.demo_lakehouse import s3_lakehouse as start
+
+    lake = start(pg)
+    os.environ.update(lake.env)
+    return lake
+
+
+class Pipeline:
+    """One pipeline over a throwaway database: initial sync, pulls and applies by the library calls.
+
+    :param lake: ``local`` or ``s3`` (:data:`LAKEHOUSES`; ``s3`` needs :func:`s3_lakehouse` first).
+    """
+
+    def __init__(self, pg, db: str, tmp: Path, tag: str, lake: str = "local") -> None:
         os.environ[f"AIRFLOW_CONN_BENCH_{tag.upper()}"] = pg.connection_uri(db)
         self.hook = PgLogicalHook(postgres_conn_id=f"bench_{tag}")
-        self.staging = (tmp / f"staging-{tag}").as_uri()
+        if lake == "s3":
+            from airflow_provider_pglogical.embedded.demo_lakehouse import BUCKET, CATALOG_CONN_ID, STORAGE_CONN_ID
+
+            self.staging = f"s3://{STORAGE_CONN_ID}@{BUCKET}/staging-{tag}"
+            self.iceberg = IcebergConfig(catalog_type="jdbc", catalog_conn_id=CATALOG_CONN_ID,
+                                         warehouse=f"s3a://{BUCKET}/warehouse-{tag}", storage_conn_id=STORAGE_CONN_ID,
+                                         namespace=f"bench_{tag}")
+        else:
+            self.staging = (tmp / f"staging-{tag}").as_uri()
+            self.iceberg = IcebergConfig(warehouse=(tmp / f"warehouse-{tag}").as_uri(), namespace="bench")
         self.root = ObjectStoragePath(self.staging)
-        self.iceberg = IcebergConfig(warehouse=(tmp / f"warehouse-{tag}").as_uri(), namespace="bench")
         self.slot = f"bench_{tag}"
 
     def sync(self) -> None:
@@ -125,10 +158,20 @@ class Pipeline:
         self.phases = operator._job_phases
         return wall, operator._job_seconds
 
+    def listing_seconds(self) -> float:
+        """What an idle tick pays before it decides not to start Spark: listing the committed
+        batches and reading the apply marker (``pending_batches``), on this pipeline's staging."""
+        started = time.perf_counter()
+        read_marker(self.root, "p")
+        committed_batches(self.root, "p")
+        return time.perf_counter() - started
+
 
 def ticks(args: argparse.Namespace) -> None:
+    lakes = args.lakehouse.split(",")
     with tempfile.TemporaryDirectory() as tmp, cluster("bench_tick") as pg:
         tmp_path = Path(tmp)
+        s3 = s3_lakehouse(pg) if "s3" in lakes else None
         # --tiny: no baseline (bench_idle_apply's tiny run covers it), one JVM fewer in CI
         baseline_runs = [] if args.tiny else [bare_spark_submit_seconds(tmp_path) for _ in range(args.ticks)]
         baseline = statistics.median(baseline_runs) if baseline_runs else float("nan")
@@ -136,44 +179,56 @@ def ticks(args: argparse.Namespace) -> None:
               f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
         jvm = driver_jvm_settings(tmp_path)
         settings = [(int(c), name) for c in args.concurrency.split(",") for name in args.driver_jvm.split(",")]
-        medians: dict[tuple[int, tuple], float] = {}
+        medians: dict[tuple[int, tuple, str], float] = {}
         for count in [int(c) for c in args.tables.split(",")]:
             db = f"tick{count}"
             pg.create_database(db)
             names = create_tables(pg, db, count)
-            pipeline = Pipeline(pg, db, tmp_path, db)
-            pipeline.sync()
-            # the first run warms up, and writes the class archive the cds settings map
-            pipeline.apply(java_options=jvm["dump"] if any("cds" in name for _, name in settings) else "")
-            walls: dict[tuple, list[float]] = {s: [] for s in settings}
-            in_job: dict[tuple, list[float]] = {s: [] for s in settings}
+            # one pipeline (slot, staging, lakehouse) per lakehouse over the same tables and changes
+            pipelines = {lake: Pipeline(pg, db, tmp_path, db if lake == "local" else f"{db}_{lake}", lake)
+                         for lake in lakes}
+            runs = {(s, lake): {"wall": [], "job": [], "phases": [], "listing": []} for s in settings for lake in lakes}
             work: list[tuple[int, int]] = []
-            phases: dict[tuple, list[dict]] = {s: [] for s in settings}
+            for pipeline in pipelines.values():
+                pipeline.sync()
+                # the first run warms up, and writes the class archive the cds settings map
+                pipeline.apply(java_options=jvm["dump"] if any("cds" in name for _, name in settings) else "")
             tick = 0
             for _ in range(args.ticks + 1):
                 for setting in settings:  # interleaved: each setting meets the same machine state
                     tick += 1
                     change_tables(pg, db, names, tick, args.updates)
-                    pipeline.pull()
-                    wall, job = pipeline.apply(setting[0], jvm[setting[1]])
-                    if tick > len(settings):  # the first round warms the page cache: not measured
-                        walls[setting].append(wall)
-                        in_job[setting].append(job)
-                        phases[setting].append(pipeline.phases)
-                        work += pipeline.work
-            for setting in settings:
-                median = medians[count, setting] = statistics.median(walls[setting])
-                print(f"{count:>4} tables x 100 changes, {describe(setting)}: apply task median {median:6.2f} s "
-                      f"({median / baseline:.2f}x bare spark-submit); in-job apply median "
-                      f"{statistics.median(in_job[setting]):6.2f} s; runs "
-                      f"{', '.join(f'{w:.1f}' for w in walls[setting])}; in-job phases (medians) "
-                      f"{phase_medians(phases[setting])}")
+                    for lake, pipeline in pipelines.items():
+                        pipeline.pull()
+                        wall, job = pipeline.apply(setting[0], jvm[setting[1]])
+                        if tick > len(settings):  # the first round warms the page cache: not measured
+                            run = runs[setting, lake]
+                            run["wall"].append(wall)
+                            run["job"].append(job)
+                            run["phases"].append(pipeline.phases)
+                            run["listing"].append(pipeline.listing_seconds())
+                            work += pipeline.work
+            for (setting, lake), run in runs.items():
+                median = medians[count, setting, lake] = statistics.median(run["wall"])
+                job = statistics.median(run["job"])
+                print(f"{count:>4} tables x 100 changes, {describe(setting)}, lakehouse {lake}: apply task median "
+                      f"{median:6.2f} s ({median / baseline:.2f}x bare spark-submit); in-job apply median {job:6.2f} s; "
+                      f"outside the job (JVM start, submit, staging I/O of the task) {median - job:.2f} s; "
+                      f"the idle tick's staging listing {statistics.median(run['listing']):.2f} s; runs "
+                      f"{', '.join(f'{w:.1f}' for w in run['wall'])}; in-job phases (medians) "
+                      f"{phase_medians(run['phases'])}")
             print(f"{count:>4} tables: Spark jobs per step median {statistics.median(j for j, _ in work)}, "
                   f"max {max(j for j, _ in work)}; stages per step median {statistics.median(s for _, s in work)}, "
                   f"max {max(s for _, s in work)}")
-        for (count, setting), median in medians.items():
-            if count != 1 and (1, setting) in medians:
-                print(f"{describe(setting)}: {count} tables / 1 table: {median / medians[1, setting]:.2f}x")
+        for (count, setting, lake), median in medians.items():
+            if count != 1 and (1, setting, lake) in medians:
+                print(f"{describe(setting)}, lakehouse {lake}: {count} tables / 1 table: "
+                      f"{median / medians[1, setting, lake]:.2f}x")
+            if lake != "local" and (count, setting, "local") in medians:
+                print(f"{count} tables, {describe(setting)}: lakehouse {lake} / local: "
+                      f"{median / medians[count, setting, 'local']:.2f}x the local apply task")
+        if s3 is not None:
+            s3.close(False)
 
 
 def phase_medians(runs: list[dict]) -> str:
@@ -297,8 +352,12 @@ def main() -> None:
                         help="ticks mode: driver JVM options to compare tick by tick, of none, c1, cds, c1+cds")
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="ticks mode: the 70 updates per table hit the same rows every tick, or rows drawn anew")
+    parser.add_argument("--lakehouse", default="local",
+                        help="ticks mode: lakehouses to compare in one run, of local, s3 (S3 server + JDBC catalog)")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
+    if set(args.lakehouse.split(",")) - set(LAKEHOUSES):
+        parser.error(f"--lakehouse takes a comma-separated list of {', '.join(LAKEHOUSES)}, not {args.lakehouse!r}")
     if args.tiny:
         args.tables, args.ticks = args.tables or "1", args.ticks or (1 if args.mode == "ticks" else 2)
     if args.mode == "ticks":

@@ -23,7 +23,9 @@ TINY = {
     "bench_snapshot.py": (["--tiny"], "two workers vs one"),
     "bench_idle_apply.py": (["--tiny"], "idle apply tick,"),
     "bench_apply.py": (["--tiny"], "| plain | 2,000 |"),
-    "bench_tick.py": (["ticks", "--tiny"], "1 tables x 100 changes"),
+    # on the S3 server and the JDBC catalog (its local pipeline is the one bench_mixed_tick's tiny run drives)
+    "bench_tick.py": (["ticks", "--tiny", "--lakehouse", "s3"], "1 tables x 100 changes, concurrency 4, "
+                      "driver JVM options none, lakehouse s3"),
     "bench_mixed_tick.py": (["--tiny"], "every table equal to its source in every lakehouse"),
     "bench_mixed_ab.py": (["--tiny"], "every table equal to its source in every lakehouse"),
     "bench_step_profile.py": (["--tiny"], "tick 3:"),
