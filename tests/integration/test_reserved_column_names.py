@@ -18,7 +18,7 @@ from airflow_provider_pglogical.staging import batches, contract, layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
-from tests.integration.test_toast_filter_crossing import apply
+from tests.support.spark_jobs import submit_apply
 
 
 def test_staged_names_never_collide():
@@ -51,7 +51,7 @@ def test_columns_named_like_metadata_replicate_exactly(publisher, publisher_hook
     manifest = layout.read_manifest(storage, "p", result["batch"].rsplit("/", 1)[1])
     staged = batches.read_table(storage, "p", manifest.name, manifest.tables["public.t"]).column_names
     assert {"_op", "~_op", "_old_id", "~_old_id", "~~x", "_seq", "~_seq"} <= set(staged)
-    apply(root, warehouse)
+    submit_apply(root, warehouse)
     verdict = verify_pipeline(postgres_conn_id=publisher.conn_id, publications=["p"], staging_path=root.as_uri(),
                               pipeline="p", iceberg=IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast"),
                               report=lambda m: None)
@@ -76,7 +76,7 @@ def test_dotted_and_backticked_names_replicate_exactly(publisher, publisher_hook
     root, warehouse = tmp_path / "staging", tmp_path / "warehouse"
     storage = ObjectStoragePath(root.as_uri())
     run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
-    apply(root, warehouse)
+    submit_apply(root, warehouse)
     publisher.execute("""
         UPDATE "odd.t" SET "k.id" = "k.id" + 100 WHERE "k.id" <= 2;      -- "a.b" unchanged: kept across the move
         UPDATE "odd.t" SET "k.id" = 200 WHERE "k.id" = 101;              -- a chain of key changes
@@ -87,7 +87,7 @@ def test_dotted_and_backticked_names_replicate_exactly(publisher, publisher_hook
         UPDATE "full.t" SET "n`m" = 3 WHERE "c.d" IS NULL;
         INSERT INTO "full.t" VALUES ('y', NULL), ('y', NULL)""")
     run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
-    apply(root, warehouse)
+    submit_apply(root, warehouse)
     verdict = verify_pipeline(postgres_conn_id=publisher.conn_id, publications=["p"], staging_path=root.as_uri(),
                               pipeline="p", iceberg=IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast"),
                               report=lambda m: None)

@@ -18,7 +18,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.staging.pipeline_record import read_record
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
-from tests.integration.test_toast_filter_crossing import apply
+from tests.support.spark_jobs import submit_apply
 
 
 def files(path) -> list[str]:
@@ -70,7 +70,7 @@ def test_an_invalidated_slot_fails_permanently_then_resyncs_to_the_source(tmp_pa
 
         cluster.execute("UPDATE t SET v = 'after the resync' WHERE id = 4")
         assert run_pull(hook, **common)["changes"] == 1
-        apply(root, warehouse)
+        submit_apply(root, warehouse)
         verdict = verify_pipeline(postgres_conn_id="lossy", publications=["p"], staging_path=root.as_uri(),
                                   pipeline="p", iceberg=IcebergConfig(warehouse=warehouse.as_uri(), namespace="toast"),
                                   report=lambda m: None)

@@ -21,7 +21,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.staging.pipeline_record import read_record
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
-from tests.integration.test_toast_filter_crossing import apply
+from tests.support.spark_jobs import submit_apply
 from tests.support.source_state import SourceState
 
 DDL = "CREATE TABLE a(id int PRIMARY KEY, v text); CREATE TABLE b(id int PRIMARY KEY, v text);"
@@ -59,7 +59,7 @@ def test_a_table_added_mid_stream_equals_the_source(publisher, subscriber, publi
     assert set(read_record(storage, "p").tables) == {"public.a", "public.b"}
     publisher.execute("UPDATE b SET v = 'later' WHERE id = 4")
     run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
-    apply(root, warehouse)
+    submit_apply(root, warehouse)
 
     subscriber_hook.refresh_subscription("native", copy_data=True)
     wait_until(lambda: subscriber.query("SELECT count(*), max(v) FILTER (WHERE id = 4) FROM b") == [(100, "later")],

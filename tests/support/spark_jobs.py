@@ -49,6 +49,18 @@ def run_job(command: list[str], *, env: dict[str, str] | None = None, timeout: f
     return proc.returncode, proc.stdout
 
 
+def submit_apply(root: Path, warehouse: Path, *, pipeline: str = "p", namespace: str = "toast") -> None:
+    """spark-submit the apply job of ``pipeline`` staged under ``root`` into ``warehouse``, as the
+    operator does, and fail the test with its log's end unless it succeeded."""
+    from airflow_provider_pglogical.spark.launch import APPLY_JOB
+
+    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", pipeline,
+                                         "--namespace", namespace],
+                             IcebergConfig(warehouse=warehouse.as_uri(), namespace=namespace))
+    code, output = run_job(command)
+    assert code == 0, output[-5000:]
+
+
 def start_job(command: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a spark-submit command in a process group of its own (see ``processes.kill_tree``)."""
     return subprocess.Popen(command, env=subprocess_env(**(env or {})), stdout=subprocess.PIPE,
