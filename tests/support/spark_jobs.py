@@ -14,12 +14,9 @@ from pathlib import Path
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.spark.launch import job_bundle
-from tests.support.environment import subprocess_env
+from tests.support.environment import driver_java_options, subprocess_env
 
 
-#: the driver JVM options docs/operators.md recommends for small ticks ("Tuning the driver JVM"),
-#: which the tests' own sessions and submissions set as a deployment would (operators get none)
-DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = None, *, master: str = "local[2]",
@@ -33,8 +30,9 @@ def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = N
 
 
 def driver_java_conf() -> dict[str, str]:
-    """:data:`DRIVER_JAVA_OPTIONS` as Spark conf (``SparkSession.builder.config`` or ``--conf``)."""
-    return {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS}
+    """The tests' driver JVM options (``environment.driver_java_options``: C1 only and the class
+    archive, as a deployment tuned for small ticks sets them; operators set none) as Spark conf."""
+    return {"spark.driver.extraJavaOptions": driver_java_options()}
 
 
 def run_job(command: list[str], *, env: dict[str, str] | None = None, timeout: float = 900,
