@@ -11,6 +11,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.operators._capture import CaptureOperator
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+from airflow_provider_pglogical.operators.spark_copy import SparkCopy
 
 
 if TYPE_CHECKING:
@@ -54,6 +55,10 @@ class PgInitialSyncOperator(CaptureOperator):
         doubled. Refused before anything is created on 15/16, or when the primary's
         ``synchronized_standby_slots`` is empty; check the standby with
         ``PgCheckPublisherOperator(failover=True, standby_conn_id=...)`` (docs/failover.md).
+    :param copy_on_spark: run the copy's work units as tasks of a Spark job
+        (``SparkCopy(conn_id="spark_cluster")``) instead of on this worker: each executor imports
+        the exported snapshot and writes its units' files; ``parallelism`` units run at once. The
+        batch is the same (docs/operators.md, "Copying on a Spark cluster").
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
@@ -62,21 +67,27 @@ class PgInitialSyncOperator(CaptureOperator):
     )
     ui_color = "#cfe8fc"
 
-    def __init__(self, *, slot: str, parallelism: int = 2, failover: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, slot: str, parallelism: int = 2, failover: bool = False,
+                 copy_on_spark: SparkCopy | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
         self.parallelism = parallelism
         self.failover = failover
+        self.copy_on_spark = copy_on_spark
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
             parallelism = checked_parallelism(self)
             hook, root = self.publisher_and_staging()
+            copier = None
+            if self.copy_on_spark is not None:
+                copier = self.copy_on_spark.copier(hook.connect_kwargs(), root, parallelism, self.task_id,
+                                                   self.log.info)
             return self.remember_lineage(hook, root, run_initial_sync(
                 hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
-                failover=bool(self.failover),
+                failover=bool(self.failover), copier=copier,
             ))
 
 
