@@ -19,9 +19,13 @@ from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.spark_copy import SparkCopy
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
-from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
 from tests.integration.sync_helpers import staged_rows
 from tests.support.spark_cluster import standalone_cluster
+
+try:
+    from airflow.sdk.exceptions import AirflowFailException
+except ImportError:  # Task SDK 1.0 (Airflow 3.0)
+    from airflow.exceptions import AirflowFailException
 
 pytestmark = pytest.mark.spark
 
@@ -68,63 +72,78 @@ def publish(publisher, publisher_hook) -> None:
         PublishedTable("orders", columns=["id", "region", "total"], where="id % 4 <> 0"), PublishedTable("events")])
 
 
-def test_copy_on_two_workers_equals_the_snapshot_and_a_one_worker_copy(publisher, publisher_hook, tmp_path, cluster):
+class SourceChangedAfterExport(SparkCopy):
+    """Commits ``changes`` on the source after the snapshot was exported, before the executors copy."""
+
+    def __init__(self, database, changes: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.database, self.changes, self.units = database, changes, []
+
+    def copier(self, *args, **kwargs):
+        run = super().copier(*args, **kwargs)
+
+        def changed_then_run(plan, writer, snapshot_name, report):
+            self.units.extend(plan.units)
+            self.database.execute(self.changes)
+            return run(plan, writer, snapshot_name, report)
+
+        return changed_then_run
+
+
+def logged_text(caplog, capfd, cluster) -> str:
+    """The task's log (the Spark hook's lines reach stdout), and every file the cluster wrote."""
+    out, err = capfd.readouterr()
+    return caplog.text + out + err + "".join(p.read_text(errors="replace") for p in cluster.rglob("*") if p.is_file())
+
+
+def sync_operator(publisher, root, slot: str, copy_on_spark: SparkCopy | None, **kwargs) -> PgInitialSyncOperator:
+    return PgInitialSyncOperator(task_id="snapshot", slot=slot, publications=["p"], staging_root=root.as_uri(),
+                                 pipeline="p", postgres_conn_id=publisher.conn_id, parallelism=2,
+                                 copy_on_spark=copy_on_spark, **kwargs)
+
+
+def test_copy_on_two_workers_equals_the_snapshot_and_a_one_worker_copy(
+        publisher, publisher_hook, tmp_path, cluster, caplog, capfd):
     publish(publisher, publisher_hook)
     before = {name: sorted(publisher.query(query)) for name, query in PROJECTION.items()}
-    root = ObjectStoragePath((tmp_path / "spark").as_uri())
-    on_spark = spark_copy().copier(publisher_hook.connect_kwargs(), root, 2)
-    units = []
-
-    def copier(plan, writer, snapshot_name, report):
-        units.extend(plan.units)
-        # committed after the snapshot was exported: no executor may see it
-        publisher.execute("DELETE FROM orders WHERE id <= 100; INSERT INTO events VALUES ('late', 1);"
-                          "UPDATE orders SET total = 0 WHERE id > 5000")
-        return on_spark(plan, writer, snapshot_name, report)
-
-    run_initial_sync(publisher_hook, slot="s_spark", publications=["p"], root=root, pipeline="p", parallelism=2,
-                     copier=copier)
-    assert len({u.table.name for u in units}) == 2 and len(units) > 2  # both tables, split into ranges
-    staged = staged_rows(root, "p")
+    changes = ("DELETE FROM orders WHERE id <= 100; INSERT INTO events VALUES ('late', 1);"
+               "UPDATE orders SET total = 0 WHERE id > 5000")  # committed after the export: no executor sees them
+    on_spark = SourceChangedAfterExport(publisher, changes, conn_id="spark_copy_cluster",
+                                        conf={"spark.ui.enabled": "false", "spark.executor.cores": "1"},
+                                        env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "spark"
+    result = sync_operator(publisher, root, "s_spark", on_spark).execute(context={})
+    assert result["tables"] == {"public.orders": 4500, "public.events": 5000}
+    assert len({u.table.name for u in on_spark.units}) == 2 and len(on_spark.units) > 2  # both tables, in ranges
+    storage = ObjectStoragePath(root.as_uri())
+    staged = staged_rows(storage, "p")
     assert staged == before
     assert staged["events"].count(("click", 1)) > 1  # the multiset kept its duplicates
     assert staged["orders"][0] == (1, "US", Decimal("1.25"))
-    # one worker, the same snapshot position's data (nothing changed since the changes above: the
-    # staged batch equals the source before them, the pull holds them)
-    manifest = read_manifest(root, "p", committed_batches(root, "p")[0][0])
-    assert sorted(f["path"] for f in manifest.tables["public.orders"].files) == \
-        [f["path"] for f in manifest.tables["public.orders"].files]
-    assert manifest.tables["public.orders"].rows == len(before["orders"])
-    pulled = run_pull(publisher_hook, slot="s_spark", publications=["p"], root=root, pipeline="p")
-    assert pulled["changes"] > 0
-    local = ObjectStoragePath((tmp_path / "local").as_uri())
+    logged = logged_text(caplog, capfd, cluster)
+    assert "PGLOGICAL_COPY public.orders:" in logged and "rows/s" in logged  # progress per finished unit
+    assert "Spark-Submit cmd" in logged and publisher_hook.connect_kwargs()["password"] not in logged
+    # the changes are the slot's first batch; undone, a one-worker copy stages the same rows
+    assert run_pull(publisher_hook, slot="s_spark", publications=["p"], root=storage, pipeline="p")["changes"] == 75 + 1 + 750
     publisher.execute("DELETE FROM events WHERE kind = 'late'; UPDATE orders SET total = id * 1.25 WHERE id > 5000;"
                       "INSERT INTO orders SELECT g, (ARRAY['EU','US','APAC'])[1 + g % 3], g * 1.25, repeat('x', g % 50)"
                       "  FROM generate_series(1, 100) g")
+    local = ObjectStoragePath((tmp_path / "local").as_uri())
     run_initial_sync(publisher_hook, slot="s_local", publications=["p"], root=local, pipeline="p", parallelism=1)
     assert staged_rows(local, "p") == staged
 
 
-def test_operator_keeps_the_password_out_of_logs_and_a_failed_unit_commits_nothing(
-        publisher, publisher_hook, tmp_path, cluster, caplog):
+def test_a_failed_unit_commits_nothing_and_drops_the_slot(publisher, publisher_hook, tmp_path, cluster, caplog, capfd):
     publish(publisher, publisher_hook)
     publisher.execute("UPDATE orders SET total = 'NaN' WHERE id = 5999")  # no Iceberg decimal holds it
-    password = publisher_hook.connect_kwargs()["password"]
-    operator = PgInitialSyncOperator(task_id="snapshot", slot="s_fail", publications=["p"],
-                                     staging_root=(tmp_path / "staging").as_uri(), pipeline="p",
-                                     postgres_conn_id=publisher.conn_id, parallelism=2, copy_on_spark=spark_copy())
     caplog.set_level(logging.INFO)
-    with pytest.raises(Exception, match=r"(?s)snapshot copy on Spark failed in public\.orders.*NaN.*type_overrides"):
+    operator = sync_operator(publisher, tmp_path / "staging", "s_fail", spark_copy())
+    with pytest.raises(AirflowFailException,
+                       match=r"(?s)snapshot copy on Spark failed in public\.orders.*NaN.*type_overrides"):
         operator.execute(context={})
     root = tmp_path / "staging" / "p"
     assert not [p for p in root.iterdir() if p.name.endswith("-snapshot")]  # no batch, committed or not
-    assert not list((root / "_results").iterdir())  # plan and result removed
+    assert not list((root / "_results").iterdir())  # the plan and the result are removed
     assert not publisher.query("SELECT 1 FROM pg_replication_slots WHERE slot_name = 's_fail'")
-    # the rerun with the fix is clean, and reports progress per unit
-    caplog.clear()
-    operator.type_overrides = {"public.orders.total": "string"}
-    result = operator.execute(context={})
-    assert result["tables"] == {"public.orders": 4500, "public.events": 5000}
-    assert "PGLOGICAL_COPY public.orders:" in caplog.text and "rows/s" in caplog.text
-    logged = caplog.text + "".join(p.read_text(errors="replace") for p in cluster.rglob("*") if p.is_file())
-    assert "Spark-Submit cmd" in caplog.text and password not in logged
+    assert publisher_hook.connect_kwargs()["password"] not in logged_text(caplog, capfd, cluster)
