@@ -59,6 +59,7 @@ def plan_document(plan: snapshot.CopyPlan, writer: BatchWriter, root: str, snaps
                       "end_block": unit.end_block, "blocks": unit.blocks, "part": parts[name]})
     return {
         "root": root, "manifest": json.loads(writer.manifest.to_json()), "snapshot": snapshot_name,
+        "table_order": list(writer.manifest.tables),  # the manifest's JSON sorts them; file names follow this
         "parallelism": parallelism, "result": result, "trusted_utf8": plan.trusted_utf8,
         "extra_where": plan.extra_where, "staged_as": plan.staged_as, "units": units,
         "tables": {name: {**asdict(table), "publish": sorted(table.publish)} for name, table in tables.items()},
@@ -82,7 +83,7 @@ def _writer(document: dict) -> BatchWriter:
     manifest = BatchManifest.from_json(json.dumps(document["manifest"]))
     tables, manifest.tables = manifest.tables, {}
     writer = BatchWriter(Path(document["root"]), manifest)
-    for table in tables.values():
+    for table in (tables[name] for name in document["table_order"]):
         table.files, table.rows = [], 0
         writer.add_table(table)
     return writer
@@ -122,22 +123,36 @@ def run_units(document: dict, run_one: Callable[[int], dict], report: Callable[[
     report(f"copying {len(progress.rows)} table(s) in {len(pairs)} work unit(s) on Spark, "
            f"{document['parallelism']} at once")
     done: list[dict] = []
+    stop = threading.Event()
+
+    def guarded(index: int) -> dict:
+        if stop.is_set():
+            return {"unit": index, "skipped": True}  # a unit failed: the batch will not be committed
+        try:
+            outcome = run_one(index)
+        except BaseException:
+            stop.set()
+            raise
+        if "error" in outcome:
+            stop.set()
+        return outcome
+
     with ThreadPoolExecutor(max(1, int(document["parallelism"]))) as pool:
-        pending = {pool.submit(run_one, index) for index in range(len(pairs))}
+        pending = {pool.submit(guarded, index) for index in range(len(pairs))}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 failure = future.exception()
                 outcome = {"unit": -1} if failure else future.result()
                 if failure or "error" in outcome:
-                    for other in pending:
-                        other.cancel()
                     cancel()  # the running units' jobs: their threads end, so the pool's exit is quick
                     if failure:
                         raise failure
                     unit = pairs[outcome["unit"]][0]
                     return {"error": {**outcome["error"], "table": unit.table.qualified_name,
                                       "blocks": [unit.first_block, unit.end_block]}, "files": done}
+                if outcome.get("skipped"):
+                    continue
                 done.append(outcome)
                 unit = pairs[outcome["unit"]][0]
                 progress.add(outcome["table"], outcome["rows"], outcome["bytes"], blocks_done=unit.blocks)

@@ -65,7 +65,7 @@ class SparkCopy:
             )
         return local
 
-    def copier(self, connect_kwargs: Mapping[str, Any], root: Any, parallelism: int, task: str = "snapshot",
+    def copier(self, connect_kwargs: Mapping[str, Any], root: Any, parallelism: int, task: str = "the snapshot",
                report: Callable[[str], None] = print) -> Copier:
         """A ``copy_tables`` copier that runs the plan's units as tasks of one spark-submit."""
         self.check(root, task)

@@ -82,8 +82,8 @@ class PgInitialSyncOperator(CaptureOperator):
             hook, root = self.publisher_and_staging()
             copier = None
             if self.copy_on_spark is not None:
-                copier = self.copy_on_spark.copier(hook.connect_kwargs(), root, parallelism, self.task_id,
-                                                   self.log.info)
+                copier = self.copy_on_spark.copier(hook.connect_kwargs(), root, parallelism,
+                                                   f"{type(self).__name__} {self.task_id!r}", self.log.info)
             return self.remember_lineage(hook, root, run_initial_sync(
                 hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
