@@ -45,7 +45,6 @@ from tests.support.spark_jobs import driver_java_conf, job_result, run_job, star
 pytestmark = pytest.mark.spark
 
 PIPELINE = "shop"
-SPARK_ENV = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
 
 # --- staging ------------------------------------------------------------------------------------
 
