@@ -126,6 +126,7 @@ def add_files(writer: BatchWriter, finished: list[dict], report: Callable[[str],
         peak = max(peak, outcome.get("peak_rss_mb", 0.0))
     for table in writer.manifest.tables.values():
         table.files.sort(key=lambda entry: entry["path"])
+    writer.manifest.details["spark_copy"] = {"units": len(finished), "peak_python_worker_mb": round(peak, 1)}
     report(f"the Spark copy wrote {len(finished)} file(s); peak memory of an executor's Python worker {peak:,.0f} MB")
     return rows
 

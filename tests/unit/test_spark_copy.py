@@ -95,6 +95,7 @@ def test_the_operator_records_the_units_files_in_name_order(tmp_path):
     orders = writer.manifest.tables["public.orders"]
     assert [f["path"] for f in orders.files] == ["table0000-part00000.parquet", "table0000-part00001.parquet"]
     assert orders.rows == 7
+    assert writer.manifest.details["spark_copy"] == {"units": 2, "peak_python_worker_mb": 0.0}
 
 
 class _ObjectStore:
