@@ -99,9 +99,9 @@ def main() -> None:
         for workers in [int(n) for n in (args.spark_cluster or "").split(",") if n]:
             executors: list[float] = []
             name = f"snapshot on Spark, {workers} worker(s) x 1 core"
-            seconds = on_spark_cluster(hook, workers, lambda fn: measured(name, fn), executors)
+            seconds, bare = on_spark_cluster(hook, workers, lambda fn: measured(name, fn), executors)
             results.append((name, seconds, f"{raw / seconds:.2f}x raw  executors' Python peak RSS "
-                                           f"{max(executors):.0f} MB"))
+                                           f"{max(executors):.0f} MB; a one-task spark-submit there: {bare:.1f} s"))
             print(results[-1], flush=True)
         if args.iceberg:
             applied: list[dict] = []
@@ -169,9 +169,10 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict]) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def on_spark_cluster(hook: PgLogicalHook, workers: int, measured, executors: list[float]) -> float:
+def on_spark_cluster(hook: PgLogicalHook, workers: int, measured, executors: list[float]) -> tuple[float, float]:
     """Median seconds of the initial sync with ``copy_on_spark`` on a fresh standalone cluster of
-    ``workers`` one-core workers; appends each run's executors' peak Python RSS (MB)."""
+    ``workers`` one-core workers, and the seconds of a spark-submit running one Python task there
+    (the fixed cost); appends each run's executors' peak Python RSS (MB)."""
     import sys
     from pathlib import Path
 
@@ -204,7 +205,14 @@ def on_spark_cluster(hook: PgLogicalHook, workers: int, measured, executors: lis
                     hook.drop_slot(slot)
                     shutil.rmtree(staging, ignore_errors=True)
 
-            return measured(snapshot)
+            job = base / "one_task.py"
+            job.write_text("from pyspark.sql import SparkSession\nspark = SparkSession.builder.getOrCreate()\n"
+                           "spark.sparkContext.parallelize([1], 1).map(lambda x: x).collect()\nspark.stop()\n")
+            started = time.perf_counter()
+            subprocess.run(["spark-submit", "--master", f"spark://127.0.0.1:{port}", "--conf", "spark.ui.enabled=false",
+                            str(job)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            bare = time.perf_counter() - started
+            return measured(snapshot), bare
     finally:
         os.environ.pop("AIRFLOW_CONN_BENCH_SPARK", None)
         shutil.rmtree(base, ignore_errors=True)

@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import urllib.error
+import urllib.request
 import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
+from airflow_provider_pglogical.embedded.postgres import wait_until
 from tests.support.airflow_server import free_port
 
 MASTER = "org.apache.spark.deploy.master.Master"
@@ -43,8 +47,20 @@ def standalone_cluster(directory: Path, *, workers: int = 1, cores: int = 2,
                             "--webui-port", str(free_port()), "--cores", str(cores), "--memory", memory, master_url],
                            env=env, check=True)
             started = instance
+        # spark-daemon.sh returns before a worker has registered: a job submitted now would wait
+        wait_until(lambda: alive_workers(ui_port) == workers, timeout=300,
+                   message=f"{workers} Spark worker(s) to register with the master")
         yield port, env
     finally:
         for instance in range(1, started + 1):
             subprocess.run([daemon, "stop", WORKER, str(instance)], env=env, check=False)
         subprocess.run([daemon, "stop", MASTER, "1"], env=env, check=False)
+
+
+def alive_workers(ui_port: int) -> int:
+    """How many workers the master's web UI lists as alive (0 while it is not answering yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as answer:
+            return int(json.load(answer).get("aliveworkers", 0))
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0
