@@ -33,6 +33,15 @@ def checked_parallelism(operator: BaseOperator) -> int:
     return count
 
 
+def spark_copier(operator: BaseOperator, hook, root, parallelism: int):
+    """The operator's ``copy_on_spark`` as a copier (None: the copy runs on this worker); an
+    object-store staging root is refused here, before any slot exists."""
+    if operator.copy_on_spark is None:
+        return None
+    return operator.copy_on_spark.copier(hook.connect_kwargs(), root, parallelism,
+                                         f"{type(operator).__name__} {operator.task_id!r}", operator.log.info)
+
+
 class PgInitialSyncOperator(CaptureOperator):
     """Create the pipeline's slot and stage a filtered, parallel snapshot of its publications.
 
@@ -80,10 +89,7 @@ class PgInitialSyncOperator(CaptureOperator):
         with fail_permanent_errors():
             parallelism = checked_parallelism(self)
             hook, root = self.publisher_and_staging()
-            copier = None
-            if self.copy_on_spark is not None:
-                copier = self.copy_on_spark.copier(hook.connect_kwargs(), root, parallelism,
-                                                   f"{type(self).__name__} {self.task_id!r}", self.log.info)
+            copier = spark_copier(self, hook, root, parallelism)
             return self.remember_lineage(hook, root, run_initial_sync(
                 hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
@@ -110,6 +116,9 @@ class PgBackfillOperator(CaptureOperator):
         PostgreSQL's exact text output (a string column in Iceberg), for values the column's
         mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
         initial sync, backfill and pull operators of a pipeline (docs/types.md).
+    :param copy_on_spark: run the copy's work units as tasks of a Spark job
+        (``SparkCopy(conn_id="spark_cluster")``) instead of on this worker, as
+        :class:`PgInitialSyncOperator` does; ``parallelism`` units run at once.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
@@ -120,13 +129,15 @@ class PgBackfillOperator(CaptureOperator):
     ui_color = "#fce8cf"
 
     def __init__(
-        self, *, tables: Sequence[str] | str, key_range: dict | None = None, parallelism: int = 2, **kwargs: Any,
+        self, *, tables: Sequence[str] | str, key_range: dict | None = None, parallelism: int = 2,
+        copy_on_spark: SparkCopy | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.tables = tables
         self.key_range = key_range
         self.parallelism = parallelism
+        self.copy_on_spark = copy_on_spark
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -137,5 +148,5 @@ class PgBackfillOperator(CaptureOperator):
             return self.remember_lineage(hook, root, run_backfill(
                 hook, tables=tables, publications=self.publications, root=root, pipeline=self.pipeline,
                 key_range=key_range, parallelism=parallelism, type_overrides=self.type_overrides,
-                report=self.log.info,
+                report=self.log.info, copier=spark_copier(self, hook, root, parallelism),
             ))

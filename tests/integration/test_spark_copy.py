@@ -18,7 +18,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.spark_copy import SparkCopy
-from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
+from airflow_provider_pglogical.operators.sync import PgBackfillOperator, PgInitialSyncOperator
 from tests.integration.sync_helpers import staged_rows
 from tests.support.spark_cluster import standalone_cluster
 
@@ -125,7 +125,15 @@ def test_copy_on_two_workers_equals_the_snapshot_and_a_one_worker_copy(
     assert "PGLOGICAL_COPY public.orders:" in logged and "rows/s" in logged  # progress per finished unit
     assert "Spark-Submit cmd" in logged and publisher_hook.connect_kwargs()["password"] not in logged
     # the changes are the slot's first batch; undone, a one-worker copy stages the same rows
-    assert run_pull(publisher_hook, slot="s_spark", publications=["p"], root=storage, pipeline="p")["changes"] == 75 + 1 + 750
+    pulled = run_pull(publisher_hook, slot="s_spark", publications=["p"], root=storage, pipeline="p")
+    assert pulled["changes"] == 75 + 1 + 750  # the published rows the changes touched
+    # a ranged backfill on Spark (its temporary slot's snapshot) stages exactly the range, filter applied
+    backfill = PgBackfillOperator(task_id="backfill", tables=["public.orders"], publications=["p"], pipeline="p",
+                                  key_range={"column": "id", "start": 50, "end": 3000}, staging_root=root.as_uri(),
+                                  postgres_conn_id=publisher.conn_id, parallelism=2, copy_on_spark=spark_copy())
+    assert backfill.execute(context={})["tables"] == {"public.orders": 2175}  # ids 101..2999: 1..100 were deleted
+    assert staged_rows(storage, "p")["orders"] == sorted(publisher.query(
+        "SELECT id, region, total FROM orders WHERE id % 4 <> 0 AND id >= 50 AND id < 3000"))
     publisher.execute("DELETE FROM events WHERE kind = 'late'; UPDATE orders SET total = id * 1.25 WHERE id > 5000;"
                       "INSERT INTO orders SELECT g, (ARRAY['EU','US','APAC'])[1 + g % 3], g * 1.25, repeat('x', g % 50)"
                       "  FROM generate_series(1, 100) g")

@@ -106,8 +106,8 @@ class _ObjectStore:
 
 
 def test_an_object_store_staging_root_is_refused_before_anything_is_created():
-    with pytest.raises(InvalidInputError, match=r"PgInitialSyncOperator 'snap': copy_on_spark needs a staging root the Spark "
-                                                r"executors reach as a local path .* not s3://aws@bucket/staging"):
+    with pytest.raises(InvalidInputError, match=r"PgInitialSyncOperator 'snap': copy_on_spark needs a staging root "
+                                                r"the Spark executors reach as a local path .* not s3://aws@bucket/staging"):
         SparkCopy().copier({"password": "x"}, _ObjectStore(), 2, "PgInitialSyncOperator 'snap'")
 
 
