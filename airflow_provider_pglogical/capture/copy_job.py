@@ -33,7 +33,7 @@ from typing import Any, Callable
 from airflow_provider_pglogical.capture import snapshot
 from airflow_provider_pglogical.management.published import ColumnInfo, ResolvedTable
 from airflow_provider_pglogical.staging.batches import BatchWriter
-from airflow_provider_pglogical.staging.contract import STAGING_FILE_MODE_ENV
+from airflow_provider_pglogical.staging.contract import STAGING_FILE_MODE_CONF, STAGING_FILE_MODE_ENV
 from airflow_provider_pglogical.staging.layout import BatchManifest
 from airflow_provider_pglogical.staging.typemap import map_column
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSession.builder.appName("pglogical-snapshot-copy").getOrCreate()
     context = spark.sparkContext
     connect_kwargs = json.loads(context.getConf().get(CONNECTION_CONF))
-    mode = context.getConf().get("spark.pglogical.stagingFileMode", None)
+    mode = context.getConf().get(STAGING_FILE_MODE_CONF, None)
     if mode:
         os.environ[STAGING_FILE_MODE_ENV] = mode
     lock = threading.Lock()
