@@ -29,6 +29,7 @@ _PUBLIC = {
     "PgSubscriptionReadySensor": "airflow_provider_pglogical.sensors.pglogical",
     "PublishedTable": "airflow_provider_pglogical.management.publications",
     "IcebergConfig": "airflow_provider_pglogical.lakehouse.iceberg_config",
+    "SparkCopy": "airflow_provider_pglogical.operators.spark_copy",
 }
 __all__ = sorted(_PUBLIC)
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
         PgCreatePublicationOperator,
     )
     from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
+    from airflow_provider_pglogical.operators.spark_copy import SparkCopy
     from airflow_provider_pglogical.operators.subscription import (
         PgCreateSubscriptionOperator,
         PgDropSubscriptionOperator,

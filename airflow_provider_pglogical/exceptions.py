@@ -133,3 +133,11 @@ class TypeOverrideError(PgLogicalError):
     """``type_overrides`` names a column that is not published, or a type that is not supported."""
 
     permanent = True
+
+
+class DistributedCopyError(PgLogicalError):
+    """A work unit of a snapshot copy run on Spark failed; the batch was not committed.
+
+    Permanent when the unit's own error is (an unrepresentable value); a lost connection or
+    executor is left to Airflow's retries, which start the snapshot over.
+    """

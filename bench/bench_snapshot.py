@@ -2,7 +2,10 @@
 
     .venv/bin/python bench/bench_snapshot.py --rows 5000000 [--dlt-python bench/.venv-dlt/bin/python] [--iceberg]
 
-With ``--iceberg``, also from the exported snapshot to a queryable Iceberg table: the snapshot
+With ``--spark-cluster 1,2``, also the copy run as Spark tasks (``copy_on_spark``) on a standalone
+cluster on loopback of 1, then 2 workers of one core each, started per worker count (its start is
+not timed; each run's spark-submit is); peak memory of the executors' Python workers from the batch
+manifest. With ``--iceberg``, also from the exported snapshot to a queryable Iceberg table: the snapshot
 (one worker) then the apply job by spark-submit (the operators' command line, local[2]), both
 timed, into a fresh warehouse each run.
 
@@ -49,6 +52,8 @@ def main() -> None:
     parser.add_argument("--dlt-python", default=None, help="a Python with dlt[parquet] and connectorx installed")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     parser.add_argument("--iceberg", action="store_true", help="also snapshot -> queryable Iceberg (spark-submit)")
+    parser.add_argument("--spark-cluster", default=None,
+                        help="also the copy as Spark tasks on a standalone cluster of these worker counts, e.g. 1,2")
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.repeat = 2000, 1
@@ -91,6 +96,13 @@ def main() -> None:
             seconds = measured(name, snapshot)
             results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
             print(results[-1], flush=True)
+        for workers in [int(n) for n in (args.spark_cluster or "").split(",") if n]:
+            executors: list[float] = []
+            name = f"snapshot on Spark, {workers} worker(s) x 1 core"
+            seconds, bare = on_spark_cluster(hook, workers, lambda fn: measured(name, fn), executors)
+            results.append((name, seconds, f"{raw / seconds:.2f}x raw  executors' Python peak RSS "
+                                           f"{max(executors):.0f} MB; a one-task spark-submit there: {bare:.1f} s"))
+            print(results[-1], flush=True)
         if args.iceberg:
             applied: list[dict] = []
             name = "snapshot -> queryable Iceberg (1 worker + apply job)"
@@ -112,13 +124,13 @@ def main() -> None:
                 results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
         print(f"rows: {args.rows:,}; medians of {args.repeat} runs")
         report([(n, sec, f"{note}  CPU per run: client {cpu[n][0]:.1f} s + server {cpu[n][1]:.1f} s"
-                         + (f"  peak RSS +{memory[n]:.0f} MB" if n.startswith("our") else ""))
+                         + (f"  peak RSS +{memory[n]:.0f} MB" if n.startswith(("our", "snapshot on")) else ""))
                 for n, sec, note in results])
         ours1 = results[1][1]
         ours2 = results[2][1]
         print(f"two workers vs one: {ours1 / ours2:.2f}x")
         for name, seconds, _ in results[3:]:
-            if name.startswith("snapshot ->"):
+            if name.startswith("snapshot"):
                 continue
             print(f"one worker vs {name}: {seconds / ours1:.2f}x faster; two workers: {seconds / ours2:.2f}x")
 
@@ -154,6 +166,55 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict]) -> None:
                        for step in result["steps"])
     finally:
         hook.drop_slot(slot)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def on_spark_cluster(hook: PgLogicalHook, workers: int, measured, executors: list[float]) -> tuple[float, float]:
+    """Median seconds of the initial sync with ``copy_on_spark`` on a fresh standalone cluster of
+    ``workers`` one-core workers, and the seconds of a spark-submit running one Python task there
+    (the fixed cost); appends each run's executors' peak Python RSS (MB)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.support.environment import prepare
+    from tests.support.spark_cluster import standalone_cluster
+
+    prepare()
+    from airflow_provider_pglogical.operators.spark_copy import SparkCopy
+    from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
+
+    base = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    try:
+        with standalone_cluster(base / "cluster", workers=workers, cores=1, memory="1g") as (port, _env):
+            os.environ["AIRFLOW_CONN_BENCH_SPARK"] = json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1",
+                                                                 "port": port})
+            spark = SparkCopy(conn_id="bench_spark", conf={"spark.ui.enabled": "false", "spark.executor.cores": "1"},
+                              env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
+
+            def snapshot() -> None:
+                slot, staging = f"bench_{uuid.uuid4().hex[:8]}", base / uuid.uuid4().hex
+                root = ObjectStoragePath(staging.as_uri())
+                try:
+                    run_initial_sync(hook, slot=slot, publications=["pub"], root=root, pipeline="bench",
+                                     parallelism=workers, report=lambda m: None,
+                                     copier=spark.copier(hook.connect_kwargs(), root, workers, report=lambda m: None))
+                    manifest = read_manifest(root, "bench", committed_batches(root, "bench")[0][0])
+                    executors.append(manifest.details["spark_copy"]["peak_python_worker_mb"])
+                finally:
+                    hook.drop_slot(slot)
+                    shutil.rmtree(staging, ignore_errors=True)
+
+            job = base / "one_task.py"
+            job.write_text("from pyspark.sql import SparkSession\nspark = SparkSession.builder.getOrCreate()\n"
+                           "spark.sparkContext.parallelize([1], 1).map(lambda x: x).collect()\nspark.stop()\n")
+            started = time.perf_counter()
+            subprocess.run(["spark-submit", "--master", f"spark://127.0.0.1:{port}", "--conf", "spark.ui.enabled=false",
+                            str(job)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            bare = time.perf_counter() - started
+            return measured(snapshot), bare
+    finally:
+        os.environ.pop("AIRFLOW_CONN_BENCH_SPARK", None)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -32,6 +32,7 @@ LONGEST_FIRST = (
     "tests/integration/test_keyless_multiset.py",
     "tests/integration/test_assets.py",
     "tests/integration/test_openlineage.py",
+    "tests/integration/test_spark_copy.py",
     "tests/integration/test_benchmarks_tiny.py",
 )
 

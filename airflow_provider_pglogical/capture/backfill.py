@@ -29,7 +29,7 @@ from airflow_provider_pglogical.staging.column_types import decimal_of
 from airflow_provider_pglogical.staging.typemap import check_overrides
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming, write_record
 from airflow_provider_pglogical.management.published import ResolvedTable
-from airflow_provider_pglogical.capture.snapshot import copy_tables
+from airflow_provider_pglogical.capture.snapshot import Copier, copy_tables
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath
 from airflow_provider_pglogical.staging.batches import BatchWriter
 
@@ -66,12 +66,14 @@ class KeyRange:
 def run_backfill(
     hook: Connector, *, tables: Sequence[str], publications: Sequence[str], root: StagingPath, pipeline: str,
     key_range: KeyRange | None = None, parallelism: int = 2, type_overrides: Mapping[str, str] | None = None,
-    report: Callable[[str], None] = log.info,
+    report: Callable[[str], None] = log.info, copier: Copier | None = None,
 ) -> dict:
     """Re-snapshot ``tables`` (``schema.table``) at a fresh LSN while the pipeline keeps flowing.
 
     It takes no consumer lock: it reads through a temporary slot of its own, and pulls of the
-    pipeline's slot go on meanwhile by design (the apply orders the batches by LSN).
+    pipeline's slot go on meanwhile by design (the apply orders the batches by LSN). ``copier``
+    runs the copy's work units elsewhere (on Spark: ``operators/spark_copy.py``) while this call
+    holds the temporary slot's session.
     """
     publications = validation.check_identifiers(publications, "publication")
     validation.check_pipeline_name(pipeline)
@@ -97,7 +99,8 @@ def run_backfill(
         replace = {oid: why for oid, why in found.resnapshot.items() if oid in wanted}
         replace.update({oid: "its columns were renamed or dropped" for oid in found.evolution if oid in wanted})
     return snapshot_tables(hook, record, chosen, root, pipeline, key_range=key_range, extra_where=extra,
-                           parallelism=parallelism, type_overrides=type_overrides, report=report, replace=replace)
+                           parallelism=parallelism, type_overrides=type_overrides, report=report, replace=replace,
+                           copier=copier)
 
 
 #: column types whose order PostgreSQL and Spark agree on (text-like ones compared in byte order);
@@ -146,6 +149,7 @@ def snapshot_tables(
     key_range: KeyRange | None = None, extra_where: dict[str, str] | None = None, parallelism: int = 2,
     report: Callable[[str], None] = log.info, reason: str = "backfill",
     type_overrides: Mapping[str, str] | None = None, replace: Mapping[int, str] | None = None,
+    copier: Copier | None = None,
 ) -> dict:
     """Stage a snapshot batch of ``tables`` at a fresh LSN; a whole-table one joins the record's tables.
 
@@ -165,7 +169,8 @@ def snapshot_tables(
         )
         writer = BatchWriter(root, manifest)
         copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
-                    extra_where=extra_where, type_overrides=type_overrides, report=report, identities=identities)
+                    extra_where=extra_where, type_overrides=type_overrides, report=report, identities=identities,
+                    copier=copier)
         for table in tables:
             if (replace or {}).get(table.oid):
                 name = contract.table_key(*identities.get(table.qualified_name, (table.schema, table.name)))

@@ -32,7 +32,7 @@ from airflow_provider_pglogical.staging.pipeline_record import (
 )
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.published import ResolvedTable
-from airflow_provider_pglogical.capture.snapshot import copy_tables
+from airflow_provider_pglogical.capture.snapshot import Copier, copy_tables
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.contract import RETENTION_RECORD, SOURCE_IDENTITY, column_name_problems
 from airflow_provider_pglogical.staging.layout import (
@@ -138,7 +138,7 @@ def _claim_existing_slot(hook, existing, record: PipelineRecord | None, slot: st
 def run_initial_sync(
     hook: Connector, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, parallelism: int = 2,
     type_overrides: Mapping[str, str] | None = None, report: Callable[[str], None] = log.info,
-    lock_wait_seconds: float = 60.0, failover: bool = False,
+    lock_wait_seconds: float = 60.0, failover: bool = False, copier: Copier | None = None,
 ) -> dict:
     """Create ``slot`` and stage a snapshot batch of everything ``publications`` publish.
 
@@ -150,7 +150,8 @@ def run_initial_sync(
     is returned as is; when an earlier attempt died before committing, the slot it provably
     created (see :mod:`.pipeline_record`) is recreated. A slot the pipeline cannot prove it
     created is never dropped. All checks run before the slot is created, and a copy that fails
-    drops the slot it made.
+    drops the slot it made. ``copier`` runs the copy's work units elsewhere (on Spark:
+    ``operators/spark_copy.py``) while this call holds the session that exported the snapshot.
     """
     publications = check_sync_arguments(slot, publications, root, pipeline)
     validation.check_count(parallelism, "parallelism")
@@ -184,7 +185,7 @@ def run_initial_sync(
         if existing_slot is not None:
             _claim_existing_slot(hook, existing_slot, record, slot, pipeline, report)
         return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report,
-                                       type_overrides=type_overrides, failover=failover)
+                                       type_overrides=type_overrides, failover=failover, copier=copier)
 
 
 def lost_slot_message(slot: str, pipeline: str, what: str) -> str:
@@ -225,7 +226,8 @@ def resync(hook: Connector, record: PipelineRecord, publications: list[str], roo
 def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: list[ResolvedTable],
                             root: StagingPath, pipeline: str, parallelism: int,
                             report: Callable[[str], None], resync: bool = False,
-                            type_overrides: Mapping[str, str] | None = None, failover: bool = False) -> dict:
+                            type_overrides: Mapping[str, str] | None = None, failover: bool = False,
+                            copier: Copier | None = None) -> dict:
     identity = source_identity(hook)
     created = False
     try:
@@ -243,7 +245,7 @@ def _snapshot_into_new_slot(hook, slot: str, publications: list[str], tables: li
             )
             writer = BatchWriter(root, manifest)
             copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
-                        type_overrides=type_overrides, report=report)
+                        type_overrides=type_overrides, report=report, copier=copier)
             writer.commit()
     except BaseException:
         if created:

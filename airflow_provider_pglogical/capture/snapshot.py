@@ -171,7 +171,7 @@ def _session(connect_kwargs: Mapping[str, Any], snapshot_name: str):
 
 
 def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | None, progress: Progress,
-               trusted_utf8: bool, mapping: dict[str, MappedType], staged_as: str) -> int:
+               trusted_utf8: bool, mapping: dict[str, MappedType], staged_as: str, part: int | None = None) -> int:
     """Run one COPY; parse its text stream and write Parquet in two more threads; returns rows.
 
     Three stages, so none waits for another: this thread feeds COPY into a pipe, a parser thread
@@ -215,9 +215,9 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
     def write() -> None:
         ended = False  # the parser's end marker was taken: draining again would wait forever
         try:
-            with writer.part_writer(staged_as, schema) as part:
+            with writer.part_writer(staged_as, schema, part) as out:
                 while (batch := batches.get()) is not None:
-                    part.write_batch(batch)
+                    out.write_batch(batch)
                     result["rows"] += batch.num_rows
                     progress.add(table.qualified_name, batch.num_rows, batch.nbytes)
                 ended = True
@@ -245,6 +245,21 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
     return result["rows"]
 
 
+@dataclass
+class CopyPlan:
+    """What every copier needs: the work units, each table's column types and staged name."""
+
+    units: list[WorkUnit]
+    mappings: dict[str, dict[str, MappedType]]
+    staged_as: dict[str, str]
+    trusted_utf8: bool
+    extra_where: dict[str, str]
+
+
+#: runs a plan's units inside the snapshot into the writer's batch; returns rows per table
+Copier = Callable[[CopyPlan, BatchWriter, str, Callable[[str], None]], dict[str, int]]
+
+
 def copy_tables(
     connect_kwargs: Mapping[str, Any],
     snapshot_name: str,
@@ -256,6 +271,7 @@ def copy_tables(
     type_overrides: Mapping[str, str] | None = None,
     report: Callable[[str], None] = log.info,
     identities: Mapping[str, tuple[str, str]] | None = None,
+    copier: Copier | None = None,
 ) -> dict[str, int]:
     """Copy ``tables`` as seen by ``snapshot_name`` into ``writer``'s batch; returns rows per table.
 
@@ -267,6 +283,8 @@ def copy_tables(
         PostgreSQL's text output (docs/types.md); recorded per column in the manifest.
     :param identities: per qualified table name, the ``(schema, name)`` the pipeline stages it under
         when it was renamed since the pipeline first snapshotted it (``capture/ddl.py``).
+    :param copier: runs the units elsewhere (the Spark executors, ``operators/spark_copy.py``)
+        instead of this process's connections; the batch is the same.
     :raises UnrepresentableValue: a value has no exact form in its column's type and the column has
         no override; nothing of the batch is left in staging.
     """
@@ -300,8 +318,26 @@ def copy_tables(
                     table, enums, identity[table.qualified_name], None)
     finally:
         setup.close()
+    plan = CopyPlan(units, mappings, staged_as, trusted_utf8, dict(extra_where or {}))
+    try:
+        if copier is not None:
+            rows = copier(plan, writer, snapshot_name, report)
+        else:
+            rows = _copy_here(connect_kwargs, snapshot_name, plan, writer, parallelism, report)
+    except BaseException:
+        _remove_parts(writer)
+        raise
+    for name, count in rows.items():
+        report(f"{name}: copied {count:,} rows")
+    return rows
+
+
+def _copy_here(connect_kwargs: Mapping[str, Any], snapshot_name: str, plan: CopyPlan, writer: BatchWriter,
+               parallelism: int, report: Callable[[str], None]) -> dict[str, int]:
+    """Run the plan's units on ``parallelism`` connections of this process."""
+    units = plan.units
     progress = Progress(units, report)
-    report(f"copying {len(tables)} table(s) in {len(units)} work unit(s) with {parallelism} connection(s)")
+    report(f"copying {len(plan.mappings)} table(s) in {len(units)} work unit(s) with {parallelism} connection(s)")
     local = threading.local()
     connections: list = []
     lock = threading.Lock()
@@ -311,9 +347,9 @@ def copy_tables(
             local.conn = _session(connect_kwargs, snapshot_name)
             with lock:
                 connections.append(local.conn)
-        where = (extra_where or {}).get(unit.table.qualified_name)
-        return _copy_unit(local.conn, unit, writer, where, progress, trusted_utf8,
-                          mappings[unit.table.qualified_name], staged_as[unit.table.qualified_name])
+        name = unit.table.qualified_name
+        return _copy_unit(local.conn, unit, writer, plan.extra_where.get(name), progress, plan.trusted_utf8,
+                          plan.mappings[name], plan.staged_as[name])
 
     stop = threading.Event()
 
@@ -332,14 +368,9 @@ def copy_tables(
                     for conn in connections:
                         _cancel(conn)
                 raise
-    except BaseException:
-        _remove_parts(writer)
-        raise
     finally:
         for conn in connections:
             conn.close()
-    for name, rows in progress.rows.items():
-        report(f"{name}: copied {rows:,} rows")
     return dict(progress.rows)
 
 

@@ -11,6 +11,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.operators._capture import CaptureOperator
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
+from airflow_provider_pglogical.operators.spark_copy import SparkCopy
 
 
 if TYPE_CHECKING:
@@ -30,6 +31,15 @@ def checked_parallelism(operator: BaseOperator) -> int:
             f"connections, 1 or more (got {value!r}); pass e.g. parallelism=2"
         )
     return count
+
+
+def spark_copier(operator: BaseOperator, hook, root, parallelism: int):
+    """The operator's ``copy_on_spark`` as a copier (None: the copy runs on this worker); an
+    object-store staging root is refused here, before any slot exists."""
+    if operator.copy_on_spark is None:
+        return None
+    return operator.copy_on_spark.copier(hook.connect_kwargs(), root, parallelism,
+                                         f"{type(operator).__name__} {operator.task_id!r}", operator.log.info)
 
 
 class PgInitialSyncOperator(CaptureOperator):
@@ -54,6 +64,10 @@ class PgInitialSyncOperator(CaptureOperator):
         doubled. Refused before anything is created on 15/16, or when the primary's
         ``synchronized_standby_slots`` is empty; check the standby with
         ``PgCheckPublisherOperator(failover=True, standby_conn_id=...)`` (docs/failover.md).
+    :param copy_on_spark: run the copy's work units as tasks of a Spark job
+        (``SparkCopy(conn_id="spark_cluster")``) instead of on this worker: each executor imports
+        the exported snapshot and writes its units' files; ``parallelism`` units run at once. The
+        batch is the same (docs/operators.md, "Copying on a Spark cluster").
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
@@ -62,21 +76,24 @@ class PgInitialSyncOperator(CaptureOperator):
     )
     ui_color = "#cfe8fc"
 
-    def __init__(self, *, slot: str, parallelism: int = 2, failover: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, slot: str, parallelism: int = 2, failover: bool = False,
+                 copy_on_spark: SparkCopy | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
         self.parallelism = parallelism
         self.failover = failover
+        self.copy_on_spark = copy_on_spark
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
             parallelism = checked_parallelism(self)
             hook, root = self.publisher_and_staging()
+            copier = spark_copier(self, hook, root, parallelism)
             return self.remember_lineage(hook, root, run_initial_sync(
                 hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
-                failover=bool(self.failover),
+                failover=bool(self.failover), copier=copier,
             ))
 
 
@@ -99,6 +116,9 @@ class PgBackfillOperator(CaptureOperator):
         PostgreSQL's exact text output (a string column in Iceberg), for values the column's
         mapped type cannot hold (``infinity``, ``numeric`` NaN, …); pass the same mapping to the
         initial sync, backfill and pull operators of a pipeline (docs/types.md).
+    :param copy_on_spark: run the copy's work units as tasks of a Spark job
+        (``SparkCopy(conn_id="spark_cluster")``) instead of on this worker, as
+        :class:`PgInitialSyncOperator` does; ``parallelism`` units run at once.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
@@ -109,13 +129,15 @@ class PgBackfillOperator(CaptureOperator):
     ui_color = "#fce8cf"
 
     def __init__(
-        self, *, tables: Sequence[str] | str, key_range: dict | None = None, parallelism: int = 2, **kwargs: Any,
+        self, *, tables: Sequence[str] | str, key_range: dict | None = None, parallelism: int = 2,
+        copy_on_spark: SparkCopy | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.tables = tables
         self.key_range = key_range
         self.parallelism = parallelism
+        self.copy_on_spark = copy_on_spark
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -126,5 +148,5 @@ class PgBackfillOperator(CaptureOperator):
             return self.remember_lineage(hook, root, run_backfill(
                 hook, tables=tables, publications=self.publications, root=root, pipeline=self.pipeline,
                 key_range=key_range, parallelism=parallelism, type_overrides=self.type_overrides,
-                report=self.log.info,
+                report=self.log.info, copier=spark_copier(self, hook, root, parallelism),
             ))

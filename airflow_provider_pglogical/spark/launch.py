@@ -21,24 +21,31 @@ PACKAGE = Path(__file__).resolve().parent.parent
 APPLY_JOB = PACKAGE / "spark" / "jobs" / "apply_changes.py"
 MAINTENANCE_JOB = PACKAGE / "spark" / "jobs" / "maintenance.py"
 VERIFY_JOB = PACKAGE / "spark" / "jobs" / "verify_tables.py"
+#: the distributed snapshot copy runs the capture's own code on the executors (psycopg2, pyarrow)
+COPY_JOB = PACKAGE / "capture" / "copy_job.py"
 #: what the jobs import, relative to the package's parent directory
 _MEMBERS = ("__init__.py", "staging/__init__.py", "staging/contract.py", "staging/column_types.py",
             "spark/**/*.py")
+#: what the copy job imports: the capture's copy and the staging writer (no Airflow)
+COPY_MEMBERS = ("__init__.py", "lsn.py", "exceptions.py", "capture/*.py", "management/*.py", "staging/*.py")
 #: a fixed timestamp, so the same code gives the same zip (and the same name)
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-def bundle_files() -> list[Path]:
+def bundle_files(members: tuple[str, ...] = _MEMBERS) -> list[Path]:
     """The files in the bundle, in a stable order."""
     found: list[Path] = []
-    for pattern in _MEMBERS:
+    for pattern in members:
         found += sorted(PACKAGE.glob(pattern))
     return found
 
 
-def job_bundle(directory: str | Path | None = None) -> Path:
-    """The zip of the jobs' code (built if this content has not been built yet); returns its path."""
-    files = bundle_files()
+def job_bundle(directory: str | Path | None = None, members: tuple[str, ...] = _MEMBERS) -> Path:
+    """The zip of the jobs' code (built if this content has not been built yet); returns its path.
+
+    :param members: which files (``COPY_MEMBERS`` for the copy job, whose executors run capture code).
+    """
+    files = bundle_files(members)
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")

@@ -50,11 +50,11 @@ class BatchWriter:
         self._table_index.setdefault(table.qualified_name, len(self._table_index))
         self.manifest.tables[table.qualified_name] = table
 
-    def _next_file(self, qualified_name: str) -> tuple[TableManifest, dict]:
+    def _next_file(self, qualified_name: str, part: int | None = None) -> tuple[TableManifest, dict]:
         with self._lock:
             table = self.manifest.tables[qualified_name]
             index = self._table_index[qualified_name]
-            entry = {"path": table_file_name(index, len(table.files)), "rows": 0}
+            entry = {"path": table_file_name(index, len(table.files) if part is None else part), "rows": 0}
             table.files.append(entry)
         make_dirs(self.directory)
         return table, entry
@@ -99,9 +99,14 @@ class BatchWriter:
             list(pool.map(write, zip(slices, files)))
 
     @contextlib.contextmanager
-    def part_writer(self, qualified_name: str, schema: pa.Schema) -> Iterator["_CountingWriter"]:
-        """Stream record batches into one Parquet file of a table (thread-safe across tables/parts)."""
-        table, entry = self._next_file(qualified_name)
+    def part_writer(self, qualified_name: str, schema: pa.Schema,
+                    part: int | None = None) -> Iterator["_CountingWriter"]:
+        """Stream record batches into one Parquet file of a table (thread-safe across tables/parts).
+
+        :param part: the file's part number when writers in several processes share the batch
+            (the distributed copy numbers each work unit's file); default: the next one.
+        """
+        table, entry = self._next_file(qualified_name, part)
         with self._open(entry) as fh:
             writer = _CountingWriter(pq.ParquetWriter(fh, schema, **PARQUET_OPTIONS))
             try:

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -40,12 +39,12 @@ from airflow_provider_pglogical.staging.values import text_to_arrow
 from airflow_provider_pglogical.spark.jobs import maintenance
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping
 from tests.support.processes import kill_tree
+from tests.support.spark_cluster import standalone_cluster
 from tests.support.spark_jobs import driver_java_conf, job_result, run_job, start_job, submit_command
 
 pytestmark = pytest.mark.spark
 
 PIPELINE = "shop"
-SPARK_ENV = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
 
 # --- staging ------------------------------------------------------------------------------------
 
@@ -519,47 +518,22 @@ def test_late_full_backfill_and_ranged_backfill(lake, tmp_path):
     assert on_disk == lake.live_paths("late", "public__orders")
 
 
-def _spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent
-
-
 def test_apply_on_a_standalone_cluster(lake, tmp_path):
     """The same job on a Spark standalone master + worker on loopback, started and stopped here."""
-    import socket
-
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    port, ui_port, worker_ui = free_port(), free_port(), free_port()
-    env = {**SPARK_ENV, "SPARK_HOME": str(_spark_home()), "SPARK_MASTER_HOST": "127.0.0.1",
-           "SPARK_LOG_DIR": str(tmp_path / "logs"), "SPARK_PID_DIR": str(tmp_path / "pids"),
-           "SPARK_IDENT_STRING": f"pglogical-test-{port}", "SPARK_WORKER_DIR": str(tmp_path / "work")}
-    daemon = str(_spark_home() / "sbin" / "spark-daemon.sh")
-    master_url = f"spark://127.0.0.1:{port}"
-    subprocess.run([daemon, "start", "org.apache.spark.deploy.master.Master", "1", "--host", "127.0.0.1",
-                    "--port", str(port), "--webui-port", str(ui_port)], env=env, check=True)
-    try:
-        subprocess.run([daemon, "start", "org.apache.spark.deploy.worker.Worker", "1", "--host", "127.0.0.1",
-                        "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g", master_url],
-                       env=env, check=True)
+    with standalone_cluster(tmp_path, workers=1, cores=2, memory="2g") as (port, _env):
         # through the operator and the Spark provider's hook, as a DAG runs it
         os.environ["AIRFLOW_CONN_SPARK_TEST_CLUSTER"] = json.dumps(
             {"conn_type": "spark", "host": "spark://127.0.0.1", "port": port})
-        operator = IcebergApplyOperator(
-            task_id="apply", conn_id="spark_test_cluster", staging_root=lake.root.as_uri(), pipeline=PIPELINE,
-            iceberg=IcebergConfig(warehouse=lake.warehouse.as_uri(), namespace="cluster"),
-            table_map={"public.items": "items"}, conf={"spark.ui.enabled": "false"},
-            env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
-        result = operator.execute(context={})
-        assert result == {"pipeline": PIPELINE, "state_table": "lake.cluster._pglogical_state", "steps": 11,
-                          "rows": result["rows"],
-                          "tables": ["public.events", "public.items", "public.orders", "public.tags"]}
-        assert_shop(lake, "cluster")
-    finally:
-        os.environ.pop("AIRFLOW_CONN_SPARK_TEST_CLUSTER", None)
-        for role in ("org.apache.spark.deploy.worker.Worker", "org.apache.spark.deploy.master.Master"):
-            subprocess.run([daemon, "stop", role, "1"], env=env, check=False)
+        try:
+            operator = IcebergApplyOperator(
+                task_id="apply", conn_id="spark_test_cluster", staging_root=lake.root.as_uri(), pipeline=PIPELINE,
+                iceberg=IcebergConfig(warehouse=lake.warehouse.as_uri(), namespace="cluster"),
+                table_map={"public.items": "items"}, conf={"spark.ui.enabled": "false"},
+                env_vars={"SPARK_LOCAL_IP": "127.0.0.1"})
+            result = operator.execute(context={})
+            assert result == {"pipeline": PIPELINE, "state_table": "lake.cluster._pglogical_state", "steps": 11,
+                              "rows": result["rows"],
+                              "tables": ["public.events", "public.items", "public.orders", "public.tags"]}
+            assert_shop(lake, "cluster")
+        finally:
+            os.environ.pop("AIRFLOW_CONN_SPARK_TEST_CLUSTER", None)

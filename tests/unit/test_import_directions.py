@@ -36,6 +36,8 @@ RULES = [
     (modules_of("spark"),
      ["airflow", "psycopg2", "pyarrow"],
      "the Spark jobs ship to a cluster with the staging contract only (tests/unit/test_job_bundle.py)"),
+    (["capture.copy_job"],
+     ["airflow"], "the snapshot copy job runs the capture's code on Spark executors, which have no Airflow"),
 ]
 
 
@@ -44,7 +46,7 @@ def test_every_layer_has_modules():
     assert all(modules for modules, _, _ in RULES)
 
 
-@pytest.mark.parametrize("modules, forbidden, why", RULES, ids=["decoding", "management", "staging-contract", "spark"])
+@pytest.mark.parametrize("modules, forbidden, why", RULES, ids=["decoding", "management", "staging-contract", "spark", "copy-job"])
 def test_modules_import_only_what_their_layer_may(modules, forbidden, why):
     script = (
         "import importlib, json, sys\n"
