@@ -53,7 +53,9 @@ def archive_name() -> str:
 
     java = shutil.which("java") or "java"
     real = os.path.realpath(java)
-    stamp = f"{real}:{os.path.getmtime(real) if os.path.exists(real) else 0}:{pyspark.__version__}:{iceberg_runtime_jar()}"
+    jars = Path(pyspark.__file__).parent / "jars"  # reinstalled: new modification times, which the JVM checks
+    stamp = (f"{real}:{os.path.getmtime(real) if os.path.exists(real) else 0}:{pyspark.__version__}:"
+             f"{jars.stat().st_mtime if jars.exists() else 0}:{iceberg_runtime_jar()}")
     return f"driver-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.jsa"
 
 
