@@ -15,6 +15,8 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_NAMESPACE``: the Iceberg namespace of the tables (default ``shop``)
 - ``PGLOGICAL_SPARK_CONN_ID``: the Spark connection (default ``spark_default``; host ``local[*]`` for local mode)
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
+- ``PGLOGICAL_STREAM_WINDOW_MINUTES`` / ``PGLOGICAL_STREAM_POLL_SECONDS``: how long each run of the
+  streaming DAG keeps pulling and applying, and how often it looks for changes (default 10 minutes, 0.5 s)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
   "Tuning the driver JVM"; set it empty to keep the JVM's defaults)
 - ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
@@ -68,6 +70,11 @@ def iceberg_config(environ: Mapping[str, str] = os.environ) -> IcebergConfig:
 #: the sync DAG compacts, expires and cleans the Iceberg tables after the apply of one run in every
 #: period (the run whose data interval holds 00:00, 06:00, 12:00 or 18:00 UTC with 6 hours)
 MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENANCE_EVERY_HOURS", "6")))
+
+#: the streaming DAG's windows: each run pulls and applies for this long (a task start, a DAG run and
+#: a JVM start once per window), looking for changes every STREAM_POLL_INTERVAL seconds
+STREAM_WINDOW = dt.timedelta(minutes=float(os.environ.get("PGLOGICAL_STREAM_WINDOW_MINUTES", "10")))
+STREAM_POLL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_POLL_SECONDS", "0.5"))
 
 #: JVM options of the apply's Spark driver: a deployment's setting, kept here so the example's small
 #: ticks start quickly (docs/operators.md, "Tuning the driver JVM"); the operators set none themselves
