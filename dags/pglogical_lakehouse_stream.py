@@ -82,6 +82,7 @@ with DAG(
         conf=settings.SPARK_CONF,
         keep_running=settings.STREAM_WINDOW,
         poll_interval=settings.STREAM_POLL_INTERVAL,
+        staging_retention=settings.STREAM_RETENTION,
     )
 
     # after an apply window that succeeded; not after a failed one

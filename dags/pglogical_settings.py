@@ -17,6 +17,8 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
 - ``PGLOGICAL_STREAM_WINDOW_MINUTES`` / ``PGLOGICAL_STREAM_POLL_SECONDS``: how long each run of the
   streaming DAG keeps pulling and applying, and how often it looks for changes (default 10 minutes, 0.5 s)
+- ``PGLOGICAL_STREAM_RETENTION_HOURS``: how long the streaming DAG keeps applied batches in staging
+  (default 0.5: it stages a batch per poll, and every poll lists what is kept)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
   "Tuning the driver JVM"; set it empty to keep the JVM's defaults)
 - ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
@@ -75,6 +77,10 @@ MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENAN
 #: a JVM start once per window), looking for changes every STREAM_POLL_INTERVAL seconds
 STREAM_WINDOW = dt.timedelta(minutes=float(os.environ.get("PGLOGICAL_STREAM_WINDOW_MINUTES", "10")))
 STREAM_POLL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_POLL_SECONDS", "0.5"))
+#: applied batches the streaming DAG keeps: up to one per poll is staged, and each poll lists them
+#: all, so a week's worth (the sync DAG's retention) would slow every poll; a dropped Iceberg table
+#: older than this is rebuilt by a backfill instead of from staging (docs/streaming.md)
+STREAM_RETENTION = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_STREAM_RETENTION_HOURS", "0.5")))
 
 #: JVM options of the apply's Spark driver: a deployment's setting, kept here so the example's small
 #: ticks start quickly (docs/operators.md, "Tuning the driver JVM"); the operators set none themselves

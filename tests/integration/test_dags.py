@@ -52,6 +52,7 @@ def test_stream_dag_runs_a_pull_window_beside_an_apply_window_and_the_housekeepi
     args = apply.job_args()
     assert args[args.index("--keep-running") + 1] == window and "--poll-interval" in args
     assert apply.iceberg == stream.get_task("maintenance").iceberg
+    assert apply.staging_retention == settings.STREAM_RETENTION  # a batch per poll: kept for less than a week
 
 
 def test_sync_dag_runs_the_housekeeping_after_the_apply_every_six_hours(monkeypatch):
