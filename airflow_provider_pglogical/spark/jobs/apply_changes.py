@@ -60,6 +60,8 @@ operator raises as a retryable error). A killed apply's lease expires after ``--
 Every commit validates against the snapshot its step read, so no retry applies a change twice.
 Before any step writes, the chain of change batches from each table's position is proven to
 have no hole and every file a step reads to match its manifest (``retention.prove_staging``).
+With ``--keep-running SECONDS`` the run keeps its session and lease after that, applying each
+newly committed batch in a round of its own until the window ends (``apply_window.py``).
 """
 
 
