@@ -186,6 +186,9 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
                   concurrency: int, retention_hours: float | None, archive: bool, row_deltas: bool,
                   phases: "Phases") -> dict:
     """One round under the lease: every batch committed now, applied in order and recorded."""
+    # the pipeline's record before the listing: a pull committing meanwhile (a pull window beside
+    # this one) records its end only after its batch is committed, so the listing holds that batch
+    record = staging.read_file(PIPELINE_RECORD) or {}
     batches = staging.committed()  # again: an apply that ended meanwhile may have removed some
     keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
     states = lakehouse.read_state(pipeline)
@@ -215,7 +218,6 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
         steps, superseded = plan_table(source, wanted, state)
         state.snapshots.update(superseded)
         plans[source] = steps
-    record = staging.read_file(PIPELINE_RECORD) or {}
     prove_staging(staging, pipeline, batches, plans, states, staging.read_file(RETENTION_RECORD), record)
     check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
     phases.end("planning")
