@@ -1,7 +1,7 @@
 """Freshness through a running Airflow scheduler (issue 38's measurement).
 
     python bench/bench_freshness.py [--dag stream|sync] [--minutes 8] [--every 0.1] [--window-minutes 10]
-                                    [--poll 0.5] [--workdir DIR] [--tiny]
+                                    [--pull-every 2] [--poll 0.5] [--workdir DIR] [--tiny]
 
 Starts its own PostgreSQL (the demo's schema), then Airflow's ``api-server``, ``scheduler``
 (LocalExecutor) and ``dag-processor`` on loopback with an example DAG copied under the id
@@ -9,7 +9,8 @@ Starts its own PostgreSQL (the demo's schema), then Airflow's ``api-server``, ``
 UPDATE every ``--every`` seconds for ``--minutes``.
 
 ``--dag stream`` (default): the streaming DAG (``pglogical_lakehouse_stream``: pull and apply
-windows of ``--window-minutes``, polling every ``--poll`` seconds). The writer starts once the
+windows of ``--window-minutes``, a pull every ``--pull-every`` seconds, the apply looking for new
+batches every ``--poll`` seconds). The writer starts once the
 initial snapshot is applied. A commit's freshness is the time of the first apply round (from the
 pipeline's apply history, one entry per round with its end position) whose end position covers
 the commit's LSN, minus the commit's time. Prints p50/p95/max, the rounds, where a round's time
@@ -318,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--every", type=float, default=0.1, help="seconds between the writer's commits")
     parser.add_argument("--window-minutes", type=float, default=10.0, help="the stream DAG's windows")
-    parser.add_argument("--poll", type=float, default=0.5, help="the stream DAG's poll interval (seconds)")
+    parser.add_argument("--poll", type=float, default=0.5, help="the stream DAG's apply poll interval (seconds)")
+    parser.add_argument("--pull-every", type=float, default=2.0, help="the stream DAG's pull interval (seconds)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--tiny", action="store_true", help="write for 5 seconds (CI)")
     args = parser.parse_args(argv)
@@ -340,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
                     "PYTHONPATH": os.pathsep.join([str(home / "dags"), str(REPO)]),
                     "PGLOGICAL_STREAM_WINDOW_MINUTES": f"{window_minutes:g}",
-                    "PGLOGICAL_STREAM_POLL_SECONDS": f"{args.poll:g}"})
+                    "PGLOGICAL_STREAM_POLL_SECONDS": f"{args.poll:g}",
+                    "PGLOGICAL_STREAM_PULL_SECONDS": f"{args.pull_every:g}"})
         airflow(env, "db", "migrate")  # the dag-processor finds the DAG, created unpaused
         metadata = Metadata(home / "airflow.db")
         history = Rounds(home / "staging" / "shop")

@@ -3,9 +3,9 @@
 The sync DAG pays a DAG run, seven task starts and a Spark JVM for every pull and apply, so a
 commit waits for the next tick and that tick's apply (p95 ≈ two ticks, 15-20 s at best). Here one
 run holds a pull window and an apply window side by side for ``settings.STREAM_WINDOW`` (10
-minutes by default): the pull stages a batch every ``STREAM_POLL_INTERVAL`` seconds when there are
-changes, and the apply's Spark session, started once per window, applies each new batch within
-about a poll (docs/streaming.md). ``@continuous`` with ``max_active_runs=1`` starts the next run as
+minutes by default): the pull stages a batch every ``STREAM_PULL_INTERVAL`` seconds (2) when there
+are changes, and the apply's Spark session, started once per window, looks every
+``STREAM_POLL_INTERVAL`` seconds (0.5) and applies each new batch in a round (docs/streaming.md). ``@continuous`` with ``max_active_runs=1`` starts the next run as
 soon as one ends.
 
 The apply window does not wait for the setup tasks: its JVM starts while the publication and the
@@ -71,7 +71,7 @@ with DAG(
         pipeline=settings.PIPELINE,
         max_changes="{{ params.max_changes }}",
         keep_running=settings.STREAM_WINDOW,
-        poll_interval=settings.STREAM_POLL_INTERVAL,
+        poll_interval=settings.STREAM_PULL_INTERVAL,
     )
     apply = IcebergApplyOperator(
         task_id="apply_window",
