@@ -1,7 +1,7 @@
 """Freshness through a running Airflow scheduler (issue 38's measurement).
 
     python bench/bench_freshness.py [--dag stream|sync] [--minutes 8] [--every 0.1] [--window-minutes 10]
-                                    [--pull-every 2] [--poll 0.5] [--workdir DIR] [--tiny]
+                                    [--pull-every 1] [--poll 0.5] [--workdir DIR] [--tiny]
 
 Starts its own PostgreSQL (the demo's schema), then Airflow's ``api-server``, ``scheduler``
 (LocalExecutor) and ``dag-processor`` on loopback with an example DAG copied under the id
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=0.1, help="seconds between the writer's commits")
     parser.add_argument("--window-minutes", type=float, default=10.0, help="the stream DAG's windows")
     parser.add_argument("--poll", type=float, default=0.5, help="the stream DAG's apply poll interval (seconds)")
-    parser.add_argument("--pull-every", type=float, default=2.0, help="the stream DAG's pull interval (seconds)")
+    parser.add_argument("--pull-every", type=float, default=1.0, help="the stream DAG's pull interval (seconds)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--tiny", action="store_true", help="write for 5 seconds (CI)")
     args = parser.parse_args(argv)

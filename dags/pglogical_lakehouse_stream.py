@@ -3,8 +3,8 @@
 The sync DAG pays a DAG run, seven task starts and a Spark JVM for every pull and apply, so a
 commit waits for the next tick and that tick's apply (p95 ≈ two ticks, 15-20 s at best). Here one
 run holds a pull window and an apply window side by side for ``settings.STREAM_WINDOW`` (10
-minutes by default): the pull stages a batch every ``STREAM_PULL_INTERVAL`` seconds (2) when there
-are changes, and the apply's Spark session, started once per window, looks every
+minutes by default): the pull stages a batch every ``STREAM_PULL_INTERVAL`` seconds (1) when there
+are changes (and waits while the apply is two batches behind: larger batches, not more), and the apply's Spark session, started once per window, looks every
 ``STREAM_POLL_INTERVAL`` seconds (0.5) and applies each new batch in a round (docs/streaming.md). ``@continuous`` with ``max_active_runs=1`` starts the next run as
 soon as one ends.
 
@@ -72,6 +72,7 @@ with DAG(
         max_changes="{{ params.max_changes }}",
         keep_running=settings.STREAM_WINDOW,
         poll_interval=settings.STREAM_PULL_INTERVAL,
+        max_unapplied_batches=settings.STREAM_MAX_UNAPPLIED,
     )
     apply = IcebergApplyOperator(
         task_id="apply_window",

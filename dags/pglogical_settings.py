@@ -17,7 +17,7 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
 - ``PGLOGICAL_STREAM_WINDOW_MINUTES`` / ``PGLOGICAL_STREAM_PULL_SECONDS`` / ``PGLOGICAL_STREAM_POLL_SECONDS``:
   how long each run of the streaming DAG keeps pulling and applying, how often it pulls, and how
-  often the apply looks for new batches (default 10 minutes, 2 s, 0.5 s)
+  often the apply looks for new batches (default 10 minutes, 1 s, 0.5 s)
 - ``PGLOGICAL_STREAM_RETENTION_HOURS``: how long the streaming DAG keeps applied batches in staging
   (default 0.5: it stages a batch per poll, and every poll lists what is kept)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
@@ -80,8 +80,9 @@ STREAM_WINDOW = dt.timedelta(minutes=float(os.environ.get("PGLOGICAL_STREAM_WIND
 STREAM_POLL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_POLL_SECONDS", "0.5"))
 #: seconds between two pulls of the streaming DAG: each pull that finds changes stages a batch, and
 #: the apply pays a data commit and a state commit per batch (about 0.4 s idle, over 1 s on a busy
-#: 2-core machine), so pulling faster than the apply drains batches only builds a backlog
-STREAM_PULL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_PULL_SECONDS", "2"))
+#: 2-core machine), so the pull also waits while STREAM_MAX_UNAPPLIED batches are not applied yet
+STREAM_PULL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_PULL_SECONDS", "1"))
+STREAM_MAX_UNAPPLIED = 2
 #: applied batches the streaming DAG keeps: up to one per poll is staged, and each poll lists them
 #: all, so a week's worth (the sync DAG's retention) would slow every poll; a dropped Iceberg table
 #: older than this is rebuilt by a backfill instead of from staging (docs/streaming.md)

@@ -7,12 +7,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow_provider_pglogical.capture.pull import run_pull
-from airflow_provider_pglogical.capture.pull_window import pull_window
+from airflow_provider_pglogical.capture.pull_window import pull_window, unapplied_batches
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.management import connector
-from airflow_provider_pglogical.management.validation import check_seconds
+from airflow_provider_pglogical.management.validation import check_count, check_seconds
 from airflow_provider_pglogical.operators._capture import CaptureOperator
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.ui.history import errors_recorded, pull_entry, safely_record
+from airflow_provider_pglogical.ui.history import errors_recorded, pull_entry, read_history, safely_record
 
 
 #: seconds between the starts of two pulls of a window
@@ -59,6 +61,9 @@ class PgSlotPullOperator(CaptureOperator):
         until the window ends (docs/streaming.md). Each pull commits its batch and advances the slot
         as a single pull does, so a window killed anywhere loses nothing. (templated)
     :param poll_interval: seconds between the starts of two pulls of a window (default 0.5). (templated)
+    :param max_unapplied_batches: in a window, skip a pull while this many committed change batches
+        still wait for the apply (as its history shows), so a slow apply gets fewer, larger batches;
+        default None: never skip.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     :return: (XCom) ``{"batch", "start_lsn", "end_lsn", "advanced_to", "tables", "transactions", "changes", "recovered"}``;
         a window adds ``pulls``, ``batches``, ``first_batch`` and ``seconds`` (``batch`` is its last).
@@ -74,7 +79,7 @@ class PgSlotPullOperator(CaptureOperator):
         self, *, slot: str, max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
         on_slot_lost: str = "fail", on_ddl: str = "snapshot", streaming: bool = False,
         keep_running: timedelta | float | str | None = None, poll_interval: float | str = DEFAULT_POLL_INTERVAL,
-        **kwargs: Any,
+        max_unapplied_batches: int | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
@@ -87,6 +92,7 @@ class PgSlotPullOperator(CaptureOperator):
         self.streaming = streaming
         self.keep_running = keep_running
         self.poll_interval = poll_interval
+        self.max_unapplied_batches = max_unapplied_batches
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -117,7 +123,19 @@ class PgSlotPullOperator(CaptureOperator):
                 pulled(result, time.monotonic() - started)
             else:
                 self.log.info("pulling slot %s for %.0f s, every %.1f s", self.slot, window, poll_interval)
-                result = pull_window(pull, window, poll_interval, pulled=pulled)
+                result = pull_window(pull, window, poll_interval, pulled=pulled,
+                                     unapplied=lambda: unapplied_batches(layout.committed_batches(root, self.pipeline),
+                                                                         applied_end(root, self.pipeline)),
+                                     max_unapplied=check_count(self.max_unapplied_batches, "max_unapplied_batches",
+                                                               optional=True))
                 self.log.info("window ended: %d pulls staged %d batch(es), %d changes; slot at %s", result["pulls"],
                               result["batches"], result["changes"], result["advanced_to"])
             return self.remember_lineage(hook, root, result)
+
+
+def applied_end(root, pipeline: str) -> Lsn | None:
+    """Where the apply's newest round ended (its history's ``end_lsn``); None when no round says."""
+    for entry in reversed(read_history(root, pipeline, "apply")):
+        if entry.get("end_lsn"):
+            return Lsn.parse(entry["end_lsn"])
+    return None

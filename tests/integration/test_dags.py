@@ -48,6 +48,7 @@ def test_stream_dag_runs_a_pull_window_beside_an_apply_window_and_the_housekeepi
     assert stream.get_task("maintenance_due").trigger_rule == "none_failed"
     assert pull.keep_running == apply.keep_running == settings.STREAM_WINDOW
     assert pull.poll_interval == settings.STREAM_PULL_INTERVAL and apply.poll_interval == settings.STREAM_POLL_INTERVAL
+    assert pull.max_unapplied_batches == settings.STREAM_MAX_UNAPPLIED  # paced to the apply
     window = f"{settings.STREAM_WINDOW.total_seconds():g}"
     args = apply.job_args()
     assert args[args.index("--keep-running") + 1] == window and "--poll-interval" in args

@@ -154,3 +154,21 @@ def test_an_apply_windows_length_counts_from_the_end_of_its_first_round():
 
     keep_applying(apply_round, lambda: listings.append(clock.now) or [], 1.0, 0.5, clock=clock, wait=clock.wait)
     assert listings == [110.5, 111.0]
+
+
+def test_a_pull_window_skips_pulls_while_the_apply_is_behind_but_never_more_than_ten_in_a_row():
+    from airflow_provider_pglogical.capture.pull_window import MAX_SKIPS, unapplied_batches
+    from airflow_provider_pglogical.lsn import Lsn
+
+    committed = [("s", Lsn(10), Lsn(10), "snapshot"), ("a", Lsn(10), Lsn(20), "changes"),
+                 ("b", Lsn(20), Lsn(30), "changes")]
+    assert unapplied_batches(committed, Lsn(10)) == 2 and unapplied_batches(committed, Lsn(30)) == 0
+    assert unapplied_batches(committed, None) == 0  # no apply round recorded: no pacing
+    clock = Clock()
+    behind = iter([2, 0, 3, *[5] * 30])
+    pulls = []
+    summary = pull_window(lambda: pulls.append(clock.now) or {"batch": "/b", "changes": 1}, 15.0, 0.5,
+                          unapplied=lambda: next(behind), max_unapplied=2, clock=clock, wait=clock.wait)
+    # skipped at 100.0 (2 behind), pulled at 100.5 (0), skipped from 101.0 on, at most ten in a row
+    assert pulls[:2] == [100.5, 101.0 + 0.5 * MAX_SKIPS]
+    assert summary["skipped"] >= 1 + MAX_SKIPS and summary["pulls"] == len(pulls)
