@@ -29,6 +29,7 @@ from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
     DEFAULT_RETENTION_HOURS,
     RESULT_CONF,
     STAGING_FILE_MODE_CONF,
@@ -51,7 +52,6 @@ from airflow_provider_pglogical.management.validation import (
     check_table_map,
 )
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.operators.pull import DEFAULT_POLL_INTERVAL
 
 try:
     from airflow.sdk.exceptions import AirflowSkipException

@@ -10,15 +10,13 @@ from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.capture.pull_window import pull_window, unapplied_batches
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.staging import layout
+from airflow_provider_pglogical.staging.contract import DEFAULT_POLL_INTERVAL
 from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.management.validation import check_count, check_seconds
 from airflow_provider_pglogical.operators._capture import CaptureOperator
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
 from airflow_provider_pglogical.ui.history import errors_recorded, pull_entry, read_history, safely_record
 
-
-#: seconds between the starts of two pulls of a window
-DEFAULT_POLL_INTERVAL = 0.5
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

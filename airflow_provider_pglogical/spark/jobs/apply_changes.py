@@ -93,17 +93,13 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
-from airflow_provider_pglogical.spark.jobs.apply_window import (
-    DEFAULT_POLL_INTERVAL,
-    first_commits,
-    keep_applying,
-    record_round,
-)
+from airflow_provider_pglogical.spark.jobs.apply_window import first_commits, keep_applying, record_round
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_APPLY_LEASE_SECONDS,
     DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
     DEFAULT_RETENTION_HOURS,
     OCCURRENCE,
     PIPELINE_RECORD,

@@ -23,12 +23,14 @@ import time
 from typing import Callable
 
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.staging.contract import CHANGE_FACTS, HISTORY_KEEP, history_name
+from airflow_provider_pglogical.staging.contract import (
+    CHANGE_FACTS,
+    DEFAULT_POLL_INTERVAL,
+    HISTORY_KEEP,
+    history_name,
+)
 
 log = logging.getLogger("pglogical.apply")
-
-#: seconds between two listings of the staging area in a window
-DEFAULT_POLL_INTERVAL = 0.5
 
 
 def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[str]], seconds: float,
