@@ -1,18 +1,27 @@
 """Freshness through a running Airflow scheduler (issue 38's measurement).
 
-    python bench/bench_freshness.py [--minutes 8] [--every 0.1] [--workdir DIR] [--tiny]
+    python bench/bench_freshness.py [--dag stream|sync] [--minutes 8] [--every 0.1] [--window-minutes 10]
+                                    [--pull-every 1] [--poll 0.5] [--workdir DIR] [--tiny]
 
 Starts its own PostgreSQL (the demo's schema), then Airflow's ``api-server``, ``scheduler``
-(LocalExecutor) and ``dag-processor`` on loopback with the example sync DAG copied under the id
-``pglogical_freshness`` with ``schedule="@continuous"``, every task's ``spark-submit`` as it is.
-After the first run (initial sync and first apply) a writer commits one UPDATE every ``--every``
-seconds for ``--minutes``. A commit's freshness is the end of the first successful apply whose
-run's pull covered the commit's LSN, minus the commit's time.
+(LocalExecutor) and ``dag-processor`` on loopback with an example DAG copied under the id
+``pglogical_freshness``, unpaused, every ``spark-submit`` as the DAG has it. A writer commits one
+UPDATE every ``--every`` seconds for ``--minutes``.
 
-Prints p50, p95 and max freshness, the ticks (DAG runs) and where a tick's time goes: each task's
-median duration, the gaps between tasks in a run, and the delay between one run's end and the
-next one's start; and how the apply's duration drifted from the first fifth of the ticks to the
-last (the issue asks for a tick cost that stays flat). ``--tiny`` writes for 15 seconds.
+``--dag stream`` (default): the streaming DAG (``pglogical_lakehouse_stream``: pull and apply
+windows of ``--window-minutes``, a pull every ``--pull-every`` seconds, the apply looking for new
+batches every ``--poll`` seconds). The writer starts once the
+initial snapshot is applied. A commit's freshness is the time of the first apply round (from the
+pipeline's apply history, one entry per round with its end position) whose end position covers
+the commit's LSN, minus the commit's time. Prints p50/p95/max, the rounds, where a round's time
+goes (pull, apply round, poll), the gap at window boundaries and the share of commits that waited
+for one, and the drift of the apply round's cost from the first fifth of the rounds to the last.
+
+``--dag sync``: the sync DAG on ``@continuous`` (the issue's baseline): a commit's freshness is
+the end of the first successful apply whose run's pull covered the commit's LSN, minus the
+commit's time; prints where a tick's time goes and the apply's drift.
+
+``--tiny`` writes for 5 seconds (CI; with the stream DAG, windows of 3 minutes, ended by the bench).
 """
 
 from __future__ import annotations
@@ -48,13 +57,16 @@ AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DAG_ID = "pglogical_freshness"
 
 
-def continuous_dags(folder: Path) -> None:
-    """The example sync DAG and its settings in ``folder``, the DAG renamed and on ``@continuous``."""
+def continuous_dags(folder: Path, dag: str = "sync") -> None:
+    """The example sync (or stream) DAG and its settings in ``folder``, the DAG renamed, on ``@continuous``."""
     folder.mkdir(parents=True)
     (folder / "pglogical_settings.py").write_text((demo.DAGS / "pglogical_settings.py").read_text())
-    text = (demo.DAGS / "pglogical_lakehouse_sync.py").read_text()
-    text, renamed = re.subn(r'dag_id="pglogical_lakehouse_sync"', f'dag_id="{DAG_ID}"', text)
-    text, rescheduled = re.subn(r"schedule=CronTriggerTimetable\([^)]*\),", 'schedule="@continuous",', text)
+    text = (demo.DAGS / f"pglogical_lakehouse_{dag}.py").read_text()
+    text, renamed = re.subn(f'dag_id="pglogical_lakehouse_{dag}"', f'dag_id="{DAG_ID}"', text)
+    if dag == "stream":
+        rescheduled = len(re.findall(r'schedule="@continuous",', text))
+    else:
+        text, rescheduled = re.subn(r"schedule=CronTriggerTimetable\([^)]*\),", 'schedule="@continuous",', text)
     # a start date minutes ago: the first run's data interval then holds no housekeeping boundary,
     # so no run of the measurement runs it (as in the issue's: "housekeeping not due")
     start = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=5)
@@ -220,58 +232,186 @@ def tick_breakdown(metadata: Metadata, since: float) -> dict:
     }
 
 
+class Rounds:
+    """The pipeline's apply and pull history (one entry per round / staged pull), gathered while the
+    run goes: each file keeps only its newest entries, so it is read often and merged by time."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.entries: dict[str, dict[str, dict]] = {"apply": {}, "pull": {}}
+
+    def collect(self) -> None:
+        for kind, kept in self.entries.items():
+            path = self.directory / f"_history_{kind}.jsonl"
+            if not path.exists():
+                continue
+            for line in path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                kept.setdefault(entry["at"], entry)
+
+    def rounds(self) -> list[dict]:
+        """Apply rounds in time order, each with ``t`` (epoch seconds), ``lsn`` and its ``window`` (1, 2, …)."""
+        out, window = [], 0
+        for entry in sorted(self.entries["apply"].values(), key=lambda e: e["at"]):
+            if "round" not in entry or not entry.get("end_lsn"):
+                continue
+            window += entry["round"] == 1
+            out.append({**entry, "t": datetime.fromisoformat(entry["at"]).timestamp(),
+                        "lsn": Lsn.parse(entry["end_lsn"]), "window": window})
+        return out
+
+    def pulls(self) -> list[dict]:
+        return sorted(self.entries["pull"].values(), key=lambda e: e["at"])
+
+    def applied_past(self, position: Lsn) -> bool:
+        self.collect()
+        return any(r["lsn"] >= position for r in self.rounds())
+
+    def snapshot_applied(self) -> bool:
+        self.collect()
+        return any(r["steps"] for r in self.rounds())
+
+
+def stream_freshness(commits: list[tuple[float, Lsn]], rounds: list[dict]) -> list[tuple[float, bool]]:
+    """Per commit: (the first round after it whose end covers its LSN, minus its time; whether it
+    waited for a window boundary: committed before the first round of the window that applied it)."""
+    first_of = {}
+    for r in rounds:
+        first_of.setdefault(r["window"], r["t"])
+    out = []
+    for committed, lsn in commits:
+        covering = next((r for r in rounds if r["lsn"] >= lsn and r["t"] >= committed), None)
+        if covering is not None:
+            out.append((covering["t"] - committed, committed < first_of[covering["window"]]))
+    return out
+
+
+def stream_breakdown(rounds: list[dict], pulls: list[dict], since: float) -> dict:
+    """Where a round's time goes, the boundaries between windows, and the drift of a round's cost."""
+    measured = [r for r in rounds if r["t"] >= since]
+    working = [r for r in measured if r["steps"] and r["round"] > 1]  # a window's first round waits for its JVM
+    costs = [r["seconds"] for r in working]
+    fifth = max(1, len(costs) // 5)
+    spacing = [b["t"] - a["t"] for a, b in zip(working, working[1:]) if a["window"] == b["window"]]
+    gaps = [b["t"] - a["t"] for a, b in zip(rounds, rounds[1:]) if b["window"] != a["window"]]
+    pull_seconds = [p["seconds"] for p in pulls if p.get("batch") and "seconds" in p
+                    and datetime.fromisoformat(p["at"]).timestamp() >= since]
+    return {
+        "rounds": len(measured), "rounds_with_changes": len(working),
+        "windows": len({r["window"] for r in measured}),
+        "apply_round_median_s": round(statistics.median(costs), 3) if costs else None,
+        "between_rounds_median_s": round(statistics.median(spacing), 3) if spacing else None,
+        "rows_per_round_median": statistics.median([r["rows"] for r in working]) if working else None,
+        "pull_median_s": round(statistics.median(pull_seconds), 3) if pull_seconds else None,
+        "pulls_staged": len(pull_seconds),
+        "window_boundary_gaps_s": [round(g, 1) for g in gaps],
+        "round_cost_drift_last_fifth_over_first": round(statistics.median(costs[-fifth:]) /
+                                                         statistics.median(costs[:fifth]), 2) if len(costs) >= 2 else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dag", choices=("stream", "sync"), default="stream")
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--every", type=float, default=0.1, help="seconds between the writer's commits")
+    parser.add_argument("--window-minutes", type=float, default=10.0, help="the stream DAG's windows")
+    parser.add_argument("--poll", type=float, default=0.5, help="the stream DAG's apply poll interval (seconds)")
+    parser.add_argument("--pull-every", type=float, default=1.0, help="the stream DAG's pull interval (seconds)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--tiny", action="store_true", help="write for 5 seconds (CI)")
     args = parser.parse_args(argv)
     seconds = 5.0 if args.tiny else args.minutes * 60
+    # tiny: windows long enough that the writer's few seconds fall inside the first one (the bench
+    # stops the services once its last commit is applied, mid-window)
+    window_minutes = 3.0 if args.tiny else args.window_minutes
+    stream = args.dag == "stream"
     home = Path(args.workdir or tempfile.mkdtemp(prefix="pglogical-freshness-"))
     home.mkdir(parents=True, exist_ok=True)
     pg = LocalPostgres(name="freshness").start()
     services = None
+    loads = []
     try:
         pg.create_database("shop")
         demo.load(pg, "shop", random.Random(3))
-        continuous_dags(home / "dags")
+        continuous_dags(home / "dags", args.dag)
         port = free_port()
         env = demo.airflow_env(home, pg, "shop")
         env.update({"AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"), "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-                    "PYTHONPATH": os.pathsep.join([str(home / "dags"), str(REPO)])})
+                    "PYTHONPATH": os.pathsep.join([str(home / "dags"), str(REPO)]),
+                    "PGLOGICAL_STREAM_WINDOW_MINUTES": f"{window_minutes:g}",
+                    "PGLOGICAL_STREAM_POLL_SECONDS": f"{args.poll:g}",
+                    "PGLOGICAL_STREAM_PULL_SECONDS": f"{args.pull_every:g}"})
         airflow(env, "db", "migrate")  # the dag-processor finds the DAG, created unpaused
         metadata = Metadata(home / "airflow.db")
+        history = Rounds(home / "staging" / "shop")
         services = Services(env, home)
         started = time.monotonic()
         services.start(port)
-        wait_until(lambda: any(run["state"] == "success" for run in metadata.runs()), timeout=900, interval=1,
-                   message="the first run (initial sync and first apply)")
-        print(f"first run done {time.monotonic() - started:.0f} s after the services started; writing for "
-              f"{seconds:.0f} s, one UPDATE every {args.every} s", flush=True)
+        first = history.snapshot_applied if stream else lambda: any(r["state"] == "success" for r in metadata.runs())
+        wait_until(first, timeout=900, interval=1, message="the initial sync and its first apply")
+        print(f"initial snapshot applied {time.monotonic() - started:.0f} s after the services started; writing "
+              f"for {seconds:.0f} s, one UPDATE every {args.every} s", flush=True)
         since = time.time()
         writer = Writer(pg, "shop", args.every)
         writer.start()
-        writer.done.wait(seconds)
-        writer.done.set()
+        until = time.monotonic() + seconds
+        while not writer.done.wait(max(0.0, min(5.0, until - time.monotonic()))):  # the history keeps 500 entries
+            history.collect()
+            loads.append(os.getloadavg())
+            if time.monotonic() >= until:
+                writer.done.set()
         writer.join()
         last = writer.commits[-1][1]
-        wait_until(lambda: metadata.finished_past(last), timeout=300, interval=1,
-                   message="a finished run whose pull covered the writer's last commit")
-        load = os.getloadavg()
+        done = (lambda: history.applied_past(last)) if stream else (lambda: metadata.finished_past(last))
+        wait_until(done, timeout=900, interval=1, message="an apply that covers the writer's last commit")
+        history.collect()
+        loads.append(os.getloadavg())
     finally:
         if services is not None:
             services.stop()
         pg.stop()
+    load = [round(statistics.mean(x[i] for x in loads), 2) for i in range(3)] if loads else None
+    if stream:
+        return report_stream(writer.commits, history, since, load, window_minutes, metadata)
     values = freshness(writer.commits, metadata.coverage())
     breakdown = tick_breakdown(metadata, since)
     print(json.dumps({"commits": len(writer.commits), "measured": len(values), **breakdown,
-                      "load_average_1_5_15": [round(x, 2) for x in load]}, indent=1))
+                      "load_average_1_5_15_mean": load}, indent=1))
     if len(values) != len(writer.commits):
         raise SystemExit(f"{len(writer.commits) - len(values)} commit(s) never became readable")
     print(f"freshness through the scheduler: p50 {percentile(values, 0.5):.1f} s, p95 {percentile(values, 0.95):.1f} s, "
-          f"max {max(values):.1f} s over {len(values)} commits and {breakdown['ticks']} ticks")
+          f"max {max(values):.1f} s over {len(values)} commits and {breakdown['ticks']} ticks (sync DAG)")
+    return 0
+
+
+def report_stream(commits, history: Rounds, since: float, load, window_minutes: float, metadata: Metadata) -> int:
+    rounds = history.rounds()
+    measured = stream_freshness(commits, rounds)
+    breakdown = stream_breakdown(rounds, history.pulls(), since)
+    values = [value for value, _boundary in measured]
+    boundary = [value for value, at_boundary in measured if at_boundary]
+    steady = [value for value, at_boundary in measured if not at_boundary]
+    tasks = tick_breakdown(metadata, since)
+    print(json.dumps({"commits": len(commits), "measured": len(values), "window_minutes": window_minutes,
+                      **breakdown, "commits_at_a_boundary": len(boundary),
+                      "boundary_share": round(len(boundary) / len(values), 4) if values else None,
+                      "steady_p50_s": round(percentile(steady, 0.5), 2) if steady else None,
+                      "steady_p95_s": round(percentile(steady, 0.95), 2) if steady else None,
+                      "boundary_p50_s": round(percentile(boundary, 0.5), 2) if boundary else None,
+                      "boundary_max_s": round(max(boundary), 2) if boundary else None,
+                      "dag_runs": tasks["ticks"], "task_median_s": tasks["task_median_s"],
+                      "between_runs_median_s": tasks["between_runs_median_s"],
+                      "load_average_1_5_15_mean": load}, indent=1))
+    if len(values) != len(commits):
+        raise SystemExit(f"{len(commits) - len(values)} commit(s) never became readable")
+    print(f"freshness through the scheduler: p50 {percentile(values, 0.5):.1f} s, p95 {percentile(values, 0.95):.1f} s, "
+          f"max {max(values):.1f} s over {len(values)} commits and {breakdown['rounds']} apply rounds in "
+          f"{breakdown['windows']} window(s) (stream DAG)")
     return 0
 
 

@@ -15,6 +15,11 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_NAMESPACE``: the Iceberg namespace of the tables (default ``shop``)
 - ``PGLOGICAL_SPARK_CONN_ID``: the Spark connection (default ``spark_default``; host ``local[*]`` for local mode)
 - ``PGLOGICAL_MAINTENANCE_EVERY_HOURS``: how often the sync DAG runs the Iceberg housekeeping (default 6)
+- ``PGLOGICAL_STREAM_WINDOW_MINUTES`` / ``PGLOGICAL_STREAM_PULL_SECONDS`` / ``PGLOGICAL_STREAM_POLL_SECONDS``:
+  how long each run of the streaming DAG keeps pulling and applying, how often it pulls, and how
+  often the apply looks for new batches (default 10 minutes, 1 s, 0.5 s)
+- ``PGLOGICAL_STREAM_RETENTION_HOURS``: how long the streaming DAG keeps applied batches in staging
+  (default 0.5: it stages a batch per poll, and every poll lists what is kept)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
   "Tuning the driver JVM"; set it empty to keep the JVM's defaults)
 - ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
@@ -68,6 +73,20 @@ def iceberg_config(environ: Mapping[str, str] = os.environ) -> IcebergConfig:
 #: the sync DAG compacts, expires and cleans the Iceberg tables after the apply of one run in every
 #: period (the run whose data interval holds 00:00, 06:00, 12:00 or 18:00 UTC with 6 hours)
 MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENANCE_EVERY_HOURS", "6")))
+
+#: the streaming DAG's windows: each run pulls and applies for this long (a task start, a DAG run and
+#: a JVM start once per window), looking for changes every STREAM_POLL_INTERVAL seconds
+STREAM_WINDOW = dt.timedelta(minutes=float(os.environ.get("PGLOGICAL_STREAM_WINDOW_MINUTES", "10")))
+STREAM_POLL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_POLL_SECONDS", "0.5"))
+#: seconds between two pulls of the streaming DAG: each pull that finds changes stages a batch, and
+#: the apply pays a data commit and a state commit per batch (about 0.4 s idle, over 1 s on a busy
+#: 2-core machine), so the pull also waits while STREAM_MAX_UNAPPLIED batches are not applied yet
+STREAM_PULL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_PULL_SECONDS", "1"))
+STREAM_MAX_UNAPPLIED = 2
+#: applied batches the streaming DAG keeps: up to one per poll is staged, and each poll lists them
+#: all, so a week's worth (the sync DAG's retention) would slow every poll; a dropped Iceberg table
+#: older than this is rebuilt by a backfill instead of from staging (docs/streaming.md)
+STREAM_RETENTION = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_STREAM_RETENTION_HOURS", "0.5")))
 
 #: JVM options of the apply's Spark driver: a deployment's setting, kept here so the example's small
 #: ticks start quickly (docs/operators.md, "Tuning the driver JVM"); the operators set none themselves

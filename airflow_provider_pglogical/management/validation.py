@@ -7,6 +7,7 @@ again, so a direct Python caller is held to the same rules.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any, Sequence
 
@@ -107,6 +108,25 @@ def check_count(value: Any, what: str, *, optional: bool = False) -> int | None:
             + ("; leave it unset for no limit" if optional else "")
         )
     return value
+
+
+def check_seconds(value: Any, what: str, *, optional: bool = False) -> float | None:
+    """A duration in seconds > 0: a ``timedelta``, a number or (after templating) a number's text;
+    ``None``, ``0`` and ``""`` mean off when ``optional``."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    elif isinstance(value, str) and not isinstance(value, bool):
+        try:
+            value = float(value.strip()) if value.strip() else None
+        except ValueError:
+            pass
+    if optional and (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise InvalidInputError(
+            f"{what} must be a positive duration: a timedelta or a number of seconds (got {value!r})"
+            + ("; leave it unset (or 0) to switch it off" if optional else ""))
+    return float(value)
 
 
 def check_table_map(value: Any) -> dict[str, str]:

@@ -29,6 +29,7 @@ from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
     DEFAULT_RETENTION_HOURS,
     RESULT_CONF,
     STAGING_FILE_MODE_CONF,
@@ -45,6 +46,7 @@ from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.staging.private_files import file_mode
 from airflow_provider_pglogical.management.validation import (
     check_count,
+    check_seconds,
     check_pipeline_name,
     check_staging_root,
     check_table_map,
@@ -109,6 +111,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
         apply fails naming the backfill that rebuilds it (docs/concepts.md, "Staging retention").
     :param archive_staging: move those batches under ``<staging_root>/<pipeline>/_archive/``
         instead of deleting them (expire that prefix with your storage's lifecycle rules).
+    :param keep_running: a streaming window (``timedelta`` or seconds; default off: apply once): after
+        applying what is staged, the same Spark session keeps the pipeline's lease and applies each
+        newly committed batch (a listing every ``poll_interval``, no Spark job while nothing is new)
+        until the window ends, recording each round as a single apply does (docs/streaming.md).
+        ``skip_when_idle`` does not apply to a window. (templated)
+    :param poll_interval: seconds between two listings of the staging area in a window (default 0.5). (templated)
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces: the driver JVM's
         options too (``spark.driver.extraJavaOptions``; docs/operators.md, "Tuning the driver JVM"). (templated)
@@ -117,7 +125,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
     """
 
     template_fields: Sequence[str] = (
-        *SparkSubmitOperator.template_fields, "staging_root", "pipeline", "iceberg", "table_map",
+        *SparkSubmitOperator.template_fields, "staging_root", "pipeline", "iceberg", "table_map", "keep_running",
+        "poll_interval",
     )
 
     def __init__(
@@ -135,6 +144,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         row_deltas: bool = True,
         staging_retention: timedelta | None = timedelta(hours=DEFAULT_RETENTION_HOURS),
         archive_staging: bool = False,
+        keep_running: timedelta | float | str | None = None,
+        poll_interval: float | str = DEFAULT_POLL_INTERVAL,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -157,6 +168,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
             raise ValueError(f"staging_retention must not be negative, not {staging_retention}; None keeps every batch")
         self.staging_retention = staging_retention
         self.archive_staging = archive_staging
+        self.keep_running = keep_running
+        self.poll_interval = poll_interval
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -174,6 +187,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
             args += ["--retention-hours", f"{self.staging_retention.total_seconds() / 3600:g}"]
         if self.archive_staging:
             args.append("--archive")
+        # at parse time a templated window is not rendered yet: execute() builds the arguments again
+        unrendered = isinstance(self.keep_running, str) and "{{" in self.keep_running
+        window = None if unrendered else check_seconds(self.keep_running, "keep_running", optional=True)
+        if window is not None:
+            args += ["--keep-running", f"{window:g}",
+                     "--poll-interval", f"{check_seconds(self.poll_interval, 'poll_interval'):g}"]
         return args
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -184,10 +203,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
             self.iceberg.check()
             check_pipeline_name(self.pipeline)
             check_table_map(self.table_map)
+            window = check_seconds(self.keep_running, "keep_running", optional=True)
+            check_seconds(self.poll_interval, "poll_interval")
             staging = staging_access(str(self.staging_root), self.iceberg, self.iceberg.spark_conf())
             lakehouse = self.lakehouse_identity()
             pending = pending_batches(root, str(self.pipeline), lakehouse)
-            if self.skip_when_idle:
+            if self.skip_when_idle and window is None:  # a window waits for batches: it never skips
                 self.skip_if_idle(pending, lakehouse, root)
             self.py_files = with_job_bundle(self.py_files)
             started = time.monotonic()
@@ -196,10 +217,11 @@ class IcebergApplyOperator(SparkSubmitOperator):
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
-            # the UI's chart of freshness: commit to queryable, per table
-            safely_record(root, str(self.pipeline), "apply",
-                          lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
-                          self.log.warning)
+            # the UI's chart of freshness: commit to queryable, per table (a window's job recorded each round)
+            if window is None:
+                safely_record(root, str(self.pipeline), "apply",
+                              lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
+                              self.log.warning)
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})
@@ -211,6 +233,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 "steps": len(steps),
                 "rows": sum(step["rows"] for step in steps),
                 "tables": sorted({step["table"] for step in steps}),
+                **({"window": result["window"]} if "window" in result else {}),
             }
 
     def run_spark_submit(self, context: Context, staging: LakehouseAccess | None = None) -> dict:

@@ -193,6 +193,19 @@ APPLY_LEASE_PROPERTY_PREFIX = "pglogical.apply-lease."
 DEFAULT_APPLY_LEASE_SECONDS = 120
 #: ``error.kind`` of a job result: another apply of the pipeline holds the lease (retry later)
 APPLY_LEASE_HELD = "apply-lease-held"
+#: seconds between two looks of a streaming window: the pull's pulls, the apply's listings
+DEFAULT_POLL_INTERVAL = 0.5
+#: what the tasks measured, tick by tick (and round by round in a ``--keep-running`` window of the
+#: apply job): ``<root>/<pipeline>/_history_<kind>.jsonl``, the newest :data:`HISTORY_KEEP` entries
+#: (``ui/history.py`` reads and writes them; the apply job writes its rounds' entries itself)
+HISTORY_KINDS = ("pull", "apply")
+HISTORY_KEEP = 500
+
+
+def history_name(kind: str) -> str:
+    if kind not in HISTORY_KINDS:
+        raise ValueError(f"history kind must be one of {HISTORY_KINDS}, not {kind!r}")
+    return f"_history_{kind}.jsonl"
 
 
 # --- table identity (DESIGN invariant 11) ---------------------------------------------------------

@@ -17,17 +17,13 @@ import json
 from typing import Callable, Iterator
 
 from airflow_provider_pglogical.staging import private_files
+from airflow_provider_pglogical.staging.contract import HISTORY_KEEP, HISTORY_KINDS, history_name
 from airflow_provider_pglogical.staging.layout import StagingPath
 
-#: entries kept per file: 500 ticks, about a day at a tick every three minutes
-KEEP = 500
-KINDS = ("pull", "apply")
-
-
-def history_name(kind: str) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"history kind must be one of {KINDS}, not {kind!r}")
-    return f"_history_{kind}.jsonl"
+#: entries kept per file: 500 ticks, about a day at a tick every three minutes (a streaming
+#: window records a round every second or so: minutes of them)
+KEEP = HISTORY_KEEP
+KINDS = HISTORY_KINDS
 
 
 def read_history(root: StagingPath, pipeline: str, kind: str) -> list[dict]:

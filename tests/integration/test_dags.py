@@ -24,11 +24,36 @@ def test_dagbag_loads_every_example_dag_without_errors(monkeypatch):
 
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_sync", "pglogical_orders_downstream",
-                                   "pglogical_pg_to_pg"]
+    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_stream", "pglogical_lakehouse_sync",
+                                   "pglogical_orders_downstream", "pglogical_pg_to_pg"]
     sync = bag.dags["pglogical_lakehouse_sync"]
     assert [t.task_id for t in sync.topological_sort()] == ["publication", "initial_sync", "slot_lag", "pull", "apply",
                                                             "maintenance_due", "maintenance"]
+
+
+def test_stream_dag_runs_a_pull_window_beside_an_apply_window_and_the_housekeeping_after_it(monkeypatch):
+    monkeypatch.syspath_prepend(str(DAGS))
+    from airflow.dag_processing.dagbag import DagBag
+
+    import pglogical_settings as settings
+
+    stream = DagBag(dag_folder=str(DAGS / "pglogical_lakehouse_stream.py")).dags["pglogical_lakehouse_stream"]
+    assert type(stream.timetable).__name__ == "ContinuousTimetable" and stream.max_active_runs == 1
+    pull, apply = stream.get_task("pull_window"), stream.get_task("apply_window")
+    # the setup tasks before the pull only; the apply's JVM starts beside them, the housekeeping after it
+    assert pull.upstream_task_ids == {"initial_sync"} and stream.get_task("initial_sync").upstream_task_ids == {
+        "publication"}
+    assert apply.upstream_task_ids == set() and apply.downstream_task_ids == {"maintenance_due"}
+    assert stream.get_task("maintenance").upstream_task_ids == {"maintenance_due"}
+    assert stream.get_task("maintenance_due").trigger_rule == "none_failed"
+    assert pull.keep_running == apply.keep_running == settings.STREAM_WINDOW
+    assert pull.poll_interval == settings.STREAM_PULL_INTERVAL and apply.poll_interval == settings.STREAM_POLL_INTERVAL
+    assert pull.max_unapplied_batches == settings.STREAM_MAX_UNAPPLIED  # paced to the apply
+    window = f"{settings.STREAM_WINDOW.total_seconds():g}"
+    args = apply.job_args()
+    assert args[args.index("--keep-running") + 1] == window and "--poll-interval" in args
+    assert apply.iceberg == stream.get_task("maintenance").iceberg
+    assert apply.staging_retention == settings.STREAM_RETENTION  # a batch per poll: kept for less than a week
 
 
 def test_sync_dag_runs_the_housekeeping_after_the_apply_every_six_hours(monkeypatch):

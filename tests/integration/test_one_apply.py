@@ -49,6 +49,8 @@ ROUNDS = [
 ]
 #: the job's exit code when the lease is held (``apply_changes.EXIT_LEASE_HELD``)
 LEASE_HELD_EXIT = 75
+#: seconds of the streaming test's windows
+WINDOW = 30
 
 
 class Lake:
@@ -215,6 +217,62 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
     steps = lake.run_in_process()["steps"]
     assert steps and lake.lake() == lake.source()
     assert lake.lease() is None  # released at the end
+
+
+def test_a_pull_window_and_an_apply_window_side_by_side_apply_each_commit_in_rounds_and_end_equal(
+        publisher, publisher_hook, tmp_path, warehouse, spark):
+    """Streaming (docs/streaming.md): a pull window (the operator, in a thread) and an apply window
+    (the job's ``--keep-running`` loop in this process's session) run at once while the source
+    changes; each change is applied by a round of the running window, a second apply finds the
+    window's lease, and the lakehouse ends equal to the source."""
+    from airflow_provider_pglogical.capture import source_projection
+    from airflow_provider_pglogical.lakehouse.verification import verify_tables
+    from airflow_provider_pglogical.lsn import Lsn
+    from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
+    from airflow_provider_pglogical.spark.apply.lease import ApplyLeaseHeld
+    from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
+    from airflow_provider_pglogical.embedded.postgres import wait_until
+    from airflow_provider_pglogical.staging.job_result import storage_path
+    from airflow_provider_pglogical.ui.history import read_history
+
+    lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "window", spark)
+    # both windows outlast the changes below, each waiting for its round: a loaded machine's rounds take seconds
+    pull = PgSlotPullOperator(task_id="pull", slot="s1", publications=["p"], staging_root=lake.root.as_uri(),
+                              pipeline="p", postgres_conn_id=publisher.conn_id, keep_running=WINDOW, poll_interval=0.2)
+
+    def applied_past(lsn: Lsn) -> bool:
+        return any(entry.get("end_lsn") and Lsn.parse(entry["end_lsn"]) >= lsn
+                   for entry in read_history(lake.storage, "p", "apply"))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        applying = pool.submit(lake.run_in_process, keep_running=WINDOW, poll_interval=0.2)
+        # the window counts from the end of its first round (the initial snapshot): start pulling then
+        wait_until(lambda: read_history(lake.storage, "p", "apply") or applying.done(), timeout=300, interval=0.2,
+                   message="the apply window's first round")
+        pulling = pool.submit(pull.execute, {})
+        for changes in ROUNDS:
+            publisher.execute(changes)
+            lsn = Lsn.parse(publisher.query("SELECT pg_current_wal_lsn()::text")[0][0])
+            wait_until(lambda: applied_past(lsn) or applying.done(), timeout=120, interval=0.2,
+                       message="a round of the apply window to cover the change")
+            assert not applying.done(), applying.result()
+        with pytest.raises(ApplyLeaseHeld, match="another apply is running"):  # the window holds the lease
+            lake.run_in_process()
+        pulled, applied = pulling.result(timeout=120), applying.result(timeout=120)
+
+    assert lake.lake() == lake.source()
+    tables = source_projection.source_tables(publisher_hook.published_tables(["p"]), "lake", "window")
+    verified = verify_tables(publisher_hook.connect_kwargs(), tables, lake.storage, "p",
+                             lambda plan: verify_job.run(spark, json.loads(storage_path(plan).read_text())))
+    assert verified["equal"], verified["summary"]
+    # more than one pull staged a batch, more than one round applied one; each round in the history
+    assert pulled["batches"] >= len(ROUNDS) and pulled["pulls"] > pulled["batches"]
+    window = applied["window"]
+    assert window["rounds"] >= 1 + len(ROUNDS) and window["polls"] > window["rounds"]
+    rounds = [entry for entry in read_history(lake.storage, "p", "apply") if "round" in entry]
+    assert [entry["round"] for entry in rounds] == list(range(1, window["rounds"] + 1))
+    assert all(entry["freshness_seconds"] is not None for entry in rounds[1:] if entry["rows"])
+    assert lake.lease() is None  # released at the window's end
 
 
 def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_step_read_it(spark):

@@ -230,14 +230,23 @@ class Staging:
 
     def write_file(self, name: str, data: dict) -> None:
         """Write a small JSON file of the pipeline's through a temporary name and a rename."""
+        self.write_text(name, json.dumps(data, indent=1, sort_keys=True))
+
+    def read_text(self, name: str) -> str | None:
+        """A small text file of the pipeline's (``<root>/<pipeline>/<name>``); None when absent."""
+        path = self._path(f"{self.directory}/{name}")
+        return self._read(path) if self._fs.exists(path) else None
+
+    def write_text(self, name: str, text: str) -> None:
+        """Write a small text file of the pipeline's through a temporary name and a rename."""
         local = local_path(self.spark, f"{self.directory}/{name}")
         if local is not None:
-            _write_local(local, json.dumps(data, indent=1, sort_keys=True).encode(), _file_mode(self.spark))
+            _write_local(local, text.encode(), _file_mode(self.spark))
             return
         path, tmp = self._path(f"{self.directory}/{name}"), self._path(f"{self.directory}/{name}.tmp")
         out = self._fs.create(tmp, True)
         try:
-            out.write(bytearray(json.dumps(data, indent=1, sort_keys=True).encode()))
+            out.write(bytearray(text.encode()))
         finally:
             out.close()
         self._fs.delete(path, False)  # Hadoop's rename does not replace an existing file

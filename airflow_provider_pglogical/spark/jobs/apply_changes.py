@@ -60,6 +60,8 @@ operator raises as a retryable error). A killed apply's lease expires after ``--
 Every commit validates against the snapshot its step read, so no retry applies a change twice.
 Before any step writes, the chain of change batches from each table's position is proven to
 have no hole and every file a step reads to match its manifest (``retention.prove_staging``).
+With ``--keep-running SECONDS`` the run keeps its session and lease after that, applying each
+newly committed batch in a round of its own until the window ends (``apply_window.py``).
 """
 
 
@@ -91,11 +93,13 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
+from airflow_provider_pglogical.spark.jobs.apply_window import first_commits, keep_applying, record_round
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_APPLY_LEASE_SECONDS,
     DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
     DEFAULT_RETENTION_HOURS,
     OCCURRENCE,
     PIPELINE_RECORD,
@@ -104,6 +108,7 @@ from airflow_provider_pglogical.staging.contract import (
     SOURCE_IDENTITY,
     WRITE_MODES,
     default_target_name,
+    format_lsn,
 )
 
 log = logging.getLogger("pglogical.apply")
@@ -115,7 +120,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
         concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
         archive: bool = False, row_deltas: bool = True, lease_seconds: float = DEFAULT_APPLY_LEASE_SECONDS,
-        lease_holder: str | None = None) -> dict:
+        lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
@@ -127,6 +132,9 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         (``multiset_row_deltas.py``) as Iceberg row deltas the driver commits; False MERGEs every batch.
     :param lease_seconds: how long the run's lease lasts unless renewed (every third of it).
     :param lease_holder: who runs it, for another apply's error (an Airflow task instance).
+    :param keep_running: seconds to keep the session and the lease after the first round, applying
+        each newly committed batch as it appears (``apply_window.py``); 0 applies once and ends.
+    :param poll_interval: in such a window, seconds between two listings of the staging area.
     :raises ApplyLeaseHeld: another apply of the pipeline holds the lease; nothing was written.
     """
     if write_mode not in WRITE_MODES:
@@ -135,72 +143,26 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     run_group = spark_job_group(spark, f"pglogical apply {pipeline}")
     table_map = normal_table_map(table_map)
     staging = Staging(spark, staging_root, pipeline)
-    batches = staging.committed()
-    if not batches:
+    if not staging.committed() and not keep_running:
         log.info("no committed batch under %s", staging.directory)
         return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": [], "targets": {}}
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
     with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder) as lease:
-        batches = staging.committed()  # again: an apply that ended meanwhile may have removed some
         phases.end("lease")
         if bucket_count:
             lakehouse.drop_batch_tables()
-        keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
-        states = lakehouse.read_state(pipeline)
-        known = set(states)
-        phases.end("state_read")
-        for source, state in states.items():
-            if not lakehouse.exists(state.target):
-                log.warning("table %s of %s is missing: rebuilding it from staging", state.target, source)
-                states[source] = TableState(state.target)
 
-        wanted = batches_that_matter(batches, states)
-        for batch in wanted:
-            batch.manifest = staging.read_manifest(batch)
-        staged = {source for batch in wanted for source in batch.manifest["tables"]}
-        adopt_legacy_keys(states, staged)
-        known |= set(states)
-        sources = sorted(staged | set(states))
+        def apply_round() -> dict:
+            return apply_pending(spark, staging, lakehouse, lease, pipeline, table_map, concurrency, retention_hours,
+                                 archive, row_deltas, phases)
 
-        # "seen": every batch this run found committed; once the run succeeds, each of them is applied
-        # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
-        summary = {"pipeline": pipeline, "batches": len(batches), "steps": [], "seen": [b.name for b in batches]}
-        plans = {}
-        for source in sources:
-            if source not in states:
-                states[source] = TableState(table_map.get(source) or default_target_name(source))
-            state = states[source]
-            steps, superseded = plan_table(source, wanted, state)
-            state.snapshots.update(superseded)
-            plans[source] = steps
-        record = staging.read_file(PIPELINE_RECORD) or {}
-        prove_staging(staging, pipeline, batches, plans, states, staging.read_file(RETENTION_RECORD), record)
-        check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
-        phases.end("planning")
-        # Tables advance in rounds, one step each (the tables of a round side by side), then one state
-        # commit: no table's recorded position ever lags its data by more than one step, so a crash
-        # costs one exact re-apply per table.
-        with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-apply") as pool:
-            for round_ in range(max((len(steps) for steps in plans.values()), default=0)):
-                lease.check()
-                due = [(source, steps[round_]) for source, steps in plans.items() if round_ < len(steps)]
-                futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
-                                       states[source], step) for source, step in due]
-                wait(futures)  # every step of the round has ended (committed or failed) before anything else
-                for future in futures:
-                    summary["steps"].append(future.result())  # the first failure, in table order, is raised
-                    _crash_point(len(summary["steps"]))
-                phases.end("steps")
-                lease.check()  # a run that outlived its lease records nothing: another may be applying
-                lakehouse.write_state(pipeline, states)
-                phases.end("state_commits")
-        summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
-        if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
-            lease.check()
-            summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
-            phases.end("retention")
+        if keep_running:
+            summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, poll_interval,
+                                    record=lambda entry: record_round(staging, entry))
+        else:
+            summary = apply_round()
         summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
         summary["phases"] = phases.seconds
         log.info("apply of %s took %.2fs: %s", pipeline, summary["seconds"],
@@ -208,6 +170,78 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         # listing, manifests and the state table (the steps' own jobs are counted per step)
         summary["spark_jobs"], summary["spark_stages"] = spark_work(spark, run_group)
         return summary
+
+
+def _listed(staging: Staging, lease: ApplyLease) -> list[str]:
+    """A window's poll: the committed batch names (one listing, no Spark job), while the lease holds."""
+    lease.check()
+    return [batch.name for batch in staging.committed()]
+
+
+def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLease, pipeline: str, table_map: dict,
+                  concurrency: int, retention_hours: float | None, archive: bool, row_deltas: bool,
+                  phases: "Phases") -> dict:
+    """One round under the lease: every batch committed now, applied in order and recorded."""
+    # the pipeline's record before the listing: a pull committing meanwhile (a pull window beside
+    # this one) records its end only after its batch is committed, so the listing holds that batch
+    record = staging.read_file(PIPELINE_RECORD) or {}
+    batches = staging.committed()  # again: an apply that ended meanwhile may have removed some
+    keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
+    states = lakehouse.read_state(pipeline)
+    known = set(states)
+    phases.end("state_read")
+    for source, state in states.items():
+        if not lakehouse.exists(state.target):
+            log.warning("table %s of %s is missing: rebuilding it from staging", state.target, source)
+            states[source] = TableState(state.target)
+
+    wanted = batches_that_matter(batches, states)
+    for batch in wanted:
+        batch.manifest = staging.read_manifest(batch)
+    staged = {source for batch in wanted for source in batch.manifest["tables"]}
+    adopt_legacy_keys(states, staged)
+    known |= set(states)
+    sources = sorted(staged | set(states))
+
+    # "seen": every batch this run found committed; once the run succeeds, each of them is applied
+    # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
+    summary = {"pipeline": pipeline, "batches": len(batches), "steps": [], "seen": [b.name for b in batches]}
+    plans = {}
+    for source in sources:
+        if source not in states:
+            states[source] = TableState(table_map.get(source) or default_target_name(source))
+        state = states[source]
+        steps, superseded = plan_table(source, wanted, state)
+        state.snapshots.update(superseded)
+        plans[source] = steps
+    prove_staging(staging, pipeline, batches, plans, states, staging.read_file(RETENTION_RECORD), record)
+    check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
+    phases.end("planning")
+    # Tables advance in rounds, one step each (the tables of a round side by side), then one state
+    # commit: no table's recorded position ever lags its data by more than one step, so a crash
+    # costs one exact re-apply per table.
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-apply") as pool:
+        for round_ in range(max((len(steps) for steps in plans.values()), default=0)):
+            lease.check()
+            due = [(source, steps[round_]) for source, steps in plans.items() if round_ < len(steps)]
+            futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
+                                   states[source], step) for source, step in due]
+            wait(futures)  # every step of the round has ended (committed or failed) before anything else
+            for future in futures:
+                summary["steps"].append(future.result())  # the first failure, in table order, is raised
+                _crash_point(len(summary["steps"]))
+            phases.end("steps")
+            lease.check()  # a run that outlived its lease records nothing: another may be applying
+            lakehouse.write_state(pipeline, states)
+            phases.end("state_commits")
+    summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
+    summary["end_lsn"] = format_lsn(max((b.end for b in batches), default=0))  # every commit before it is in
+    summary["first_commits"] = first_commits(summary["steps"], {b.name: b.manifest for b in wanted})
+    if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
+        lease.check()
+        summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
+        phases.end("retention")
+    return summary
 
 
 class Phases:
@@ -306,6 +340,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="how long the run's lease lasts unless renewed: a killed apply blocks the next "
                              f"one this long at most (default {DEFAULT_APPLY_LEASE_SECONDS})")
     parser.add_argument("--lease-holder", default=None, help="who runs the apply, shown to a second apply")
+    parser.add_argument("--keep-running", type=float, default=0.0, metavar="SECONDS",
+                        help="after applying what is staged, keep the session and the lease this long, applying "
+                             "each newly committed batch (a streaming window; default 0: apply once)")
+    parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
+                        help=f"in a window, seconds between listings of the staging area (default {DEFAULT_POLL_INTERVAL})")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -316,7 +355,7 @@ def run_with_args(spark, args: argparse.Namespace) -> dict:
                json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
                concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
                archive=args.archive, row_deltas=not args.no_row_deltas, lease_seconds=args.lease_seconds,
-               lease_holder=args.lease_holder)
+               lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,129 @@
+"""The apply job's streaming window (``apply_changes.py --keep-running SECONDS``).
+
+A tick that submits the job pays a JVM start and a session (5-10 s) for one apply. In a window
+the same session keeps the pipeline's apply lease (renewed by its thread) for ``--keep-running``
+seconds after the first round (what was pending at the start),
+lists the committed batches every ``--poll-interval`` seconds (one listing of the staging
+directory: no Spark job, no Iceberg read while nothing is new) and applies the new ones in a
+round of their own, until the window ends; then it lists once more, applies what is there, and
+exits. Each round is a whole apply: every step is committed and recorded in the state table as in
+a single run, so a window killed anywhere resumes exactly where its last state commit left it.
+
+Each round adds an entry to the pipeline's apply history (``<root>/<pipeline>/_history_apply.jsonl``,
+the UI's freshness chart): its rows and time, ``end_lsn`` (every commit before it is queryable
+now) and, per table, the age of the oldest commit it applied.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from typing import Callable
+
+from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.staging.contract import (
+    CHANGE_FACTS,
+    DEFAULT_POLL_INTERVAL,
+    HISTORY_KEEP,
+    history_name,
+)
+
+log = logging.getLogger("pglogical.apply")
+
+
+def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[str]], seconds: float,
+                  poll_interval: float = DEFAULT_POLL_INTERVAL, *, record: Callable[[dict], None] | None = None,
+                  clock: Callable[[], float] = time.monotonic, wait: Callable[[float], None] = time.sleep) -> dict:
+    """Apply a first round, then a round whenever ``committed()`` lists a batch no round has seen,
+    until ``seconds`` have passed since the first round ended; a last listing at the end. Returns the rounds' summaries merged.
+
+    :param apply_round: one apply of everything committed now (``apply_changes.apply_pending``).
+    :param committed: the committed batch names now (raises when the lease is lost).
+    :param record: called with each round's history entry (:func:`round_entry`).
+    """
+    if not seconds > 0:
+        raise ApplyError(f"--keep-running must be a positive number of seconds, not {seconds}")
+    if not poll_interval > 0:
+        raise ApplyError(f"--poll-interval must be a positive number of seconds, not {poll_interval}")
+    started = clock()
+    deadline = None  # the window counts from the end of the first round (what was pending at the start)
+    rounds: list[dict] = []
+    seen: set[str] = set()
+    polls = 0
+    while True:
+        closing = deadline is not None and clock() >= deadline
+        if rounds:
+            polls += 1
+        if not rounds or not seen.issuperset(committed()):
+            round_started = clock()
+            summary = apply_round()
+            summary["round_seconds"] = round(clock() - round_started, 3)
+            rounds.append(summary)
+            seen.update(summary["seen"])
+            if record is not None:
+                record(round_entry(summary, len(rounds)))
+        if deadline is None:
+            deadline = clock() + seconds
+        if closing:
+            break
+        wait(max(0.0, min(poll_interval, deadline - clock())))
+    return merge_rounds(rounds, polls, clock() - started)
+
+
+def merge_rounds(rounds: list[dict], polls: int, seconds: float) -> dict:
+    """One summary for the window: every round's steps, the last round's listing and targets."""
+    last = rounds[-1]
+    costs = [r["round_seconds"] for r in rounds]
+    return {
+        **{key: value for key, value in last.items() if key not in ("round_seconds", "first_commits")},
+        "steps": [step for r in rounds for step in r["steps"]],
+        "retention": {"removed": sum((r.get("retention") or {}).get("removed", 0) for r in rounds)},
+        "window": {"rounds": len(rounds), "polls": polls, "seconds": round(seconds, 3),
+                   "round_seconds_first": costs[0], "round_seconds_max": max(costs)},
+    }
+
+
+def first_commits(steps: list[dict], manifests: dict[str, dict]) -> dict[str, str]:
+    """Per source table, the oldest commit time (ISO) of the change batches ``steps`` applied,
+    from each manifest's change facts (the pull's ``first_commit_ts``)."""
+    out: dict[str, str] = {}
+    for step in steps:
+        if step.get("kind") != "changes":
+            continue
+        table = (manifests.get(step["batch"]) or {}).get("tables", {}).get(step["table"]) or {}
+        first = ((table.get("details") or {}).get(CHANGE_FACTS) or {}).get("first_commit_ts")
+        if first and (step["table"] not in out or _instant(first) < _instant(out[step["table"]])):
+            out[step["table"]] = first
+    return out
+
+
+def round_entry(summary: dict, number: int, now: dt.datetime | None = None) -> dict:
+    """A round's history entry (the shape of ``ui.history.apply_entry``, plus the round's number and
+    ``end_lsn``): freshness per table is now minus the oldest commit the round applied."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    tables = {name: round(max(0.0, (now - _instant(first)).total_seconds()), 3)
+              for name, first in (summary.get("first_commits") or {}).items()}
+    steps = summary.get("steps", [])
+    return {"at": now.isoformat(timespec="milliseconds"), "seconds": summary.get("round_seconds"),
+            "rows": sum(step.get("rows", 0) for step in steps), "steps": len(steps), "round": number,
+            "end_lsn": summary.get("end_lsn"), "freshness_seconds": max(tables.values()) if tables else None,
+            "tables": tables}
+
+
+def record_round(staging, entry: dict, keep: int = HISTORY_KEEP) -> None:
+    """Add ``entry`` to the apply history (whole file rewritten, newest ``keep`` kept); a failure only
+    warns: the history is for people, the apply comes first."""
+    name = history_name("apply")
+    try:
+        lines = [line for line in (staging.read_text(name) or "").splitlines() if line.strip()]
+        lines = [*lines, json.dumps(entry, sort_keys=True)][-keep:]
+        staging.write_text(name, "\n".join(lines) + "\n")
+    except Exception as error:  # noqa: BLE001
+        log.warning("could not record the apply round in the history: %s", error)
+
+
+def _instant(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
