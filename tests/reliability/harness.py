@@ -176,11 +176,12 @@ class Figures:
 
 class Harness:
     def __init__(self, publisher, subscriber, workdir: Path, seed: int, *, report=None, spark=None,
-                 lakehouse: "ObjectStoreLakehouse | None" = None) -> None:
+                 lakehouse: "ObjectStoreLakehouse | None" = None, shapes: bool = True) -> None:
         """``spark``: an open session on :attr:`warehouse` (:meth:`session`) that runs the applies
         nobody kills and verify's comparisons in process; without it each is a spark-submit.
         ``lakehouse``: staging and the warehouse on an object store with a transactional catalog
-        instead of the local disk with a Hadoop catalog."""
+        instead of the local disk with a Hadoop catalog. ``shapes``: also publish issue 33's table
+        shapes and run their DDL in every round (a dozen more tables to create, replace and compare)."""
         self.publisher, self.subscriber = publisher, subscriber
         self.spark = spark
         self.workdir = Path(workdir)
@@ -192,8 +193,8 @@ class Harness:
         self.warehouse = lakehouse.iceberg.warehouse if lakehouse else (self.workdir / "warehouse").as_uri()
         self.figures = Figures()
         self.report = report or (lambda message: print(message, flush=True))
-        self.shapes = Shapes(publisher, subscriber, random.Random(seed * 31 + 5), SUBSCRIPTION)
-        self.publications = [*PUBLICATIONS, SHAPES_PUBLICATION]
+        self.shapes = Shapes(publisher, subscriber, random.Random(seed * 31 + 5), SUBSCRIPTION) if shapes else None
+        self.publications = [*PUBLICATIONS, *([SHAPES_PUBLICATION] if shapes else [])]
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
 
     # --- plumbing --------------------------------------------------------------------------
@@ -275,14 +276,17 @@ class Harness:
         from airflow_provider_pglogical.management.publications import PublishedTable
 
         self.workload.create_schema()
-        self.shapes.create_schema()
+        if self.shapes:
+            self.shapes.create_schema()
         self.figures.counts.add(self.workload.load(initial_rows))
-        self.shapes.changes(10, self.figures.counts)
+        if self.shapes:
+            self.shapes.changes(10, self.figures.counts)
         hook = self.hook()
         for name, (tables, via_root) in PUBLICATIONS.items():
             hook.create_publication(name, [PublishedTable.of("public", t, columns=c, where=w) for t, c, w in tables],
                                     publish_via_partition_root=via_root)
-        hook.create_publication(SHAPES_PUBLICATION, self.shapes.published())
+        if self.shapes:
+            hook.create_publication(SHAPES_PUBLICATION, self.shapes.published())
         self.hook(self.subscriber).create_subscription(SUBSCRIPTION, self.publications,
                                                        publisher_conn_id=self.publisher.conn_id)
         if kill:
@@ -491,11 +495,12 @@ class Harness:
     def round(self, changes: int, kills: set[str] = frozenset(), *, truncate: bool = False) -> Counts:
         counts = self.workload.run(changes, add_column="schema_change" in kills or self.rng.random() < 0.2,
                                    truncate=truncate)
-        # issue 33's shapes: changes, one DDL point of every shape (both sides idle), more changes
-        self.shapes.changes(4, counts)
-        self.wait_subscriber()
-        ddl = self.shapes.ddl(self.hook(), counts)
-        self.shapes.changes(4, counts)
+        ddl = []
+        if self.shapes:  # issue 33's shapes: changes, one DDL point of every shape (both sides idle), more changes
+            self.shapes.changes(4, counts)
+            self.wait_subscriber()
+            ddl = self.shapes.ddl(self.hook(), counts)
+            self.shapes.changes(4, counts)
         self.figures.counts.add(counts)
         self.pull_all(kills, changes)
         if "backfill_mid_copy" in kills:

@@ -96,7 +96,7 @@ def test_short_mode_lakehouse_kill_points_on_s3_with_a_jdbc_catalog(publisher, s
             catalog_type="jdbc", catalog_conn_id=catalog.conn_id, warehouse=f"s3a://{bucket}/warehouse",
             storage_conn_id="rel_lake_s3", namespace=NAMESPACE))
         spark = Harness.session(tmp_path, lakehouse)
-        harness = Harness(publisher, subscriber, tmp_path, SEED, spark=spark, lakehouse=lakehouse)
+        harness = Harness(publisher, subscriber, tmp_path, SEED, spark=spark, lakehouse=lakehouse, shapes=False)
         harness.reproduce = f"PGLOGICAL_RELIABILITY_SEED={SEED} pytest tests/reliability -q -k s3"
         harness.setup(initial_rows=200, kill=False)  # both adoption kill points, then the first apply
         harness.round(500, {"apply_before_state", "apply_mid_merge"})
