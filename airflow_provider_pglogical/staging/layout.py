@@ -123,12 +123,22 @@ def read_manifest(root: StagingPath, pipeline: str, name: str) -> BatchManifest:
 def read_pipeline_file(root: StagingPath, pipeline: str, name: str) -> dict | None:
     """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when there is none."""
     path = root / pipeline / name
+    forget_cached_listing(path)
     if not path.exists():
         path = root / pipeline / (name + ".tmp")  # the Spark side was killed mid-replace: see hadoop_files
         if not path.exists():
             return None
     with path.open("rb") as fh:
         return json.loads(fh.read().decode())
+
+
+def forget_cached_listing(path: StagingPath) -> None:
+    """Drop what this process's object-store file system cached of ``path``'s directory. The Spark
+    job rewrites the pipeline's files: s3fs would take a replaced file's old ETag from a listing
+    cached earlier (a pull, an apply's pending batches) and fail to open it (``FileExpired``)."""
+    fs = getattr(path, "fs", None)
+    if fs is not None and hasattr(path, "path"):
+        fs.invalidate_cache(path.path)
 
 
 def write_pipeline_file(root: StagingPath, pipeline: str, name: str, data: dict) -> None:

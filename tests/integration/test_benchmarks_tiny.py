@@ -32,6 +32,7 @@ TINY = {
     "bench_housekeeping.py": (["--tiny"], "small shuffles, 4 at a time: median"),
     "bench_soak.py": (["--tiny"], "verification: all 2 lakehouse tables equal their source tables"),
     "bench_freshness.py": (["--tiny"], "freshness through the scheduler: p50"),
+    "bench_s3_hashing.py": (["--tiny"], "hashes equal, the row deltas get the hashed bytes"),
 }
 #: scripts in bench/ that do not run here, and why
 NOT_RUN = {

@@ -40,7 +40,7 @@ from airflow_provider_pglogical.spark.jobs import maintenance
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping
 from tests.support.processes import kill_tree
 from tests.support.spark_cluster import standalone_cluster
-from tests.support.spark_jobs import driver_java_conf, job_result, run_job, start_job, submit_command
+from tests.support.spark_jobs import driver_java_conf, job_result, run_job, session_jars, start_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -287,7 +287,8 @@ def lake(tmp_path_factory):
     for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
                        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS", "spark.ui.enabled": "false",
                        "spark.sql.shuffle.partitions": "2",
-                       "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED", **driver_java_conf()}.items():
+                       "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED", **driver_java_conf(),
+                       "spark.jars": session_jars()}.items():
         builder = builder.config(key, value)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -38,6 +38,9 @@ from tests.reliability.workload import (  # noqa: E402
 from tests.reliability.shapes import PUBLICATION as SHAPES_PUBLICATION, Shapes  # noqa: E402
 from tests.support.processes import kill_tree  # noqa: E402
 from tests.support.spark_jobs import job_result, start_job, submit_command  # noqa: E402
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.lakehouse.lakehouse_access import private_properties  # noqa: E402
+from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = "rel"
@@ -131,6 +134,25 @@ class HarnessFailure(AssertionError):
 
 
 @dataclass
+class ObjectStoreLakehouse:
+    """The production shape of the lakehouse for the harness: ``staging`` an object store root
+    (``s3://<aws_conn_id>@<bucket>/<prefix>``) and ``iceberg`` a transactional catalog over a
+    warehouse there (namespace :data:`NAMESPACE`), reached through Airflow connections."""
+
+    staging: str
+    iceberg: IcebergConfig
+
+
+def spark_access(staging: str, iceberg: IcebergConfig):
+    """What Spark needs to reach ``staging`` and the lakehouse, as the operators build it: the
+    public properties (a job's ``--conf``) and the credentials (its private properties file)."""
+    from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access
+    from airflow_provider_pglogical.lakehouse.staging_roots import staging_access
+
+    return job_access(iceberg, staging_access(staging, iceberg, iceberg.spark_conf()))
+
+
+@dataclass
 class Figures:
     rounds: int = 0
     kills: dict = field(default_factory=dict)
@@ -153,21 +175,26 @@ class Figures:
 
 
 class Harness:
-    def __init__(self, publisher, subscriber, workdir: Path, seed: int, *, report=None, spark=None) -> None:
+    def __init__(self, publisher, subscriber, workdir: Path, seed: int, *, report=None, spark=None,
+                 lakehouse: "ObjectStoreLakehouse | None" = None, shapes: bool = True) -> None:
         """``spark``: an open session on :attr:`warehouse` (:meth:`session`) that runs the applies
-        nobody kills and verify's comparisons in process; without it each is a spark-submit."""
+        nobody kills and verify's comparisons in process; without it each is a spark-submit.
+        ``lakehouse``: staging and the warehouse on an object store with a transactional catalog
+        instead of the local disk with a Hadoop catalog. ``shapes``: also publish issue 33's table
+        shapes and run their DDL in every round (a dozen more tables to create, replace and compare)."""
         self.publisher, self.subscriber = publisher, subscriber
         self.spark = spark
         self.workdir = Path(workdir)
         self.seed = seed
         self.rng = random.Random(seed * 7919 + 1)
         self.workload = Workload(publisher, subscriber, seed)
-        self.staging = (self.workdir / "staging").as_uri()
-        self.warehouse = (self.workdir / "warehouse").as_uri()
+        self.lakehouse = lakehouse
+        self.staging = lakehouse.staging if lakehouse else (self.workdir / "staging").as_uri()
+        self.warehouse = lakehouse.iceberg.warehouse if lakehouse else (self.workdir / "warehouse").as_uri()
         self.figures = Figures()
         self.report = report or (lambda message: print(message, flush=True))
-        self.shapes = Shapes(publisher, subscriber, random.Random(seed * 31 + 5), SUBSCRIPTION)
-        self.publications = [*PUBLICATIONS, SHAPES_PUBLICATION]
+        self.shapes = Shapes(publisher, subscriber, random.Random(seed * 31 + 5), SUBSCRIPTION) if shapes else None
+        self.publications = [*PUBLICATIONS, *([SHAPES_PUBLICATION] if shapes else [])]
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
 
     # --- plumbing --------------------------------------------------------------------------
@@ -190,7 +217,13 @@ class Harness:
     def iceberg(self):
         from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 
+        if self.lakehouse is not None:
+            return self.lakehouse.iceberg
         return IcebergConfig(warehouse=self.warehouse, namespace=NAMESPACE)
+
+    def access(self):
+        """What a spark-submitted job of the harness needs to reach staging and the lakehouse."""
+        return spark_access(self.staging, self.iceberg())
 
     def wait_slot_idle(self) -> None:
         from airflow_provider_pglogical.embedded.postgres import wait_until
@@ -220,16 +253,18 @@ class Harness:
         return False
 
     @staticmethod
-    def session(workdir: Path):
-        """A Spark session for ``Harness(spark=...)`` on the harness's warehouse under ``workdir``,
-        its catalog uncached so it sees what the killed spark-submitted applies committed. Stop it."""
+    def session(workdir: Path, lakehouse: "ObjectStoreLakehouse | None" = None):
+        """A Spark session for ``Harness(spark=...)`` on the harness's warehouse under ``workdir``
+        (or on ``lakehouse``, its credentials set in the session, not on a command line), its
+        catalog uncached so it sees what the killed spark-submitted applies committed. Stop it."""
         from pyspark.sql import SparkSession
 
         from tests.support.spark_jobs import applying_session
 
         if SparkSession.getActiveSession() is not None:  # its catalog would be another warehouse's
             raise HarnessFailure("a Spark session is already open in this process: stop it first")
-        spark = applying_session(Path(workdir) / "warehouse", "reliability-harness")
+        access = spark_access(lakehouse.staging, lakehouse.iceberg) if lakehouse is not None else None
+        spark = applying_session(Path(workdir) / "warehouse", "reliability-harness", access)
         spark.conf.set("spark.sql.catalog.lake.cache-enabled", "false")
         return spark
 
@@ -241,14 +276,17 @@ class Harness:
         from airflow_provider_pglogical.management.publications import PublishedTable
 
         self.workload.create_schema()
-        self.shapes.create_schema()
+        if self.shapes:
+            self.shapes.create_schema()
         self.figures.counts.add(self.workload.load(initial_rows))
-        self.shapes.changes(10, self.figures.counts)
+        if self.shapes:
+            self.shapes.changes(10, self.figures.counts)
         hook = self.hook()
         for name, (tables, via_root) in PUBLICATIONS.items():
             hook.create_publication(name, [PublishedTable.of("public", t, columns=c, where=w) for t, c, w in tables],
                                     publish_via_partition_root=via_root)
-        hook.create_publication(SHAPES_PUBLICATION, self.shapes.published())
+        if self.shapes:
+            hook.create_publication(SHAPES_PUBLICATION, self.shapes.published())
         self.hook(self.subscriber).create_subscription(SUBSCRIPTION, self.publications,
                                                        publisher_conn_id=self.publisher.conn_id)
         if kill:
@@ -303,9 +341,6 @@ class Harness:
                      type_overrides=TYPE_OVERRIDES, report=lambda m: None)
 
     # --- apply -----------------------------------------------------------------------------
-    def spark_command(self, job: Path, args: list[str]) -> list[str]:
-        return submit_command(job, args, self.iceberg())
-
     def apply(self, kill: str | None = None) -> dict | None:
         """spark-submit the apply job; ``kill``: None, ``apply_mid_merge`` or one of :data:`SELF_KILLS`."""
         from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
@@ -314,27 +349,32 @@ class Harness:
             from airflow_provider_pglogical.spark.jobs import apply_changes
 
             self.figures.in_session += 1
-            return apply_changes.run(self.spark, self.staging, PIPELINE, "lake", NAMESPACE, retention_hours=0)
+            return apply_changes.run(self.spark, spark_uri(self.staging), PIPELINE, "lake", NAMESPACE,
+                                     retention_hours=0)
         env = SELF_KILLS[kill][0] if kill in SELF_KILLS else {}
         # retention at its most eager: every batch applied by every table goes at once (but the
         # newest change batch), so every kill point also meets a staging with its history removed
-        args = ["--staging-root", self.staging, "--pipeline", PIPELINE, *self.iceberg().job_args(),
+        args = ["--staging-root", spark_uri(self.staging), "--pipeline", PIPELINE, *self.iceberg().job_args(),
                 "--retention-hours", "0"]
         self.figures.spark_submits += 1
         log_path = self.workdir / "logs" / f"apply-{self.figures.spark_submits:04d}.log"
-        process = start_job(self.spark_command(APPLY_JOB, args), env=env)
-        output, killed_at = [], None
-        with open(log_path, "w", buffering=1) as log:
-            for line in process.stdout:
-                output.append(line)
-                log.write(line)
-                if kill == "apply_mid_merge" and killed_at is None and ": applied " in line:
-                    # the first step committed and the round's other tables are still merging (the
-                    # job applies several at once): kill them mid-MERGE, before the state commit
-                    if process.poll() is None:
-                        kill_tree(process)
-                        killed_at = time.monotonic()
-        code = process.wait()
+        access = self.access()
+        # an object store's keys and the catalog's password: in a private file, never on the command line
+        with private_properties(access.private) as properties_file:
+            process = start_job(submit_command(APPLY_JOB, args, conf=access.public, properties_file=properties_file),
+                                env=env)
+            output, killed_at = [], None
+            with open(log_path, "w", buffering=1) as log:
+                for line in process.stdout:
+                    output.append(line)
+                    log.write(line)
+                    if kill == "apply_mid_merge" and killed_at is None and ": applied " in line:
+                        # the first step committed and the round's other tables are still merging (the
+                        # job applies several at once): kill them mid-MERGE, before the state commit
+                        if process.poll() is None:
+                            kill_tree(process)
+                            killed_at = time.monotonic()
+            code = process.wait()
         text = "".join(output)
         if kill == "apply_mid_merge":
             if killed_at is not None and code != 0:
@@ -455,11 +495,12 @@ class Harness:
     def round(self, changes: int, kills: set[str] = frozenset(), *, truncate: bool = False) -> Counts:
         counts = self.workload.run(changes, add_column="schema_change" in kills or self.rng.random() < 0.2,
                                    truncate=truncate)
-        # issue 33's shapes: changes, one DDL point of every shape (both sides idle), more changes
-        self.shapes.changes(4, counts)
-        self.wait_subscriber()
-        ddl = self.shapes.ddl(self.hook(), counts)
-        self.shapes.changes(4, counts)
+        ddl = []
+        if self.shapes:  # issue 33's shapes: changes, one DDL point of every shape (both sides idle), more changes
+            self.shapes.changes(4, counts)
+            self.wait_subscriber()
+            ddl = self.shapes.ddl(self.hook(), counts)
+            self.shapes.changes(4, counts)
         self.figures.counts.add(counts)
         self.pull_all(kills, changes)
         if "backfill_mid_copy" in kills:

@@ -8,13 +8,20 @@ every kill point once; the seed is printed on failure. Long mode (deselected by 
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import uuid
 
 import pytest
 
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from tests.conftest import test_server_versions
-from tests.reliability.harness import KILL_POINTS, SERVER_KILL_POINTS, Harness, long_schedule, short_schedule
+from tests.reliability.harness import (
+    KILL_POINTS, NAMESPACE, SERVER_KILL_POINTS, Harness, ObjectStoreLakehouse, long_schedule, short_schedule,
+)
+from tests.support.databases import drop_database, new_database
+from tests.support.object_store import start_s3_server
 
 pytestmark = [pytest.mark.spark, pytest.mark.reliability]
 
@@ -63,6 +70,59 @@ def test_short_mode_server_kill_points_on_newer_servers(publisher, subscriber, t
     assert set(figures.kills) == set(SERVER_KILL_POINTS), (figures.kills, figures.missed)
     assert figures.verified_rounds == figures.rounds == 1 and figures.differing_tables == 0
     assert harness.removed_batches() > 0
+
+
+#: the kill points whose outcome the lakehouse decides: the apply's and the adoption's
+LAKEHOUSE_KILL_POINTS = ("adopt_before_commit", "adopt_after_commit", "apply_before_state", "apply_mid_merge")
+
+
+def test_short_mode_lakehouse_kill_points_on_s3_with_a_jdbc_catalog(publisher, subscriber, publisher_cluster,
+                                                                    tmp_path, monkeypatch):
+    """The lakehouse's kill points once, in one round, on the production shape: staging and the
+    warehouse on an S3 server (moto's, on loopback), Iceberg's JDBC catalog in a database of the
+    publisher's cluster. Killed applies are spark-submits with the credentials in their private
+    properties file; the others and verify run in the harness's session. The server's kill points
+    do not depend on the lakehouse: the local-disk tests above run them."""
+    secret = f"rel-secret-{uuid.uuid4().hex}"
+    server = start_s3_server()
+    catalog = new_database(publisher_cluster, "catalog", monkeypatch.setenv)
+    spark = None
+    try:
+        bucket = f"rel-{uuid.uuid4().hex[:8]}"  # a bucket of its own: S3A's file systems outlive a session
+        server.create_bucket(bucket)
+        monkeypatch.setenv("AIRFLOW_CONN_REL_LAKE_S3", json.dumps(
+            {"conn_type": "aws", "login": "rel-key", "password": secret, "extra": {"endpoint_url": server.endpoint}}))
+        lakehouse = ObjectStoreLakehouse(f"s3://rel_lake_s3@{bucket}/staging", IcebergConfig(
+            catalog_type="jdbc", catalog_conn_id=catalog.conn_id, warehouse=f"s3a://{bucket}/warehouse",
+            storage_conn_id="rel_lake_s3", namespace=NAMESPACE))
+        spark = Harness.session(tmp_path, lakehouse)
+        harness = Harness(publisher, subscriber, tmp_path, SEED, spark=spark, lakehouse=lakehouse, shapes=False)
+        harness.reproduce = f"PGLOGICAL_RELIABILITY_SEED={SEED} pytest tests/reliability -q -k s3"
+        harness.setup(initial_rows=200, kill=False)  # both adoption kill points, then the first apply
+        harness.round(500, {"apply_before_state", "apply_mid_merge"})
+        figures = harness.figures
+        print(f"seed {SEED} on S3 + JDBC: {figures.counts.changes} changes, kills {figures.kills}, "
+              f"missed {figures.missed}, {figures.spark_submits} spark-submits, {figures.in_session} in session")
+        assert set(figures.kills) == set(LAKEHOUSE_KILL_POINTS), (figures.kills, figures.missed)
+        assert figures.verified_rounds == figures.rounds == 1
+        assert figures.compared_tables >= 2 and figures.differing_tables == 0
+        assert harness.removed_batches() > 0  # retention removed applied batches from the bucket
+        # it all happened on the S3 server and in the JDBC catalog, not on the local disk
+        assert any(key.startswith("warehouse/rel/") and "/data/" in key for key in server.keys(bucket, "warehouse/"))
+        assert server.keys(bucket, "staging/rel/")
+        assert not (tmp_path / "warehouse").exists() and not (tmp_path / "staging").exists()
+        tables = {name for (name,) in catalog.query("SELECT table_name FROM iceberg_tables WHERE table_namespace = %s",
+                                                    (NAMESPACE,))}
+        assert "_pglogical_state" in tables and len(tables) > 2, tables
+        # the killed applies' logs (spark-submit's whole output) hold neither secret
+        logs = [path.read_text() for path in (tmp_path / "logs").glob("apply-*.log")]
+        assert len(logs) == figures.spark_submits == len(LAKEHOUSE_KILL_POINTS)
+        assert not [log for log in logs if secret in log or catalog.cluster.password in log]
+    finally:
+        if spark is not None:
+            spark.stop()
+        server.stop()
+        drop_database(catalog)
 
 
 @pytest.mark.slow  # deselected by default (pyproject addopts); run with -m slow

@@ -12,7 +12,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.lakehouse.iceberg_config import (
+    IcebergConfig, iceberg_runtime_jar, postgresql_jdbc_jar, s3a_jars,
+)
+from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess
 from airflow_provider_pglogical.spark.launch import job_bundle
 from tests.support.environment import driver_java_options, subprocess_env
 
@@ -20,12 +23,19 @@ from tests.support.environment import driver_java_options, subprocess_env
 
 
 def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = None, *, master: str = "local[2]",
-                   driver_memory: str = "2g", conf: dict[str, str] | None = None) -> list[str]:
+                   driver_memory: str = "2g", conf: dict[str, str] | None = None,
+                   properties_file: str | None = None) -> list[str]:
     """The spark-submit command line of ``job`` with ``args``, with :func:`driver_java_conf` unless
-    ``conf`` sets the driver's options itself."""
+    ``conf`` sets the driver's options itself.
+
+    :param properties_file: the private properties file of a lakehouse's credentials
+        (``lakehouse_access.private_properties``), as the operators pass it: never a ``--conf``.
+    """
     command = ["spark-submit", "--master", master, "--driver-memory", driver_memory, "--conf", "spark.ui.enabled=false"]
     for key, value in {**driver_java_conf(), **(iceberg.spark_conf() if iceberg else {}), **(conf or {})}.items():
         command += ["--conf", f"{key}={value}"]
+    if properties_file:
+        command += ["--properties-file", properties_file]
     return command + ["--py-files", str(job_bundle()), str(job), *args]
 
 
@@ -83,10 +93,47 @@ def bare_spark_submit_seconds(directory: Path, master: str = "local[2]") -> floa
     return time.perf_counter() - started
 
 
-def applying_session(warehouse: Path, app_name: str):
+def session_jars() -> str:
+    """``spark.jars`` of every in-process test session: the Iceberg runtime, S3A with its AWS SDK and
+    the PostgreSQL JDBC driver, whatever the session's lakehouse.
+
+    A JVM's classpath is fixed by the first session of the process: a pytest worker keeps its JVM
+    from test to test, so a session on S3 with a JDBC catalog (the reliability harness's) finds
+    their classes only if the worker's first session, whichever test started it, brought them.
+    Measured: no difference in session start or a first Iceberg write (docs/reliability.md).
+    """
+    return ",".join([iceberg_runtime_jar(), *s3a_jars(), postgresql_jdbc_jar()])
+
+
+def _lakehouse_conf(warehouse: Path | None, access: LakehouseAccess | None, extra: dict[str, str] | None = None) -> dict:
+    """The lakehouse's public Spark properties (a Hadoop catalog on ``warehouse`` unless ``access``
+    is given), with :func:`session_jars`."""
+    conf = dict(access.public) if access is not None else IcebergConfig(warehouse=Path(warehouse).as_uri()).spark_conf()
+    return {**conf, **(extra or {}), "spark.jars": session_jars()}
+
+
+def set_private(session, private: dict[str, str]) -> None:
+    """Give a started session the lakehouse's credentials (``LakehouseAccess.private``) at run time,
+    so they never reach the command line of the JVM the session may have launched. Hadoop
+    properties go into the context's Hadoop configuration (S3A reads them at its first use), the
+    catalog's into the SQL conf (Iceberg reads them when the catalog is first loaded)."""
+    hadoop = session.sparkContext._jsc.hadoopConfiguration()
+    for key, value in private.items():
+        if key.startswith("spark.hadoop."):
+            hadoop.set(key[len("spark.hadoop."):], value)
+        else:
+            session.conf.set(key, value)
+
+
+def applying_session(warehouse: Path | None, app_name: str, access: LakehouseAccess | None = None):
     """An in-process Spark session (``local[2]``) that applies to the Iceberg warehouse as the apply
     job's own session does (UTC, case-sensitive names, the job's tuning) and reads it back. Stop it
-    when done."""
+    when done.
+
+    :param access: the lakehouse's Spark properties (``lakehouse_access.job_access``) instead of a
+        Hadoop catalog on ``warehouse``: an S3 warehouse with a JDBC catalog, its secrets set by
+        :func:`set_private`.
+    """
     import logging
     import os
 
@@ -99,11 +146,12 @@ def applying_session(warehouse: Path, app_name: str):
     # elsewhere (an import being compiled): keep it quiet, as reading_session does
     logging.getLogger("py4j").setLevel(logging.WARNING)
     builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for key, value in {**IcebergConfig(warehouse=warehouse.as_uri()).spark_conf(), "spark.ui.enabled": "false",
+    for key, value in {**_lakehouse_conf(warehouse, access), "spark.ui.enabled": "false",
                        "spark.sql.session.timeZone": "UTC", "spark.sql.caseSensitive": "true",
                        **driver_java_conf()}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    set_private(session, access.private if access is not None else {})
     tune_session(session)
     return session
 
@@ -118,8 +166,8 @@ def reading_session(warehouse: Path, app_name: str, extra: dict[str, str] | None
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master("local[1]").appName(app_name)
-    conf = IcebergConfig(warehouse=warehouse.as_uri(), extra_conf={"spark.sql.catalog.lake.cache-enabled": "false"})
-    for key, value in {**conf.spark_conf(), "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
+    conf = _lakehouse_conf(warehouse, None, {"spark.sql.catalog.lake.cache-enabled": "false"})
+    for key, value in {**conf, "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
                        "spark.sql.shuffle.partitions": "2", **driver_java_conf(), **(extra or {})}.items():
         builder = builder.config(key, value)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"

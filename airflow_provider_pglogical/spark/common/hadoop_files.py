@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
@@ -66,6 +67,8 @@ def _plain_file_path(uri: str) -> str | None:
 #: staged bytes on an object store the driver hashes itself (py4j carries about 1.7 MB/s) rather than
 #: in a Spark job over the executors, whose start costs seconds
 DRIVER_HASH_BYTES = 256 * 1024
+#: object-store reads the driver runs at once to hash small staged files: each waits on a round trip
+DRIVER_READS = 8
 
 
 def _file_mode(spark) -> int:
@@ -144,6 +147,9 @@ class Staging:
         self.spark = spark
         self.directory = root.rstrip("/") + "/" + pipeline
         self._fs = self._path(self.directory).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        #: small object-store files the driver read to hash them: the row deltas apply these bytes,
+        #: the ones proven equal to the manifest, without reading them again
+        self._checked: dict[str, bytes] = {}
 
     def _path(self, uri: str):
         return java_class(self.spark, "org.apache.hadoop.fs.Path")(uri)
@@ -210,7 +216,11 @@ class Staging:
                     digest.update(chunk)
             out[_batch_file(uri)] = digest.hexdigest()
         if remote and sum((lengths or {}).get(uri, DRIVER_HASH_BYTES) for uri in remote) < DRIVER_HASH_BYTES:
-            out.update((_batch_file(uri), hashlib.sha256(self.read_bytes(uri)).hexdigest()) for uri in remote)
+            # one round trip each: side by side (50 tables' files on S3 took 6.6 s one after another)
+            with ThreadPoolExecutor(max_workers=min(DRIVER_READS, len(remote)), thread_name_prefix="pglogical-hash") as pool:
+                read = dict(zip(remote, pool.map(lambda uri: self._bytes(self._path(uri)), remote)))
+            self._checked.update(read)
+            out.update((_batch_file(uri), hashlib.sha256(data).hexdigest()) for uri, data in read.items())
             remote = []
         if remote:
             hashed = self.spark.sparkContext.binaryFiles(",".join(remote)).map(_sha256_of).collect()
@@ -287,8 +297,10 @@ class Staging:
             stream.close()
 
     def read_bytes(self, uri: str) -> bytes:
-        """A whole (small) staged file, for the driver to read itself (``row_deltas.py``)."""
-        return self._bytes(self._path(uri))
+        """A whole (small) staged file, for the driver to read itself (``row_deltas.py``): the bytes
+        :meth:`damaged_files` hashed, when it read them."""
+        checked = self._checked.pop(uri, None)
+        return checked if checked is not None else self._bytes(self._path(uri))
 
     def read_manifest(self, batch: Batch) -> dict:
         manifest = json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
