@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--dlt-python", default=None, help="a Python with dlt[parquet] and connectorx installed")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     parser.add_argument("--iceberg", action="store_true", help="also snapshot -> queryable Iceberg (spark-submit)")
+    parser.add_argument("--workers", default="1,2", help="ctid worker counts of the snapshot-only runs")
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.repeat = 2000, 1
@@ -77,7 +78,7 @@ def main() -> None:
         name = "raw COPY TO STDOUT (psql > /dev/null)"
         raw = measured(name, lambda: psql(pg, "COPY bench TO STDOUT"))
         results.append((name, raw, "1.00x raw"))
-        for workers in (1, 2):
+        for workers in [int(n) for n in args.workers.split(",") if n]:
             def snapshot():
                 slot = f"bench_{uuid.uuid4().hex[:8]}"
                 staging = tempfile.mkdtemp(prefix="bench-staging-")
@@ -112,15 +113,25 @@ def main() -> None:
                 results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
         print(f"rows: {args.rows:,}; medians of {args.repeat} runs")
         report([(n, sec, f"{note}  CPU per run: client {cpu[n][0]:.1f} s + server {cpu[n][1]:.1f} s"
-                         + (f"  peak RSS +{memory[n]:.0f} MB" if n.startswith("our") else ""))
+                         + (f"  peak RSS +{memory[n]:.0f} MB" if n.startswith(("our", "snapshot ->")) else ""))
                 for n, sec, note in results])
-        ours1 = results[1][1]
-        ours2 = results[2][1]
-        print(f"two workers vs one: {ours1 / ours2:.2f}x")
-        for name, seconds, _ in results[3:]:
-            if name.startswith("snapshot ->"):
+        ours = {name: seconds for name, seconds, _ in results if name.startswith("our snapshot")}
+        ours1 = ours.get("our snapshot, 1 ctid worker(s)")
+        ours2 = ours.get("our snapshot, 2 ctid worker(s)")
+        if ours1 and ours2:
+            print(f"two workers vs one: {ours1 / ours2:.2f}x")
+        for name, seconds, _ in results:
+            if not name.startswith("dlt") or not (ours1 and ours2):
                 continue
             print(f"one worker vs {name}: {seconds / ours1:.2f}x faster; two workers: {seconds / ours2:.2f}x")
+
+
+_PEAK_PREFIX = "PEAK_RSS "
+#: run argv, then print the largest resident memory any process of its tree reached (Linux: a
+#: reaped child's peak includes its own reaped children's)
+_PEAK_RSS = ("import json, resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+             f"print({_PEAK_PREFIX!r} + json.dumps({{'mb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}}), "
+             "flush=True); sys.exit(code)")
 
 
 def to_iceberg(hook: PgLogicalHook, applied: list[dict]) -> None:
@@ -139,17 +150,21 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict]) -> None:
 
     slot, base = f"bench_{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp(prefix="bench-iceberg-"))
     try:
+        started = time.perf_counter()
         run_initial_sync(hook, slot=slot, publications=["pub"], root=ObjectStoragePath((base / "staging").as_uri()),
                          pipeline="bench", parallelism=1, report=lambda m: None)
-        started = time.perf_counter()
+        copied, started = round(time.perf_counter() - started, 2), time.perf_counter()
         command = submit_command(APPLY_JOB, ["--staging-root", (base / "staging").as_uri(), "--pipeline", "bench",
                                              "--namespace", "bench", "--keep-staging"],
                                  IcebergConfig(warehouse=(base / "warehouse").as_uri()), driver_memory="2g",
                                  conf={"spark.driver.extraJavaOptions": ""})  # C2 too: a large step
-        code, output = run_job(command)
+        # through a wrapper whose children's peak RSS is the job's largest process (the driver JVM)
+        code, output = run_job([sys.executable, "-c", _PEAK_RSS, *command])
         assert code == 0, output[-5000:]
         result = job_result(output, RESULT_PREFIX)
-        applied.extend({"wall": round(time.perf_counter() - started, 2), "in_job": result["seconds"],
+        peak = job_result(output, _PEAK_PREFIX)
+        applied.extend({"snapshot": copied, "wall": round(time.perf_counter() - started, 2), "in_job": result["seconds"],
+                        "phases": result.get("phases"), "driver_peak_rss_mb": peak["mb"],
                         **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}}
                        for step in result["steps"])
     finally:
