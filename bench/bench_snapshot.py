@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument("--baseline", default=None,
                         help="with --iceberg: also apply the same staged snapshot with this checkout's job (before/after)")
     parser.add_argument("--c1", action="store_true", help="with --iceberg: also apply with the driver JVM at C1 only")
+    parser.add_argument("--cds", default=None, metavar="ARCHIVE",
+                        help="with --iceberg: also apply at C1 only with this class-data-sharing archive "
+                             "(written by an untimed apply first when it does not exist)")
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.repeat = 2000, 1
@@ -98,7 +101,7 @@ def main() -> None:
             print(results[-1], flush=True)
         if args.iceberg:
             applied: list[dict] = []
-            variants = apply_variants(args.baseline, args.c1)
+            variants = apply_variants(args.baseline, args.c1, args.cds)
             measured("snapshot -> Iceberg, every variant", lambda: to_iceberg(hook, applied, variants))
             print("apply steps:", json.dumps(applied), flush=True)
             name = "snapshot to a staged batch (1 worker), in the runs below"
@@ -156,11 +159,13 @@ _PEAK_RSS = ("import json, resource, subprocess, sys; code = subprocess.call(sys
 C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
-def apply_variants(baseline: str | None, c1: bool) -> list[tuple[str, str | None, str]]:
+def apply_variants(baseline: str | None, c1: bool, cds: str | None) -> list[tuple[str, str | None, str]]:
     """(label, another checkout whose apply job runs instead of this one's, driver JVM options)."""
     variants = [("this checkout, JVM defaults", None, "")]
     if c1:
         variants.append(("this checkout, C1 only", None, C1_ONLY))
+    if cds:
+        variants.append(("this checkout, C1 only + CDS archive", None, f"{C1_ONLY} -XX:SharedArchiveFile={cds}"))
     if baseline:
         variants.insert(0, (f"{baseline}, JVM defaults", baseline, ""))
     return variants
@@ -198,6 +203,12 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict], variants: list[tuple[st
             if checkout:
                 job, bundle = checkout_job(checkout)
                 command[command.index("--py-files") + 1:command.index("--py-files") + 3] = [bundle, job]
+            archive = java_options.partition("-XX:SharedArchiveFile=")[2]
+            if archive and not os.path.exists(archive):  # written by an untimed run first (docs/operators.md)
+                training = [arg.replace(f"SharedArchiveFile={archive}", f"ArchiveClassesAtExit={archive}")
+                            .replace(f"warehouse{index}", "warehouse-training") for arg in command]
+                code, output = run_job(training)
+                assert code == 0 and os.path.exists(archive), output[-5000:]
             started = time.perf_counter()
             # through a wrapper whose children's peak RSS is the job's largest process (the driver JVM)
             code, output = run_job([sys.executable, "-c", _PEAK_RSS, *command])
