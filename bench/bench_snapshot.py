@@ -23,6 +23,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -54,6 +55,13 @@ def main() -> None:
     parser.add_argument("--iceberg", action="store_true", help="also snapshot -> queryable Iceberg (spark-submit)")
     parser.add_argument("--spark-cluster", default=None,
                         help="also the copy as Spark tasks on a standalone cluster of these worker counts, e.g. 1,2")
+    parser.add_argument("--workers", default="1,2", help="ctid worker counts of the snapshot-only runs")
+    parser.add_argument("--baseline", default=None,
+                        help="with --iceberg: also apply the same staged snapshot with this checkout's job (before/after)")
+    parser.add_argument("--c1", action="store_true", help="with --iceberg: also apply with the driver JVM at C1 only")
+    parser.add_argument("--cds", default=None, metavar="ARCHIVE",
+                        help="with --iceberg: also apply at C1 only with this class-data-sharing archive "
+                             "(written by an untimed apply first when it does not exist)")
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.repeat = 2000, 1
@@ -82,7 +90,7 @@ def main() -> None:
         name = "raw COPY TO STDOUT (psql > /dev/null)"
         raw = measured(name, lambda: psql(pg, "COPY bench TO STDOUT"))
         results.append((name, raw, "1.00x raw"))
-        for workers in (1, 2):
+        for workers in [int(n) for n in args.workers.split(",") if n]:
             def snapshot():
                 slot = f"bench_{uuid.uuid4().hex[:8]}"
                 staging = tempfile.mkdtemp(prefix="bench-staging-")
@@ -105,10 +113,23 @@ def main() -> None:
             print(results[-1], flush=True)
         if args.iceberg:
             applied: list[dict] = []
-            name = "snapshot -> queryable Iceberg (1 worker + apply job)"
-            seconds = measured(name, lambda: to_iceberg(hook, applied))
-            results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
-            print(results[-1], "apply steps:", json.dumps(applied), flush=True)
+            variants = apply_variants(args.baseline, args.c1, args.cds)
+            measured("snapshot -> Iceberg, every variant", lambda: to_iceberg(hook, applied, variants))
+            print("apply steps:", json.dumps(applied), flush=True)
+            name = "snapshot to a staged batch (1 worker), in the runs below"
+            copy = statistics.median(step["snapshot"] for step in applied)
+            results.append((name, copy, f"{raw / copy:.2f}x raw  {args.rows / copy:,.0f} rows/s"))
+            for label, _, _ in variants:
+                mine = [step for step in applied if step["variant"] == label]
+                seconds = statistics.median(step["snapshot"] + step["wall"] for step in mine)
+                results.append((f"snapshot -> queryable Iceberg, apply of {label}", seconds,
+                                f"{raw / seconds:.2f}x raw  {args.rows / seconds:,.0f} rows/s  apply wall "
+                                f"{statistics.median(step['wall'] for step in mine):.2f} s, in its JVM "
+                                f"{statistics.median(step['in_job'] for step in mine):.2f} s, step "
+                                f"{statistics.median(step['seconds'] for step in mine):.2f} s, driver peak RSS "
+                                f"{max(step['driver_peak_rss_mb'] for step in mine)} MB"))
+            print(f"Airflow-side peak RSS growth (snapshot in this process): "
+                  f"+{memory['snapshot -> Iceberg, every variant']:.0f} MB")
         if args.dlt_python:
             for backend in ("pyarrow", "connectorx"):
                 def dlt_run():
@@ -124,46 +145,93 @@ def main() -> None:
                 results.append((name, seconds, f"{raw / seconds:.2f}x raw"))
         print(f"rows: {args.rows:,}; medians of {args.repeat} runs")
         report([(n, sec, f"{note}  CPU per run: client {cpu[n][0]:.1f} s + server {cpu[n][1]:.1f} s"
-                         + (f"  peak RSS +{memory[n]:.0f} MB" if n.startswith(("our", "snapshot on")) else ""))
+                         + (f"  peak RSS +{memory[n]:.0f} MB" if n.startswith(("our", "snapshot on")) else "")
+                         if n in cpu else note)
                 for n, sec, note in results])
-        ours1 = results[1][1]
-        ours2 = results[2][1]
-        print(f"two workers vs one: {ours1 / ours2:.2f}x")
-        for name, seconds, _ in results[3:]:
-            if name.startswith("snapshot"):
+        ours = {name: seconds for name, seconds, _ in results if name.startswith("our snapshot")}
+        ours1 = ours.get("our snapshot, 1 ctid worker(s)")
+        ours2 = ours.get("our snapshot, 2 ctid worker(s)")
+        if ours1 and ours2:
+            print(f"two workers vs one: {ours1 / ours2:.2f}x")
+        for name, seconds, _ in results:
+            if not name.startswith("dlt") or not (ours1 and ours2):
                 continue
             print(f"one worker vs {name}: {seconds / ours1:.2f}x faster; two workers: {seconds / ours2:.2f}x")
 
 
-def to_iceberg(hook: PgLogicalHook, applied: list[dict]) -> None:
-    """The snapshot into a fresh staging root, then the apply job into a fresh warehouse."""
-    import sys
+_PEAK_PREFIX = "PEAK_RSS "
+#: run argv, then print the largest resident memory any process of its tree reached (Linux: a
+#: reaped child's peak includes its own reaped children's)
+_PEAK_RSS = ("import json, resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+             f"print({_PEAK_PREFIX!r} + json.dumps({{'mb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}}), "
+             "flush=True); sys.exit(code)")
+
+
+#: the driver JVM options of docs/operators.md "Tuning the driver JVM" (C1 only)
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
+def apply_variants(baseline: str | None, c1: bool, cds: str | None) -> list[tuple[str, str | None, str]]:
+    """(label, another checkout whose apply job runs instead of this one's, driver JVM options)."""
+    variants = [("this checkout, JVM defaults", None, "")]
+    if c1:
+        variants.append(("this checkout, C1 only", None, C1_ONLY))
+    if cds:
+        variants.append(("this checkout, C1 only + CDS archive", None, f"{C1_ONLY} -XX:SharedArchiveFile={cds}"))
+    if baseline:
+        variants.insert(0, (f"{baseline}, JVM defaults", baseline, ""))
+    return variants
+
+
+def checkout_job(checkout: str) -> tuple[str, str]:
+    """Another checkout's apply job and its ``--py-files`` bundle (built by that checkout's code)."""
+    code = ("from airflow_provider_pglogical.spark.launch import APPLY_JOB, job_bundle; "
+            "print(APPLY_JOB); print(job_bundle())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=checkout, env={**os.environ, "PYTHONPATH": checkout},
+                         check=True, capture_output=True, text=True).stdout.split()
+    return out[-2], out[-1]
+
+
+def to_iceberg(hook: PgLogicalHook, applied: list[dict], variants: list[tuple[str, str | None, str]]) -> None:
+    """The snapshot into a fresh staging root, then each variant's apply job of that same staged
+    snapshot into a fresh warehouse of its own, one after another."""
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(repo))
-    from tests.support.environment import prepare
-
-    prepare()  # spark-submit beside this interpreter, Spark on loopback
     from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
     from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
     from tests.support.spark_jobs import job_result, run_job, submit_command
 
     slot, base = f"bench_{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp(prefix="bench-iceberg-"))
     try:
+        started = time.perf_counter()
         run_initial_sync(hook, slot=slot, publications=["pub"], root=ObjectStoragePath((base / "staging").as_uri()),
                          pipeline="bench", parallelism=1, report=lambda m: None)
-        started = time.perf_counter()
-        command = submit_command(APPLY_JOB, ["--staging-root", (base / "staging").as_uri(), "--pipeline", "bench",
-                                             "--namespace", "bench", "--keep-staging"],
-                                 IcebergConfig(warehouse=(base / "warehouse").as_uri()), driver_memory="2g",
-                                 conf={"spark.driver.extraJavaOptions": ""})  # C2 too: a large step
-        code, output = run_job(command)
-        assert code == 0, output[-5000:]
-        result = job_result(output, RESULT_PREFIX)
-        applied.extend({"wall": round(time.perf_counter() - started, 2), "in_job": result["seconds"],
-                        **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}}
-                       for step in result["steps"])
+        copied = round(time.perf_counter() - started, 2)
+        for index, (label, checkout, java_options) in enumerate(variants):
+            command = submit_command(APPLY_JOB, ["--staging-root", (base / "staging").as_uri(), "--pipeline", "bench",
+                                                 "--namespace", "bench", "--keep-staging"],
+                                     IcebergConfig(warehouse=(base / f"warehouse{index}").as_uri()), driver_memory="2g",
+                                     conf={"spark.driver.extraJavaOptions": java_options})
+            if checkout:
+                job, bundle = checkout_job(checkout)
+                command[command.index("--py-files") + 1:command.index("--py-files") + 3] = [bundle, job]
+            archive = java_options.partition("-XX:SharedArchiveFile=")[2]
+            if archive and not os.path.exists(archive):  # written by an untimed run first (docs/operators.md)
+                training = [arg.replace(f"SharedArchiveFile={archive}", f"ArchiveClassesAtExit={archive}")
+                            .replace(f"warehouse{index}", "warehouse-training") for arg in command]
+                code, output = run_job(training)
+                assert code == 0 and os.path.exists(archive), output[-5000:]
+            started = time.perf_counter()
+            # through a wrapper whose children's peak RSS is the job's largest process (the driver JVM)
+            code, output = run_job([sys.executable, "-c", _PEAK_RSS, *command])
+            assert code == 0, output[-5000:]
+            result = job_result(output, RESULT_PREFIX)
+            peak = job_result(output, _PEAK_PREFIX)
+            applied.extend({"variant": label, "snapshot": copied, "wall": round(time.perf_counter() - started, 2),
+                            "in_job": result["seconds"], "phases": result.get("phases"),
+                            "driver_peak_rss_mb": peak["mb"],
+                            **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}}
+                           for step in result["steps"])
     finally:
         hook.drop_slot(slot)
         shutil.rmtree(base, ignore_errors=True)

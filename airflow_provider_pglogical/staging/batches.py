@@ -101,14 +101,15 @@ class BatchWriter:
     @contextlib.contextmanager
     def part_writer(self, qualified_name: str, schema: pa.Schema,
                     part: int | None = None) -> Iterator["_CountingWriter"]:
-        """Stream record batches into one Parquet file of a table (thread-safe across tables/parts).
+        """Stream record batches into one Parquet file of a table (thread-safe across tables/parts),
+        its columns numbered with the field ids a new Iceberg table of them gets (:func:`with_field_ids`).
 
         :param part: the file's part number when writers in several processes share the batch
             (the distributed copy numbers each work unit's file); default: the next one.
         """
         table, entry = self._next_file(qualified_name, part)
         with self._open(entry) as fh:
-            writer = _CountingWriter(pq.ParquetWriter(fh, schema, **PARQUET_OPTIONS))
+            writer = _CountingWriter(pq.ParquetWriter(fh, with_field_ids(schema), **PARQUET_OPTIONS))
             try:
                 yield writer
             finally:
@@ -124,6 +125,24 @@ class BatchWriter:
         tmp.rename(self.directory / MANIFEST)
         log.info("committed batch %s (%d tables)", self.manifest.name, len(self.manifest.tables))
         return str(self.directory)
+
+
+def with_field_ids(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with Parquet field ids numbered as Iceberg numbers a new table's columns: the
+    top-level columns 1..n in order, then the nested fields (list elements) in order.
+
+    A snapshot's staged file whose ids equal its target table's is adopted by a link, not a
+    page copy with a new footer (``spark/apply/adoption.py``); other ids only cost that copy."""
+    counter = iter(range(len(schema) + 1, 1 << 31))
+
+    def numbered(field: pa.Field, number: int) -> pa.Field:
+        kind = field.type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            element = numbered(kind.value_field, next(counter))
+            kind = pa.list_(element) if pa.types.is_list(kind) else pa.large_list(element)
+        return field.with_type(kind).with_metadata({**(field.metadata or {}), b"PARQUET:field_id": str(number).encode()})
+
+    return pa.schema([numbered(field, index) for index, field in enumerate(schema, start=1)], metadata=schema.metadata)
 
 
 class _HashingFile:

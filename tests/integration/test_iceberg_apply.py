@@ -413,6 +413,8 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
     assert code != 0 and "crash point reached: adoption copied" in output, output[-3000:]
     copies = set((lake.warehouse / "crash").glob("*/data/*-adopted.parquet"))
     assert copies and lake.state("crash") == {}
+    # staged without field ids (write_part): copied under a footer with the table's ids, not linked
+    assert all(copy.stat().st_nlink == 1 for copy in copies)
     tables = [r.tableName for r in lake.spark.sql("SHOW TABLES IN lake.crash").collect()]
     assert not [t for t in tables if lake.spark.table(f"lake.crash.`{t}`").count()], tables
     # the dangerous point: the MERGEs of round 2 (steps 5-8: C1, and C2 of tags) are committed,
@@ -538,3 +540,27 @@ def test_apply_on_a_standalone_cluster(lake, tmp_path):
             assert_shop(lake, "cluster")
         finally:
             os.environ.pop("AIRFLOW_CONN_SPARK_TEST_CLUSTER", None)
+
+
+def test_tables_created_through_the_catalog_are_the_ones_create_table_makes(lake, monkeypatch):
+    """The apply creates its state and target tables through Spark's catalog plugin (no SQL parse
+    in a fresh JVM); what it makes is what its CREATE TABLE statement makes, which stays the
+    fallback for a type the job does not parse."""
+    from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+
+    def created(namespace: str, write_mode: str, by_catalog: bool) -> dict:
+        if not by_catalog:
+            monkeypatch.setattr(Lakehouse, "create_by_catalog", lambda *args, **kwargs: False)
+        lakehouse = Lakehouse(lake.spark, "lake", namespace, write_mode, 4)
+        lakehouse.state_table()
+        lakehouse.ensure_table("items", {"columns": ITEMS, "key": ["id"]})
+        lakehouse.ensure_table("tags", {"columns": TAGS, "key": ["name", "value"], "replica_identity": "f"})
+        monkeypatch.undo()
+        found = {}
+        for name in ("_pglogical_state", "items", "tags"):
+            table = lakehouse.iceberg_table(name)
+            found[name] = (table.schema().toString(), table.spec().toString(), table.sortOrder().toString(),
+                           {k: v for k, v in dict(table.properties()).items() if k != "owner"})
+        return found
+
+    assert created("by_catalog", "merge-on-read", True) == created("by_sql", "merge-on-read", False)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -192,6 +193,11 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     (location,) = spark.sql("SELECT file_path FROM lake.special.special.files WHERE file_path LIKE '%-adopted.parquet'"
                             ).collect()
     assert "/special/special/data/" in location.file_path and str(root.path) not in location.file_path
+    # the snapshot numbered the staged columns as the new table numbers them (arrays' elements
+    # too), so the table's file is the staged file under a second name: a link, no copy
+    staged_file = Path(str(root.path)) / "p" / staged_name(snapshot) / staged.files[0]["path"]
+    adopted_file = Path(location.file_path.removeprefix("file:"))
+    assert adopted_file.stat().st_ino == staged_file.stat().st_ino and staged_file.stat().st_nlink == 2
     schema = {f.name: f.dataType.simpleString() for f in spark.table("lake.special.special").schema.fields}
     assert schema == {"id": "int", "d": "date", "ts": "timestamp_ntz", "tz": "timestamp", "f4": "float",
                       "f8": "double", "n": "decimal(10,2)", "nu": "string", "arr": "array<int>",

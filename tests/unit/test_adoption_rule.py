@@ -49,3 +49,35 @@ def test_a_column_the_batch_does_not_stage_or_a_type_the_table_does_not_hold_is_
 def test_adoptable_types(kind, adopted):
     assert adoptable_type(kind) is adopted
     assert (refused({"c": kind}, {"c": kind}) is None) is adopted
+
+
+def test_staged_snapshot_columns_are_numbered_as_iceberg_numbers_a_new_tables_columns():
+    """Top-level columns 1..n in order, then list elements in order (Iceberg's fresh ids), so a
+    staged file of a new table is adopted by a link; the values are untouched."""
+    import pyarrow as pa
+
+    from airflow_provider_pglogical.staging.batches import with_field_ids
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("arr", pa.list_(pa.int32())),
+                        pa.field("s", pa.string()), pa.field("tsa", pa.list_(pa.timestamp("us")))],
+                       metadata={b"k": b"v"})
+    numbered = with_field_ids(schema)
+
+    def ids(field: pa.Field) -> int:
+        return int(field.metadata[b"PARQUET:field_id"])
+
+    assert [ids(field) for field in numbered] == [1, 2, 3, 4]
+    assert [ids(numbered.field(name).type.value_field) for name in ("arr", "tsa")] == [5, 6]
+    assert numbered.equals(schema) and numbered.metadata == {b"k": b"v"}  # same names, types, nullability
+    assert not numbered.field("id").nullable
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("bigint", "LongType()"), ("timestamp_ntz", "TimestampNTZType()"), ("decimal(12,2)", "DecimalType(12,2)"),
+    ("array<array<int>>", "ArrayType(ArrayType(IntegerType(), True), True)"), ("map<int,int>", "None"),
+    ("decimal", "None"), ("array<interval>", "None"),
+])
+def test_spark_types_parsed_without_the_sql_parser_or_left_to_it(kind, expected):
+    from airflow_provider_pglogical.spark.apply.lakehouse_tables import spark_data_type
+
+    assert repr(spark_data_type(kind)) == expected

@@ -13,6 +13,15 @@ only Iceberg's expiry or orphan removal ever deletes it; a copy a killed run lef
 an orphan that ``remove_orphan_files`` removes. The field ids make the files exact under any
 later rename, drop or re-added column, which a name mapping would not.
 
+When a staged file already carries the table's field ids (the snapshot numbers its columns as a
+new table's are numbered: ``staging/batches.with_field_ids``) and the staging root and the table
+are on one local file system (the embedded default), the file is adopted by a hard link instead
+of a copy: a second name of the same bytes in the table's data location, which the table owns as
+it would own a copy (retention removes only the staged name; nothing here or in Iceberg ever
+writes into an existing file). A 20M-row snapshot's file is half a gigabyte that is then neither
+read nor written again. Anything else (an object store, other ids, a link the file system
+refuses) copies as above.
+
 What is adopted (:func:`adoption_refused`, pure): a full snapshot of a keyed, unpartitioned table
 whose every column is staged as exactly the Spark type the table holds, of a kind whose staged
 Parquet form is Iceberg's. Anything else keeps the rewrite, and the job logs why at INFO.
@@ -101,14 +110,14 @@ class Adoption:
                 self._class("org.apache.hadoop.fs.Path")(path), conf)
             reader = self._class(f"{_PARQUET}.hadoop.ParquetFileReader").open(source)
             try:
-                schema = self._class("org.apache.iceberg.parquet.ParquetSchemaUtil").applyNameMapping(
-                    reader.getFooter().getFileMetaData().getSchema(), mapping)
+                staged = reader.getFooter().getFileMetaData().getSchema()
+                schema = self._class("org.apache.iceberg.parquet.ParquetSchemaUtil").applyNameMapping(staged, mapping)
             finally:
                 reader.close()
             reason = self._schema_differs(table.schema(), schema, path)
             if reason is not None:
                 return 0, reason
-            sources.append((source, schema))
+            sources.append((path, source, schema, bool(staged.equals(schema))))  # its own ids are the table's
         metrics = self._class("org.apache.iceberg.MetricsConfig").forTable(table)
         overwrite = table.newOverwrite().scanManifestsWith(same_thread_executor(self.spark))
         everything = self._class("org.apache.iceberg.expressions.Expressions").alwaysTrue()
@@ -116,8 +125,8 @@ class Adoption:
         if read_at is not None:
             overwrite.validateFromSnapshot(read_at)
         overwrite.conflictDetectionFilter(everything).validateNoConflictingData().validateNoConflictingDeletes()
-        for source, schema in sources:
-            overwrite.addFile(self._copy(table, source, schema, conf, metrics))
+        for path, source, schema, numbered in sources:
+            overwrite.addFile(self._adopted_file(table, path, source, schema, numbered, conf, metrics))
         overwrite.set(ADOPTED_PROPERTY, batch)
         _crash_point("copied")
         validated_commit(overwrite, table, read_at)
@@ -137,10 +146,21 @@ class Adoption:
                         f"holds {wanted.type() if wanted is not None else 'no such column'}")
         return None
 
-    def _copy(self, table, source, schema, conf, metrics):
-        """A page-by-page copy of a staged file where the table keeps its data, under a footer with
-        the table's field ids; returns its ``DataFile`` (metrics from that footer)."""
+    def _adopted_file(self, table, staged: str, source, schema, numbered: bool, conf, metrics):
+        """The staged file where the table keeps its data, linked (``numbered``: it carries the
+        table's ids) or copied; returns its ``DataFile`` (metrics from its footer)."""
         path = table.locationProvider().newDataLocation(f"pglogical-{uuid.uuid4().hex}-adopted.parquet")
+        if not (numbered and _linked(self.spark, staged, path)):
+            self._copy(source, path, schema, conf)
+        written = table.io().newInputFile(path)
+        return (self._class("org.apache.iceberg.DataFiles").builder(table.spec())
+                .withPath(path).withFileSizeInBytes(written.getLength())
+                .withFormat(self._class("org.apache.iceberg.FileFormat").PARQUET)
+                .withMetrics(self._class("org.apache.iceberg.parquet.ParquetUtil").fileMetrics(written, metrics))
+                .build())
+
+    def _copy(self, source, path: str, schema, conf) -> None:
+        """A page-by-page copy of a staged file to ``path``, under a footer with the table's field ids."""
         target = self._class(f"{_PARQUET}.hadoop.util.HadoopOutputFile").fromPath(
             self._class("org.apache.hadoop.fs.Path")(path), conf)
         writer_class = self._class(f"{_PARQUET}.hadoop.ParquetFileWriter")
@@ -149,12 +169,28 @@ class Adoption:
         writer.start()
         writer.appendFile(source)
         writer.end(self._class("java.util.HashMap")())
-        written = table.io().newInputFile(path)
-        return (self._class("org.apache.iceberg.DataFiles").builder(table.spec())
-                .withPath(path).withFileSizeInBytes(written.getLength())
-                .withFormat(self._class("org.apache.iceberg.FileFormat").PARQUET)
-                .withMetrics(self._class("org.apache.iceberg.parquet.ParquetUtil").fileMetrics(written, metrics))
-                .build())
+
+
+def _linked(spark, staged: str, path: str) -> bool:
+    """Hard-link the staged file as ``path`` when both are on this machine's file system; False
+    (nothing made, the reason logged) when they are not or the file system refuses the link.
+
+    The link's time is set to now: to orphan removal a file is only as old as its last change,
+    and an adopted file is new to its table (a staged file's own time decides nothing: staging
+    retention goes by its batch's manifest)."""
+    from airflow_provider_pglogical.spark.common.hadoop_files import local_path
+
+    source, target = local_path(spark, staged), local_path(spark, path)
+    if source is None or target is None:
+        return False
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.link(source, target)
+    except OSError as error:  # another file system (EXDEV), or one without links: copied instead
+        log.info("staged file %s is copied, not linked, into its table: %s", staged, error)
+        return False
+    os.utime(target)
+    return True
 
 
 def _crash_point(name: str) -> None:

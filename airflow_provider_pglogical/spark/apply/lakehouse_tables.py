@@ -11,7 +11,7 @@ from airflow_provider_pglogical.spark.common.hadoop_files import unreadable_tabl
 from airflow_provider_pglogical.spark.common.identifiers import col, qualified, quote, sql_string
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.spark.apply.state_table import StateTable, metadata_properties
+from airflow_provider_pglogical.spark.apply.state_table import METADATA_PROPERTIES, StateTable, metadata_properties
 from airflow_provider_pglogical.staging.contract import (
     COLUMN_EVOLUTION,
     KEY_PROPERTY,
@@ -53,7 +53,7 @@ class Lakehouse(StateTable):
         self.owners: dict[str, str] = {}
         #: per pipeline, the state table's snapshot its rows were last read or written at
         self._state_snapshots: dict[str, int | None] = {}
-        if not self._namespace_exists():
+        if not self._namespace_exists() and not self._created_namespace():
             spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
 
     def _namespace_exists(self) -> bool:
@@ -63,6 +63,57 @@ class Lakehouse(StateTable):
             return bool(self._catalog().namespaceExists(self._namespace_names()))
         except Exception:  # only a shortcut: an unknown catalog, or one without namespaces, is
             return False  # for CREATE NAMESPACE to report in Spark's words
+
+    def _created_namespace(self) -> bool:
+        """Create the namespace through the catalog itself (see :meth:`_namespace_exists`); False
+        when that failed (one created meanwhile, a catalog that wants properties): SQL decides."""
+        try:
+            self._catalog().createNamespace(self._namespace_names(), java_class(self.spark, "java.util.HashMap")())
+        except Exception:
+            return False
+        return True
+
+    def create_by_catalog(self, table: str, columns: dict[str, tuple[str, bool]], properties: dict[str, str],
+                          partitioning: list[tuple[str, str, int | None]] = ()) -> bool:
+        """``CREATE TABLE IF NOT EXISTS ... USING iceberg`` through Spark's catalog plugin itself,
+        which is what that statement calls, without the SQL parser and analyzer: in a fresh JVM
+        (every snapshot's apply) their first use costs one to two seconds.
+
+        :param columns: name -> (Spark type, nullable).
+        :param partitioning: ``("identity", column, None)`` or ``("bucket", column, buckets)``.
+        Returns False (nothing done) for a type it does not parse: the caller runs the SQL.
+        """
+        from pyspark.sql.types import StructField, StructType
+
+        fields = []
+        for name, (kind, nullable) in columns.items():
+            parsed = spark_data_type(kind)
+            if parsed is None:
+                return False
+            fields.append(StructField(name, parsed, nullable))
+        schema = java_class(self.spark, "org.apache.spark.sql.types.DataType").fromJson(StructType(fields).json())
+        expressions = java_class(self.spark, "org.apache.spark.sql.connector.expressions.Expressions")
+        gateway = self.spark.sparkContext._gateway
+        transforms = gateway.new_array(java_class(self.spark, "org.apache.spark.sql.connector.expressions.Transform"),
+                                       len(partitioning))
+        for index, (kind, column, buckets) in enumerate(partitioning):
+            if kind == "identity":
+                transforms[index] = expressions.identity(column)
+            else:
+                names = gateway.new_array(java_class(self.spark, "java.lang.String"), 1)
+                names[0] = column
+                transforms[index] = expressions.bucket(int(buckets), names)
+        table_properties = java_class(self.spark, "java.util.HashMap")()
+        for key, value in {"provider": "iceberg", **properties}.items():  # what USING iceberg passes
+            table_properties.put(key, value)
+        try:
+            self._catalog().createTable(self._identifier(table), schema, transforms, table_properties)
+        except Exception as error:
+            from airflow_provider_pglogical.spark.row_delta.driver_commits import java_exception_class
+
+            if java_exception_class(error) != "org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException":
+                raise
+        return True
 
     def _catalog(self):
         """Spark's catalog plugin (Java) of this lakehouse."""
@@ -217,13 +268,19 @@ class Lakehouse(StateTable):
         partitioning = ""
         if self.bucket_count and key:
             partitioning = f" PARTITIONED BY (bucket({int(self.bucket_count)}, {quote(key[0])}))"
-        self.spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg{partitioning} "
-            f"TBLPROPERTIES ('format-version'='2', 'write.merge.mode'={mode}, "
-            f"'write.update.mode'={mode}, 'write.delete.mode'={mode}"
-            + "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in properties.items())
-            + metadata_properties() + ")"
-        )
+        by_catalog = {name: (kind, not (not_null and name in key)) for name, kind in wanted.items()}
+        if not self.create_by_catalog(
+                table, by_catalog, {"format-version": "2", "write.merge.mode": self.write_mode,
+                                    "write.update.mode": self.write_mode, "write.delete.mode": self.write_mode,
+                                    **properties, **METADATA_PROPERTIES},
+                [("bucket", key[0], int(self.bucket_count))] if partitioning else []):
+            self.spark.sql(
+                f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg{partitioning} "
+                f"TBLPROPERTIES ('format-version'='2', 'write.merge.mode'={mode}, "
+                f"'write.update.mode'={mode}, 'write.delete.mode'={mode}"
+                + "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in properties.items())
+                + metadata_properties() + ")"
+            )
         # Iceberg 1.6-1.9 Spark fails every merge-on-read MERGE/UPDATE/DELETE of a table with
         # identifier fields (apache/iceberg#11709): there the key lives in KEY_PROPERTY only.
         if not_null and self.write_mode == "copy-on-write":
@@ -271,6 +328,27 @@ class Lakehouse(StateTable):
         self.spark.sql(f"ALTER TABLE {self.name(table)} SET TBLPROPERTIES "
                        f"({sql_string(NUMBERED_PROPERTY)}={sql_string('true')})")
         return {**current, **MULTISET_COLUMNS}
+
+
+_ARRAY = re.compile(r"^array<(.+)>$")
+
+
+def spark_data_type(kind: str):
+    """The PySpark ``DataType`` of a Spark SQL type name the staging contract produces (primitives,
+    ``decimal(p,s)``, ``array<...>``); None for any other (its SQL then decides)."""
+    from pyspark.sql import types as T
+
+    primitives = {"boolean": T.BooleanType, "smallint": T.ShortType, "int": T.IntegerType, "bigint": T.LongType,
+                  "float": T.FloatType, "double": T.DoubleType, "string": T.StringType, "binary": T.BinaryType,
+                  "date": T.DateType, "timestamp": T.TimestampType, "timestamp_ntz": T.TimestampNTZType}
+    if kind in primitives:
+        return primitives[kind]()
+    decimal = _DECIMAL.fullmatch(kind)
+    if decimal:
+        return T.DecimalType(int(decimal.group(1)), int(decimal.group(2)))
+    array = _ARRAY.match(kind)
+    element = spark_data_type(array.group(1)) if array else None
+    return T.ArrayType(element, True) if element is not None else None
 
 
 def widens(old: str, new: str) -> bool:

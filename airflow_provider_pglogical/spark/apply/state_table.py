@@ -61,6 +61,13 @@ class StateTable:
         return self.iceberg_table(STATE_TABLE)
 
     def _create_state_table(self) -> None:
+        columns = {"pipeline": ("string", False), "source_table": ("string", False), "target_table": ("string", True),
+                   "position": ("string", True), "applied_snapshots": ("array<string>", True),
+                   "last_batch": ("string", True), "updated_at": ("timestamp", True)}
+        properties = {"format-version": "2", "write.update.mode": "copy-on-write", "write.delete.mode": "copy-on-write",
+                      "write.merge.mode": "copy-on-write", **METADATA_PROPERTIES}
+        if self.create_by_catalog(STATE_TABLE, columns, properties, [("identity", "pipeline", None)]):
+            return
         self.spark.sql(
             f"CREATE TABLE IF NOT EXISTS {self.name(STATE_TABLE)} (pipeline string NOT NULL, "
             "source_table string NOT NULL, target_table string, position string, applied_snapshots array<string>, "
