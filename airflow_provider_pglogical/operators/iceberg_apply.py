@@ -28,6 +28,7 @@ from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
+    DEFAULT_COMPACT_DELETES_AT,
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_RETENTION_HOURS,
@@ -117,6 +118,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
         until the window ends, recording each round as a single apply does (docs/streaming.md).
         ``skip_when_idle`` does not apply to a window. (templated)
     :param poll_interval: seconds between two listings of the staging area in a window (default 0.5). (templated)
+    :param compact_deletes_at: after applying, fold the deletes of each table the apply wrote that
+        holds this many delete files or more into its data (Iceberg's ``rewrite_data_files``; default
+        32): every row delta adds one, and reads of the table, the apply's own lookups included,
+        slow down with their square (docs/housekeeping.md, "Compaction inside the apply"). A large
+        unpartitioned table is rewritten each time: raise it, or ``0`` leaves every delete to
+        :class:`IcebergMaintenanceOperator`.
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces: the driver JVM's
         options too (``spark.driver.extraJavaOptions``; docs/operators.md, "Tuning the driver JVM"). (templated)
@@ -146,6 +153,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         archive_staging: bool = False,
         keep_running: timedelta | float | str | None = None,
         poll_interval: float | str = DEFAULT_POLL_INTERVAL,
+        compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -170,6 +178,10 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.archive_staging = archive_staging
         self.keep_running = keep_running
         self.poll_interval = poll_interval
+        if isinstance(compact_deletes_at, bool) or not isinstance(compact_deletes_at, int) or compact_deletes_at < 0:
+            raise ValueError(f"compact_deletes_at must be a whole number of delete files, 0 or more (0 leaves "
+                             f"them to housekeeping), not {compact_deletes_at!r}")
+        self.compact_deletes_at = compact_deletes_at
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -187,6 +199,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
             args += ["--retention-hours", f"{self.staging_retention.total_seconds() / 3600:g}"]
         if self.archive_staging:
             args.append("--archive")
+        if self.compact_deletes_at != DEFAULT_COMPACT_DELETES_AT:
+            args += ["--compact-deletes-at", str(self.compact_deletes_at)]
         # at parse time a templated window is not rendered yet: execute() builds the arguments again
         unrendered = isinstance(self.keep_running, str) and "{{" in self.keep_running
         window = None if unrendered else check_seconds(self.keep_running, "keep_running", optional=True)

@@ -195,6 +195,9 @@ DEFAULT_APPLY_LEASE_SECONDS = 120
 APPLY_LEASE_HELD = "apply-lease-held"
 #: seconds between two looks of a streaming window: the pull's pulls, the apply's listings
 DEFAULT_POLL_INTERVAL = 0.5
+#: an apply compacts a table it wrote once the table holds this many delete files (0: never;
+#: ``spark/housekeeping/delete_compaction.py``)
+DEFAULT_COMPACT_DELETES_AT = 32
 #: what the tasks measured, tick by tick (and round by round in a ``--keep-running`` window of the
 #: apply job): ``<root>/<pipeline>/_history_<kind>.jsonl``, the newest :data:`HISTORY_KEEP` entries
 #: (``ui/history.py`` reads and writes them; the apply job writes its rounds' entries itself)

@@ -31,6 +31,7 @@ from airflow_provider_pglogical.spark.apply.plan import Batch, TableState
 from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, is_in, plain_value, readable
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows, read_rows
 from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.housekeeping.delete_compaction import delete_file_count
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.embedded.postgres import available_servers
 from tests.integration.sync_helpers import pull, synced
@@ -418,3 +419,38 @@ def test_the_state_commit_by_the_driver_or_by_spark_replaces_the_pipelines_parti
     lakehouse.write_state("p", states)
     assert facts(lakehouse.read_state("p")) == facts(states)
     assert sources_read_by_driver() == set(states)
+
+
+@pytest.mark.spark
+def test_an_apply_folds_a_tables_delete_files_into_its_data_once_they_reach_its_threshold(lake):
+    # each row delta adds an equality delete file, and every read of the table (the apply's own
+    # lookup of kept TOAST values too) opens them all: at the threshold the apply that wrote the
+    # table compacts it (Iceberg's rewrite_data_files), with no row changed
+    spark, publisher = lake.spark, lake.publisher
+    docs = Lakehouse(spark, "lake", "delta", "merge-on-read", None).iceberg_table("public__docs")
+    docs.refresh()
+    before = delete_file_count(docs)
+    threshold = before + 2
+    publisher.execute("UPDATE docs SET qty = qty + 1 WHERE id = 1")
+    lake.pull()
+    assert lake.apply(compact_deletes_at=threshold)["compactions"] == []
+    docs.refresh()
+    assert delete_file_count(docs) == before + 1
+    publisher.execute("UPDATE docs SET qty = qty + 1 WHERE id = 3")  # its kept doc is looked up
+    lake.pull()
+    second = lake.apply(compact_deletes_at=threshold)
+    assert [s["row_delta"] for s in second["steps"]] == [True]
+    [done] = second["compactions"]
+    assert done["target"] == "public__docs" and done["delete_files_before"] == threshold, done
+    assert done["rewritten_data_files"] > 0 and done["delete_files_after"] == 0, done
+    assert deletes_by_age(spark, "delta", "docs") == {"applying": 0, "older": 0, "live": 0}
+    assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+    # 0 leaves them to housekeeping
+    publisher.execute("UPDATE docs SET qty = qty + 1 WHERE id = (SELECT max(id) FROM docs)")
+    lake.pull()
+    assert lake.apply(compact_deletes_at=0)["compactions"] == []
+    docs.refresh()
+    assert delete_file_count(docs) == 1
+    assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
+    with pytest.raises(ApplyError, match="--compact-deletes-at must be 0"):
+        lake.apply(compact_deletes_at=-1)

@@ -150,6 +150,17 @@ def test_staging_retention_reaches_the_job_and_is_checked():
         IcebergApplyOperator(task_id="d", staging_root="/s", pipeline="p", staging_retention=timedelta(hours=-1))
 
 
+def test_delete_compaction_reaches_the_job_and_is_checked():
+    default = apply_changes.parse_args(IcebergApplyOperator(task_id="a", staging_root="/s", pipeline="p").job_args())
+    assert default.compact_deletes_at == 32
+    for value in (0, 100):
+        op = IcebergApplyOperator(task_id="b", staging_root="/s", pipeline="p", compact_deletes_at=value)
+        assert apply_changes.parse_args(op.job_args()).compact_deletes_at == value
+    for wrong in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=r"compact_deletes_at must be a whole number of delete files, 0 or more"):
+            IcebergApplyOperator(task_id="c", staging_root="/s", pipeline="p", compact_deletes_at=wrong)
+
+
 @pytest.mark.parametrize("table_map, message", [
     ({"x.y.z": "t"}, r"table_map: table name 'x.y.z' is 3 dot-separated names, not 2: a name that holds a dot "
                      r"must be written in double quotes, e.g. '\"x.y\".z'"),

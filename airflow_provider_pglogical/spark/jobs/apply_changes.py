@@ -90,6 +90,7 @@ from airflow_provider_pglogical.spark.common.session import (  # noqa: F401 (tun
     tune_session,
 )
 from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
@@ -98,6 +99,7 @@ from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_APPLY_LEASE_SECONDS,
+    DEFAULT_COMPACT_DELETES_AT,
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_RETENTION_HOURS,
@@ -120,7 +122,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
         concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
         archive: bool = False, row_deltas: bool = True, lease_seconds: float = DEFAULT_APPLY_LEASE_SECONDS,
-        lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL) -> dict:
+        lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL,
+        compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
@@ -135,10 +138,14 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     :param keep_running: seconds to keep the session and the lease after the first round, applying
         each newly committed batch as it appears (``apply_window.py``); 0 applies once and ends.
     :param poll_interval: in such a window, seconds between two listings of the staging area.
+    :param compact_deletes_at: after its state commits, compact each table it wrote that holds this
+        many delete files or more (``delete_compaction.py``); 0 leaves them to housekeeping.
     :raises ApplyLeaseHeld: another apply of the pipeline holds the lease; nothing was written.
     """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
+    if compact_deletes_at < 0:
+        raise ApplyError(f"--compact-deletes-at must be 0 (off) or a number of delete files, not {compact_deletes_at}")
     started = time.monotonic()
     run_group = spark_job_group(spark, f"pglogical apply {pipeline}")
     table_map = normal_table_map(table_map)
@@ -156,7 +163,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
 
         def apply_round() -> dict:
             return apply_pending(spark, staging, lakehouse, lease, pipeline, table_map, concurrency, retention_hours,
-                                 archive, row_deltas, phases)
+                                 archive, row_deltas, phases, compact_deletes_at)
 
         if keep_running:
             summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, poll_interval,
@@ -180,7 +187,7 @@ def _listed(staging: Staging, lease: ApplyLease) -> list[str]:
 
 def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLease, pipeline: str, table_map: dict,
                   concurrency: int, retention_hours: float | None, archive: bool, row_deltas: bool,
-                  phases: "Phases") -> dict:
+                  phases: "Phases", compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT) -> dict:
     """One round under the lease: every batch committed now, applied in order and recorded."""
     # the pipeline's record before the listing: a pull committing meanwhile (a pull window beside
     # this one) records its end only after its batch is committed, so the listing holds that batch
@@ -234,6 +241,9 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
             lease.check()  # a run that outlived its lease records nothing: another may be applying
             lakehouse.write_state(pipeline, states)
             phases.end("state_commits")
+    lease.check()
+    summary["compactions"] = compact_written(spark, lakehouse, summary["steps"], compact_deletes_at)
+    phases.end("compaction")
     summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
     summary["end_lsn"] = format_lsn(max((b.end for b in batches), default=0))  # every commit before it is in
     summary["first_commits"] = first_commits(summary["steps"], {b.name: b.manifest for b in wanted})
@@ -345,6 +355,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "each newly committed batch (a streaming window; default 0: apply once)")
     parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
                         help=f"in a window, seconds between listings of the staging area (default {DEFAULT_POLL_INTERVAL})")
+    parser.add_argument("--compact-deletes-at", type=int, default=DEFAULT_COMPACT_DELETES_AT, metavar="N",
+                        help="compact a table the run wrote once it holds N delete files (default "
+                             f"{DEFAULT_COMPACT_DELETES_AT}; 0: leave them to housekeeping)")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -355,7 +368,8 @@ def run_with_args(spark, args: argparse.Namespace) -> dict:
                json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
                concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
                archive=args.archive, row_deltas=not args.no_row_deltas, lease_seconds=args.lease_seconds,
-               lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval)
+               lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval,
+               compact_deletes_at=args.compact_deletes_at)
 
 
 def main(argv: list[str] | None = None) -> int:

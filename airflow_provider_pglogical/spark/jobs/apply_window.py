@@ -80,6 +80,7 @@ def merge_rounds(rounds: list[dict], polls: int, seconds: float) -> dict:
         **{key: value for key, value in last.items() if key not in ("round_seconds", "first_commits")},
         "steps": [step for r in rounds for step in r["steps"]],
         "retention": {"removed": sum((r.get("retention") or {}).get("removed", 0) for r in rounds)},
+        "compactions": [entry for r in rounds for entry in r.get("compactions", [])],
         "window": {"rounds": len(rounds), "polls": polls, "seconds": round(seconds, 3),
                    "round_seconds_first": costs[0], "round_seconds_max": max(costs)},
     }
