@@ -310,7 +310,18 @@ def stream_breakdown(rounds: list[dict], pulls: list[dict], since: float) -> dic
         "window_boundary_gaps_s": [round(g, 1) for g in gaps],
         "round_cost_drift_last_fifth_over_first": round(statistics.median(costs[-fifth:]) /
                                                          statistics.median(costs[:fifth]), 2) if len(costs) >= 2 else None,
+        # where a round's time goes (the job's phases, per round), first fifth of the rounds against the last
+        "round_phases_median_s_first_fifth": phase_medians(working[:fifth]),
+        "round_phases_median_s_last_fifth": phase_medians(working[-fifth:]),
+        "rounds_that_compacted": sum(1 for r in working if (r.get("phases") or {}).get("compaction", 0) > 0.05),
     }
+
+
+def phase_medians(rounds: list[dict]) -> dict[str, float]:
+    """Median seconds of each phase of the job over ``rounds`` (0 where a round had none)."""
+    names = sorted({name for r in rounds for name in (r.get("phases") or {})})
+    return {name: round(statistics.median((r.get("phases") or {}).get(name, 0.0) for r in rounds), 3)
+            for name in names}
 
 
 def main(argv: list[str] | None = None) -> int:

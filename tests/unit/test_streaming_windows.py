@@ -10,7 +10,7 @@ from airflow_provider_pglogical.capture.pull_window import pull_window
 from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.management.validation import check_seconds
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.spark.jobs.apply_window import first_commits, keep_applying, round_entry
+from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, round_entry
 
 
 class Clock:
@@ -124,9 +124,22 @@ def test_a_round_entry_says_how_fresh_each_table_is_and_where_the_round_ended():
         "first_commit_ts": "2026-01-01T12:00:04+00:00"}}}}}, "B2": {"tables": {"public.t": facts}}}
     firsts = first_commits(steps, manifests)
     assert firsts == {"public.t": "2026-01-01T12:00:04+00:00"}
-    entry = round_entry({"steps": steps, "first_commits": firsts, "end_lsn": "0/5", "round_seconds": 0.7}, 4, now)
+    phases = {"state_read": 0.1, "steps": 0.5, "state_commits": 0.1}
+    entry = round_entry({"steps": steps, "first_commits": firsts, "end_lsn": "0/5", "round_seconds": 0.7,
+                         "round_phases": phases}, 4, now)
     assert entry == {"at": "2026-01-01T12:00:10.000+00:00", "seconds": 0.7, "rows": 13, "steps": 3, "round": 4,
-                     "end_lsn": "0/5", "freshness_seconds": 6.0, "tables": {"public.t": 6.0}}
+                     "end_lsn": "0/5", "freshness_seconds": 6.0, "tables": {"public.t": 6.0}, "phases": phases}
+
+
+def test_a_rounds_phases_leave_out_the_wait_before_it():
+    ticks = iter([1.0, 5.0, 5.5, 6.25])
+    phases = Phases(0.0, clock=lambda: next(ticks))
+    phases.end("lease")
+    before = phases.restart()  # at 5.0: the window's wait since 1.0 is no phase's
+    phases.end("steps")
+    phases.end("state_commits")
+    assert phases.since(before) == {"steps": 0.5, "state_commits": 0.75}
+    assert phases.seconds == {"lease": 1.0, "steps": 0.5, "state_commits": 0.75}
 
 
 @pytest.mark.parametrize("value, expected", [

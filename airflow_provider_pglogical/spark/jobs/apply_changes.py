@@ -94,7 +94,7 @@ from airflow_provider_pglogical.spark.housekeeping.delete_compaction import comp
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
-from airflow_provider_pglogical.spark.jobs.apply_window import first_commits, keep_applying, record_round
+from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, record_round
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
@@ -187,8 +187,9 @@ def _listed(staging: Staging, lease: ApplyLease) -> list[str]:
 
 def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLease, pipeline: str, table_map: dict,
                   concurrency: int, retention_hours: float | None, archive: bool, row_deltas: bool,
-                  phases: "Phases", compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT) -> dict:
+                  phases: Phases, compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT) -> dict:
     """One round under the lease: every batch committed now, applied in order and recorded."""
+    before = phases.restart()  # a window's wait before this round is no phase's
     # the pipeline's record before the listing: a pull committing meanwhile (a pull window beside
     # this one) records its end only after its batch is committed, so the listing holds that batch
     record = staging.read_file(PIPELINE_RECORD) or {}
@@ -251,20 +252,8 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
         lease.check()
         summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
         phases.end("retention")
+    summary["round_phases"] = phases.since(before)
     return summary
-
-
-class Phases:
-    """Seconds per phase of a run, summed over rounds: each :meth:`end` closes the time since the last."""
-
-    def __init__(self, started: float) -> None:
-        self.last = started
-        self.seconds: dict[str, float] = {}
-
-    def end(self, name: str) -> None:
-        now = time.monotonic()
-        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self.last, 3)
-        self.last = now
 
 
 def _in_own_pool(spark, function, *args):

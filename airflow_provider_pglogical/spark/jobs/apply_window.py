@@ -10,7 +10,7 @@ exits. Each round is a whole apply: every step is committed and recorded in the 
 a single run, so a window killed anywhere resumes exactly where its last state commit left it.
 
 Each round adds an entry to the pipeline's apply history (``<root>/<pipeline>/_history_apply.jsonl``,
-the UI's freshness chart): its rows and time, ``end_lsn`` (every commit before it is queryable
+the UI's freshness chart): its rows and time, where the time went (``phases``), ``end_lsn`` (every commit before it is queryable
 now) and, per table, the age of the oldest commit it applied.
 """
 
@@ -77,7 +77,7 @@ def merge_rounds(rounds: list[dict], polls: int, seconds: float) -> dict:
     last = rounds[-1]
     costs = [r["round_seconds"] for r in rounds]
     return {
-        **{key: value for key, value in last.items() if key not in ("round_seconds", "first_commits")},
+        **{key: value for key, value in last.items() if key not in ("round_seconds", "first_commits", "round_phases")},
         "steps": [step for r in rounds for step in r["steps"]],
         "retention": {"removed": sum((r.get("retention") or {}).get("removed", 0) for r in rounds)},
         "compactions": [entry for r in rounds for entry in r.get("compactions", [])],
@@ -110,7 +110,7 @@ def round_entry(summary: dict, number: int, now: dt.datetime | None = None) -> d
     return {"at": now.isoformat(timespec="milliseconds"), "seconds": summary.get("round_seconds"),
             "rows": sum(step.get("rows", 0) for step in steps), "steps": len(steps), "round": number,
             "end_lsn": summary.get("end_lsn"), "freshness_seconds": max(tables.values()) if tables else None,
-            "tables": tables}
+            "tables": tables, "phases": summary.get("round_phases", {})}
 
 
 def record_round(staging, entry: dict, keep: int = HISTORY_KEEP) -> None:
@@ -128,3 +128,26 @@ def record_round(staging, entry: dict, keep: int = HISTORY_KEEP) -> None:
 def _instant(text: str) -> dt.datetime:
     value = dt.datetime.fromisoformat(text)
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+class Phases:
+    """Seconds per phase of a run, summed over rounds: each :meth:`end` closes the time since the last."""
+
+    def __init__(self, started: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.last, self.clock = started, clock
+        self.seconds: dict[str, float] = {}
+
+    def end(self, name: str) -> None:
+        now = self.clock()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self.last, 3)
+        self.last = now
+
+    def restart(self) -> dict[str, float]:
+        """Count from now (the time since the last :meth:`end` is no phase's); returns the sums so far."""
+        self.last = self.clock()
+        return dict(self.seconds)
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        """Each phase's seconds since :meth:`restart` returned ``before``."""
+        return {name: round(total - before.get(name, 0.0), 3) for name, total in self.seconds.items()
+                if total > before.get(name, 0.0)}
