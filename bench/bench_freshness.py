@@ -313,7 +313,7 @@ def stream_breakdown(rounds: list[dict], pulls: list[dict], since: float) -> dic
         # where a round's time goes (the job's phases, per round), first fifth of the rounds against the last
         "round_phases_median_s_first_fifth": phase_medians(working[:fifth]),
         "round_phases_median_s_last_fifth": phase_medians(working[-fifth:]),
-        "rounds_that_compacted": sum(1 for r in working if (r.get("phases") or {}).get("compaction", 0) > 0.05),
+        "rounds_that_compacted": sum(1 for r in working if r.get("compactions")),
     }
 
 

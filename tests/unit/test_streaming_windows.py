@@ -126,9 +126,10 @@ def test_a_round_entry_says_how_fresh_each_table_is_and_where_the_round_ended():
     assert firsts == {"public.t": "2026-01-01T12:00:04+00:00"}
     phases = {"state_read": 0.1, "steps": 0.5, "state_commits": 0.1}
     entry = round_entry({"steps": steps, "first_commits": firsts, "end_lsn": "0/5", "round_seconds": 0.7,
-                         "round_phases": phases}, 4, now)
+                         "round_phases": phases, "compactions": [{"target": "public__t"}]}, 4, now)
     assert entry == {"at": "2026-01-01T12:00:10.000+00:00", "seconds": 0.7, "rows": 13, "steps": 3, "round": 4,
-                     "end_lsn": "0/5", "freshness_seconds": 6.0, "tables": {"public.t": 6.0}, "phases": phases}
+                     "end_lsn": "0/5", "freshness_seconds": 6.0, "tables": {"public.t": 6.0}, "phases": phases,
+                     "compactions": 1}
 
 
 def test_a_rounds_phases_leave_out_the_wait_before_it():

@@ -110,7 +110,8 @@ def round_entry(summary: dict, number: int, now: dt.datetime | None = None) -> d
     return {"at": now.isoformat(timespec="milliseconds"), "seconds": summary.get("round_seconds"),
             "rows": sum(step.get("rows", 0) for step in steps), "steps": len(steps), "round": number,
             "end_lsn": summary.get("end_lsn"), "freshness_seconds": max(tables.values()) if tables else None,
-            "tables": tables, "phases": summary.get("round_phases", {})}
+            "tables": tables, "phases": summary.get("round_phases", {}),
+            "compactions": len(summary.get("compactions", []))}
 
 
 def record_round(staging, entry: dict, keep: int = HISTORY_KEEP) -> None:
