@@ -13,6 +13,8 @@ table's metadata file damaged by hand is named, with its fix (``damaged_file_err
 
 from __future__ import annotations
 
+import copy
+import glob
 import hashlib
 import json
 import os
@@ -150,19 +152,36 @@ class Staging:
         #: small object-store files the driver read to hash them: the row deltas apply these bytes,
         #: the ones proven equal to the manifest, without reading them again
         self._checked: dict[str, bytes] = {}
+        #: per committed batch still listed: its manifest's modification time and (once read) the
+        #: manifest. A committed manifest does not change, and a window lists and plans every
+        #: round: without these a round read every manifest since the position of the table that
+        #: changed least (a table no change touches keeps its position), one py4j read each
+        self._committed_ms: dict[str, int] = {}
+        self._manifests: dict[str, dict] = {}
 
     def _path(self, uri: str):
         return java_class(self.spark, "org.apache.hadoop.fs.Path")(uri)
 
     def committed(self) -> list[Batch]:
         """Every batch with a manifest, in name order (manifests not read yet)."""
-        statuses = self._fs.globStatus(self._path(f"{self.directory}/*/{MANIFEST}")) or []
-        found = []
-        for status in statuses:
-            batch = Batch.parse(status.getPath().getParent().getName())
+        local = local_path(self.spark, self.directory)
+        if local is not None:  # Python's listing: no py4j call per batch (0.1-0.3 s a round for 500 batches)
+            listed = [(os.path.basename(os.path.dirname(path)), path)
+                      for path in glob.glob(os.path.join(glob.escape(local), "*", MANIFEST))]
+            modified = lambda index: os.stat(listed[index][1]).st_mtime_ns // 1_000_000  # noqa: E731
+        else:
+            statuses = self._fs.globStatus(self._path(f"{self.directory}/*/{MANIFEST}")) or []
+            listed = [(status.getPath().getParent().getName(), status) for status in statuses]
+            modified = lambda index: listed[index][1].getModificationTime()  # noqa: E731
+        found, times = [], {}
+        for index, (directory, _entry) in enumerate(listed):  # (the batch directory's name, its manifest)
+            batch = Batch.parse(directory)
             if batch:
-                batch.committed_ms = status.getModificationTime()
+                known = self._committed_ms.get(batch.name)
+                batch.committed_ms = times[batch.name] = known if known is not None else modified(index)
                 found.append(batch)
+        self._committed_ms = times  # a batch no longer listed is forgotten with its manifest
+        self._manifests = {name: manifest for name, manifest in self._manifests.items() if name in times}
         return sorted(found, key=lambda batch: batch.name)
 
     def uncommitted(self, committed: list[Batch]) -> list[Batch]:
@@ -303,9 +322,12 @@ class Staging:
         return checked if checked is not None else self._bytes(self._path(uri))
 
     def read_manifest(self, batch: Batch) -> dict:
-        manifest = json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
-        manifest["tables"] = keyed_tables(manifest["tables"])  # batches staged before keys were quoted
-        return manifest
+        """The batch's manifest (a copy: read once while the batch stays listed, see ``__init__``)."""
+        if batch.name not in self._manifests:
+            manifest = json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
+            manifest["tables"] = keyed_tables(manifest["tables"])  # batches staged before keys were quoted
+            self._manifests[batch.name] = manifest
+        return copy.deepcopy(self._manifests[batch.name])
 
     def files(self, batch: Batch, source: str) -> list[str]:
         return [f"{self.directory}/{batch.name}/{f['path']}" for f in batch.manifest["tables"][source]["files"]]
