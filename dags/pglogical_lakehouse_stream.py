@@ -11,7 +11,7 @@ soon as one ends.
 The apply window does not wait for the setup tasks: its JVM starts while the publication and the
 initial sync (which find their work done after the first run) take their task starts, and it
 applies the initial snapshot in a round as soon as it is committed. Housekeeping runs after the
-apply window of one run in every ``settings.MAINTENANCE_EVERY``, in the same run: it never meets
+apply window of one run in every ``settings.STREAM_MAINTENANCE_EVERY`` (an hour), in the same run: it never meets
 an apply (the lease keeps out a second apply, not the housekeeping). Run this DAG or the sync DAG
 for a pipeline, not both.
 
@@ -89,13 +89,14 @@ with DAG(
     # after an apply window that succeeded; not after a failed one
     @task.short_circuit(task_id="maintenance_due", trigger_rule=TriggerRule.NONE_FAILED)
     def is_maintenance_due(data_interval_start=None, data_interval_end=None) -> bool:
-        """Let the housekeeping run once per MAINTENANCE_EVERY (continuous runs' intervals are contiguous)."""
-        return maintenance_due(data_interval_start, data_interval_end, settings.MAINTENANCE_EVERY)
+        """Let the housekeeping run once per STREAM_MAINTENANCE_EVERY (continuous runs' intervals are contiguous)."""
+        return maintenance_due(data_interval_start, data_interval_end, settings.STREAM_MAINTENANCE_EVERY)
 
     maintenance = IcebergMaintenanceOperator(
         task_id="maintenance",
         conn_id=settings.SPARK_CONN_ID,
         iceberg=ICEBERG,
+        older_than_hours=settings.STREAM_SNAPSHOT_HOURS,  # each round is a snapshot in the metadata
     )
     publication >> snapshot >> pull
     apply >> is_maintenance_due() >> maintenance

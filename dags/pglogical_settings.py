@@ -20,6 +20,9 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
   often the apply looks for new batches (default 10 minutes, 1 s, 0.5 s)
 - ``PGLOGICAL_STREAM_RETENTION_HOURS``: how long the streaming DAG keeps applied batches in staging
   (default 0.5: it stages a batch per poll, and every poll lists what is kept)
+- ``PGLOGICAL_STREAM_MAINTENANCE_EVERY_HOURS`` / ``PGLOGICAL_STREAM_SNAPSHOT_HOURS``: how often the
+  streaming DAG runs the housekeeping, and how old a snapshot it expires (default 1 and 1: a round
+  a second adds a snapshot a second to each changed table's metadata)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
   "Tuning the driver JVM"; set it empty to keep the JVM's defaults)
 - ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
@@ -87,6 +90,14 @@ STREAM_MAX_UNAPPLIED = 2
 #: all, so a week's worth (the sync DAG's retention) would slow every poll; a dropped Iceberg table
 #: older than this is rebuilt by a backfill instead of from staging (docs/streaming.md)
 STREAM_RETENTION = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_STREAM_RETENTION_HOURS", "0.5")))
+
+#: the streaming DAG's housekeeping: how often, and the snapshots it keeps. Every apply round commits
+#: each table it changes (a round a second when changes keep coming), and a table's metadata file
+#: lists every snapshot not expired, rewritten at each commit: after 500 rounds it was 0.5 MB; a day
+#: of them kept (the sync DAG's 24 hours) would be ~80 MB per commit. An hour's snapshots keep
+#: it to a few MB, and time travel works within that hour (docs/streaming.md, "What it costs")
+STREAM_MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_STREAM_MAINTENANCE_EVERY_HOURS", "1")))
+STREAM_SNAPSHOT_HOURS = float(os.environ.get("PGLOGICAL_STREAM_SNAPSHOT_HOURS", "1"))
 
 #: JVM options of the apply's Spark driver: a deployment's setting, kept here so the example's small
 #: ticks start quickly (docs/operators.md, "Tuning the driver JVM"); the operators set none themselves

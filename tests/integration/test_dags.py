@@ -54,6 +54,9 @@ def test_stream_dag_runs_a_pull_window_beside_an_apply_window_and_the_housekeepi
     assert args[args.index("--keep-running") + 1] == window and "--poll-interval" in args
     assert apply.iceberg == stream.get_task("maintenance").iceberg
     assert apply.staging_retention == settings.STREAM_RETENTION  # a batch per poll: kept for less than a week
+    # a snapshot per round: an hour of them kept, housekeeping every hour (the metadata stays small)
+    assert stream.get_task("maintenance").housekeeping.older_than_hours == settings.STREAM_SNAPSHOT_HOURS == 1
+    assert settings.STREAM_MAINTENANCE_EVERY.total_seconds() == 3600
 
 
 def test_sync_dag_runs_the_housekeeping_after_the_apply_every_six_hours(monkeypatch):
