@@ -23,9 +23,17 @@ def manifest_lists(table_dir) -> set[str]:
     return {path.name for path in (table_dir / "metadata").glob("snap-*.avro")}
 
 
-def test_expiry_after_another_writers_commits_reports_and_removes_every_snapshot_it_expired(tmp_path):
+@pytest.fixture
+def spark(tmp_path):
+    """The job's session (Spark's catalog cache on, as in the maintenance job) over ``tmp_path``;
+    stopped after the test, so no later test of this worker finds its catalogs."""
+    session = applying_session(tmp_path / "warehouse", "test-housekeeping-beside-commits")
+    yield session
+    session.stop()
+
+
+def test_expiry_after_another_writers_commits_reports_and_removes_every_snapshot_it_expired(spark, tmp_path):
     warehouse = tmp_path / "warehouse"
-    spark = applying_session(warehouse, "test-housekeeping-beside-commits")
     # the other writer: the same warehouse through a catalog that never caches a table
     for key, value in {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "hadoop",
                        ".warehouse": warehouse.as_uri(), ".cache-enabled": "false"}.items():
