@@ -174,7 +174,8 @@ def main() -> None:
         for db in ("submit", "inproc", *(["s3"] if s3 else [])):
             pg.create_database(db)
             create_source(pg, db, args.rows)
-            pipelines[db] = bench_tick.Pipeline(pg, db, tmp_path, db, "s3" if db == "s3" else "local")
+            pipelines[db] = bench_tick.Pipeline(pg, db, tmp_path, db, "s3" if db == "s3" else "local",
+                                                s3 if db == "s3" else None)
             pipelines[db].sync()
         submit, on_s3 = pipelines["submit"], pipelines.get("s3")
         settings = args.driver_jvm.split(",")
@@ -208,8 +209,10 @@ def main() -> None:
             if on_s3:
                 row["apply_task_s3"], row["in_job_s3"] = on_s3.apply(java_options=jvm[quick])
                 row["phases"], row["phases_s3"] = submit.phases, on_s3.phases
-                print(f"tick {tick} on S3 + JDBC: apply task {row['apply_task_s3']:.2f} s, in-job "
-                      f"{row['in_job_s3']:.2f} s [{steps_line(on_s3.steps)}]", flush=True)
+                print(f"tick {tick} on S3 + JDBC: apply task {row['apply_task_s3']:.2f} s (spark-submit "
+                      f"{on_s3.submit_seconds:.2f} s), in-job {row['in_job_s3']:.2f} s, the S3 server's CPU "
+                      f"{on_s3.server_cpu:.2f} s, phases {on_s3.phases} [{steps_line(on_s3.steps)}]; local phases "
+                      f"{submit.phases}", flush=True)
             print(f"tick {tick}: {row['changes']} changes (in-process pipeline {pulled['inproc']}); driver JVM {quick}: "
                   f"apply task {wall:.2f} s, in-job {cold:.2f} s [{cold_steps}]; in-process in-job {warm:.2f} s "
                   f"[{steps_line(warm_steps)}] (load {row['load']})", flush=True)

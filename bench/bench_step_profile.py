@@ -1,7 +1,7 @@
 """Where one table's step goes in a warm Spark session: the job's parts and each Spark job.
 
     python bench/bench_step_profile.py [--tables 1] [--ticks 4] [--concurrency 4] [--conf KEY=VALUE ...] [--cpu]
-                                       [--updates same|spread]
+                                       [--updates same|spread] [--lakehouse local|s3]
 
 A pipeline of N tables (``bench_tick``'s: 1,000 rows, half with an 8 kB value left unchanged, 100
 changes per table per tick with key changes) applied by ``apply_changes.run`` in one long-lived
@@ -11,7 +11,11 @@ and commit, DataFrame calls) and every Spark job the tick ran, with its duration
 tasks (from Spark's status REST API). ``--conf`` sets Spark properties on the session, for an
 A/B against a run without them. ``--cpu`` prints, per tick, the CPU seconds of the driver JVM
 and of this process, and the JVM's by thread name (threads that ended during the tick, such as
-py4j's per-thread connections, are in the JVM's total only).
+py4j's per-thread connections, are in the JVM's total only). ``--lakehouse s3`` profiles the
+production shape instead (``bench_tick``'s: moto's S3 server on loopback for the warehouse and
+staging, Iceberg's JDBC catalog in the bench cluster), with the job's planning parts and the
+catalog's table loads timed too, and, per tick, the CPU seconds of the S3 server's process (a
+local moto is no real S3: its CPU shares the machine with Spark's).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
-from airflow_provider_pglogical.spark.apply import keyed, lakehouse_tables, steps  # noqa: E402
+from airflow_provider_pglogical.spark.apply import keyed, lakehouse_tables, lease, steps  # noqa: E402
 from airflow_provider_pglogical.spark.common import hadoop_files  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
+from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
 from airflow_provider_pglogical.spark.row_delta import driver_commits, row_deltas  # noqa: E402
 
 UI_PORT = 4077
@@ -74,6 +79,17 @@ def instrument() -> None:
     timed(driver_commits.DriverCommits, "load", "row delta: load the table")
     timed(driver_commits.DriverCommits, "_write", "row delta: write a file")
     timed(driver_commits.DriverCommits, "row_delta", "row delta: write and commit")
+    timed(driver_commits.DriverCommits, "_metrics", "row delta: read a written file's metrics")
+    timed(driver_commits, "validated_commit", "commit (Iceberg: manifests, metadata, catalog swap)")
+    timed(lakehouse_tables.Lakehouse, "iceberg_table", "catalog: load a table")
+    timed(lakehouse_tables.Lakehouse, "metadata_locations", "planning: the targets' metadata files")
+    timed(hadoop_files.Staging, "committed", "staging: list committed batches")
+    timed(hadoop_files.Staging, "read_manifest", "staging: read a manifest")
+    timed(hadoop_files.Staging, "damaged_files", "planning: check the staged files (hashes)")
+    timed(apply_changes, "prove_staging", "planning: prove staging")
+    timed(apply_changes, "check_run", "planning: check identities")
+    timed(apply_changes, "apply_retention", "retention")
+    timed(lease.ApplyLease, "acquire", "lease: acquire")
     sql = session.SparkSession.sql
 
     def statement(self, query, *args, **kwargs):
@@ -86,10 +102,23 @@ def instrument() -> None:
     session.SparkSession.sql = statement
 
 
-def session(warehouse: Path, conf: dict[str, str]):
-    """The long-lived session of the soak benchmark, with Spark's UI (its REST API lists the jobs)."""
-    return spark_session(warehouse, "2g", {"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT), **conf},
-                         "pglogical-step-profile")
+def session(warehouse: Path, conf: dict[str, str], pipeline=None):
+    """The long-lived session of the soak benchmark, with Spark's UI (its REST API lists the jobs);
+    with ``pipeline`` (an S3 one) the session reaches its S3 warehouse, catalog and staging as
+    the apply task's job does (its public properties, then its secrets at run time)."""
+    ui = {"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT)}
+    if pipeline is None:
+        return spark_session(warehouse, "2g", {**ui, **conf}, "pglogical-step-profile")
+    from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access
+    from airflow_provider_pglogical.lakehouse.staging_roots import staging_access
+    from tests.support.spark_jobs import session_jars, set_private
+
+    iceberg = pipeline.iceberg
+    access = job_access(iceberg, staging_access(pipeline.staging, iceberg, iceberg.spark_conf()))
+    spark = spark_session(warehouse, "2g", {**access.public, "spark.jars": session_jars(), **ui, **conf},
+                          "pglogical-step-profile")
+    set_private(spark, access.private)
+    return spark
 
 
 def spark_jobs(spark) -> list[dict]:
@@ -139,6 +168,8 @@ def main() -> None:
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="bench_tick's workload: the same rows updated every tick, or rows drawn anew")
     parser.add_argument("--cpu", action="store_true", help="print each tick's CPU seconds by process and JVM thread")
+    parser.add_argument("--lakehouse", default="local", choices=bench_tick.LAKEHOUSES,
+                        help="local disk (Hadoop catalog), or s3: moto's S3 server and a JDBC catalog")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
     if args.tiny:  # tick 3 is the first one profiled
@@ -150,11 +181,13 @@ def main() -> None:
         tmp_path = Path(tmp)
         pg.create_database("profile")
         names = bench_tick.create_tables(pg, "profile", args.tables)
-        pipeline = bench_tick.Pipeline(pg, "profile", tmp_path, "profile")
+        s3 = bench_tick.s3_lakehouse(pg) if args.lakehouse == "s3" else None
+        pipeline = bench_tick.Pipeline(pg, "profile", tmp_path, "profile", args.lakehouse)
         pipeline.sync()
-        spark = session(tmp_path / "warehouse-profile", conf)
-        staging = (tmp_path / "staging-profile").as_uri()
-        apply_changes.run(spark, staging, "p", namespace="bench")  # the snapshot
+        spark = session(tmp_path / "warehouse-profile", conf, pipeline if s3 else None)
+        staging = spark_uri(pipeline.staging)
+        lake = {"catalog": pipeline.iceberg.catalog, "namespace": pipeline.iceberg.namespace}
+        apply_changes.run(spark, staging, "p", **lake)  # the snapshot
         for tick in range(1, args.ticks + 1):
             bench_tick.change_tables(pg, "profile", names, tick, args.updates)
             pipeline.pull()
@@ -163,10 +196,16 @@ def main() -> None:
             if args.cpu:
                 jvm = jvm_process()
                 cpu_before = (sum(jvm.cpu_times()[:2]), time.process_time(), thread_cpu(jvm.pid))
+            server_cpu, requests = s3_server_cpu(s3), s3a_requests(spark, pipeline)
             started = time.perf_counter()
-            result = apply_changes.run(spark, staging, "p", namespace="bench", concurrency=args.concurrency)
+            result = apply_changes.run(spark, staging, "p", **lake, concurrency=args.concurrency)
             wall = time.perf_counter() - started
-            print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}", flush=True)
+            print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}"
+                  + (f"; the S3 server's CPU {s3_server_cpu(s3) - server_cpu:.2f} s" if s3 else ""), flush=True)
+            if s3:
+                requests = s3a_requests(spark, pipeline) - requests
+                print("   S3A requests (the driver's file system): "
+                      + ", ".join(f"{name} {count}" for name, count in sorted(requests.items()) if count), flush=True)
             if args.cpu:
                 threads = thread_cpu(jvm.pid)
                 threads.subtract(cpu_before[2])
@@ -181,6 +220,36 @@ def main() -> None:
                 print(f"   job {job['jobId']:4d} {seconds(job):6.3f} s, {len(job['stageIds'])} stage(s), "
                       f"{job['numTasks']:3d} tasks: {job['name'][:80]}")
         spark.stop()
+        if s3 is not None:
+            s3.close(False)
+
+
+def s3a_requests(spark, pipeline) -> collections.Counter:
+    """S3A's request counters so far (its storage statistics: HEAD, LIST, PUT, DELETE, GET and the
+    rest) for the pipeline's bucket; an empty count on local disk."""
+    counts = collections.Counter()
+    if not pipeline.iceberg.on_s3():
+        return counts
+    jvm = spark.sparkContext._jvm
+    uri = jvm.java.net.URI(pipeline.iceberg.warehouse)
+    stats = jvm.org.apache.hadoop.fs.FileSystem.get(uri, spark.sparkContext._jsc.hadoopConfiguration()).getStorageStatistics()
+    entries = stats.getLongStatistics()
+    while entries.hasNext():
+        entry = entries.next()
+        name = entry.getName()
+        if name.startswith(("object_", "op_", "directories_", "files_")) or "request" in name:
+            counts[name] = entry.getValue()
+    return counts
+
+
+def s3_server_cpu(lake) -> float:
+    """CPU seconds so far of the S3 server's process (user and system), 0 without one."""
+    if lake is None:
+        return 0.0
+    import psutil
+
+    times = psutil.Process(lake.s3.process.pid).cpu_times()
+    return times.user + times.system
 
 
 if __name__ == "__main__":

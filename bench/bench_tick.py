@@ -118,7 +118,9 @@ class Pipeline:
     :param lake: ``local`` or ``s3`` (:data:`LAKEHOUSES`; ``s3`` needs :func:`s3_lakehouse` first).
     """
 
-    def __init__(self, pg, db: str, tmp: Path, tag: str, lake: str = "local") -> None:
+    def __init__(self, pg, db: str, tmp: Path, tag: str, lake: str = "local", s3=None) -> None:
+        self.s3 = s3  # the S3 server's lakehouse (:func:`s3_lakehouse`), for its CPU time
+        self.submit_seconds = self.server_cpu = 0.0
         os.environ[f"AIRFLOW_CONN_BENCH_{tag.upper()}"] = pg.connection_uri(db)
         self.hook = PgLogicalHook(postgres_conn_id=f"bench_{tag}")
         if lake == "s3":
@@ -150,13 +152,35 @@ class Pipeline:
                                         iceberg=self.iceberg, skip_when_idle=False, concurrency=concurrency,
                                         conf={**(conf or {}), **({"spark.driver.extraJavaOptions": java_options}
                                                                  if java_options else {})})
+        submit = operator.run_spark_submit
+
+        def timed_submit(*args, **kwargs):  # the spark-submit (JVM start to exit, its result read)
+            begun = time.perf_counter()
+            try:
+                return submit(*args, **kwargs)
+            finally:
+                self.submit_seconds = time.perf_counter() - begun
+
+        operator.run_spark_submit = timed_submit
+        server_cpu = self.s3_server_cpu()
         started = time.perf_counter()
         operator.execute({})
         wall = time.perf_counter() - started
+        self.server_cpu = self.s3_server_cpu() - server_cpu
         self.work = [(step.get("spark_jobs", 0), step.get("spark_stages", 0)) for step in operator._applied_steps]
         self.steps = operator._applied_steps
         self.phases = operator._job_phases
         return wall, operator._job_seconds
+
+    def s3_server_cpu(self) -> float:
+        """CPU seconds so far of the S3 server's process (0 on local disk): a local moto shares the
+        machine's cores with Spark, which a real S3 does not."""
+        if self.s3 is None:
+            return 0.0
+        import psutil
+
+        times = psutil.Process(self.s3.s3.process.pid).cpu_times()
+        return times.user + times.system
 
     def listing_seconds(self) -> float:
         """What an idle tick pays before it decides not to start Spark: listing the committed
@@ -176,7 +200,7 @@ def ticks(args: argparse.Namespace) -> None:
         baseline_runs = [] if args.tiny else [bare_spark_submit_seconds(tmp_path) for _ in range(args.ticks)]
         baseline = statistics.median(baseline_runs) if baseline_runs else float("nan")
         print(f"bare spark-submit of an empty PySpark job: median {baseline:.2f} s "
-              f"({', '.join(f'{r:.2f}' for r in baseline_runs)})")
+              f"({', '.join(f'{r:.2f}' for r in baseline_runs)}); load {load()}")
         jvm = driver_jvm_settings(tmp_path)
         settings = [(int(c), name) for c in args.concurrency.split(",") for name in args.driver_jvm.split(",")]
         medians: dict[tuple[int, tuple, str], float] = {}
@@ -185,9 +209,11 @@ def ticks(args: argparse.Namespace) -> None:
             pg.create_database(db)
             names = create_tables(pg, db, count)
             # one pipeline (slot, staging, lakehouse) per lakehouse over the same tables and changes
-            pipelines = {lake: Pipeline(pg, db, tmp_path, db if lake == "local" else f"{db}_{lake}", lake)
+            pipelines = {lake: Pipeline(pg, db, tmp_path, db if lake == "local" else f"{db}_{lake}", lake,
+                                        s3 if lake == "s3" else None)
                          for lake in lakes}
-            runs = {(s, lake): {"wall": [], "job": [], "phases": [], "listing": []} for s in settings for lake in lakes}
+            runs = {(s, lake): {"wall": [], "job": [], "phases": [], "listing": [], "submit": [], "server_cpu": []}
+                    for s in settings for lake in lakes}
             work: list[tuple[int, int]] = []
             for pipeline in pipelines.values():
                 pipeline.sync()
@@ -207,6 +233,11 @@ def ticks(args: argparse.Namespace) -> None:
                             run["job"].append(job)
                             run["phases"].append(pipeline.phases)
                             run["listing"].append(pipeline.listing_seconds())
+                            run["submit"].append(pipeline.submit_seconds)
+                            run["server_cpu"].append(pipeline.server_cpu)
+                            print(f"  tick {tick}, {count} tables, lakehouse {lake}: apply task {wall:.2f} s "
+                                  f"(spark-submit {pipeline.submit_seconds:.2f} s, in-job {job:.2f} s), S3 server "
+                                  f"CPU {pipeline.server_cpu:.2f} s, load {load()}", flush=True)
                             work += pipeline.work
             for (setting, lake), run in runs.items():
                 median = medians[count, setting, lake] = statistics.median(run["wall"])
@@ -214,6 +245,9 @@ def ticks(args: argparse.Namespace) -> None:
                 print(f"{count:>4} tables x 100 changes, {describe(setting)}, lakehouse {lake}: apply task median "
                       f"{median:6.2f} s ({median / baseline:.2f}x bare spark-submit); in-job apply median {job:6.2f} s; "
                       f"outside the job (JVM start, submit, staging I/O of the task) {median - job:.2f} s; "
+                      f"of which the task's own staging I/O (outside spark-submit) "
+                      f"{median - statistics.median(run['submit']):.2f} s; the S3 server's CPU "
+                      f"{statistics.median(run['server_cpu']):.2f} s; "
                       f"the idle tick's staging listing {statistics.median(run['listing']):.2f} s; runs "
                       f"{', '.join(f'{w:.1f}' for w in run['wall'])}; in-job phases (medians) "
                       f"{phase_medians(run['phases'])}")

@@ -36,6 +36,7 @@ from airflow_provider_pglogical.spark.housekeeping.steps import (
 )
 from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_equality_deletes
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
+from airflow_provider_pglogical.spark.common.java_classes import java_class
 
 RESULT_PREFIX = "PGLOGICAL_MAINTENANCE_RESULT "
 #: how many orphan file paths the summary lists (it counts them all)
@@ -57,6 +58,7 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
     def keep(table: str) -> dict:
         results = {}
         for step in housekeeping.steps():
+            refresh(spark, f"{qualified(catalog, namespace)}.{quote(table)}")
             now = dt.datetime.now(dt.timezone.utc)  # cut-offs count back from the call, not the job's start
             call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
             results[step] = report(step, spark.sql(call).collect())
@@ -71,6 +73,18 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
         # every table ran (committed or failed) before the first failure, in table order, is raised
         results = {table: future.result() for table, future in futures.items()}
     return {"namespace": namespace, "steps": housekeeping.steps(), "tables": results}
+
+
+def refresh(spark, name: str) -> None:
+    """Bring the catalog's cached copy of the table up to its latest commit before a procedure.
+
+    Spark's Iceberg catalog keeps each table it loaded (``cache-enabled``, the default), and a
+    procedure starts from that copy without refreshing it. ``expire_snapshots`` finds the files to
+    delete, and counts what it expired, from the snapshots the copy knows; its commit, though, expires
+    from the table's latest metadata. So when another writer (an apply) committed since the table's
+    first step loaded it, the snapshots of those commits that the expiry removed were reported as
+    nothing and their files left behind (``remove_orphan_files`` would take them only days later)."""
+    java_class(spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(spark._jsparkSession, name).refresh()
 
 
 def report(step: str, rows: list) -> dict:
