@@ -93,7 +93,7 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
-from airflow_provider_pglogical.spark.jobs.apply_window import first_commits, keep_applying, record_round
+from airflow_provider_pglogical.spark.jobs.apply_window import first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
@@ -120,7 +120,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
         concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
         archive: bool = False, row_deltas: bool = True, lease_seconds: float = DEFAULT_APPLY_LEASE_SECONDS,
-        lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL) -> dict:
+        lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL,
+        until_loaded: bool = False) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
@@ -135,10 +136,14 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     :param keep_running: seconds to keep the session and the lease after the first round, applying
         each newly committed batch as it appears (``apply_window.py``); 0 applies once and ends.
     :param poll_interval: in such a window, seconds between two listings of the staging area.
+    :param until_loaded: end the window after the first round that leaves the pipeline's tables in
+        the lakehouse (an initial load started beside its sync); ``keep_running`` bounds the wait.
     :raises ApplyLeaseHeld: another apply of the pipeline holds the lease; nothing was written.
     """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
+    if until_loaded and not keep_running:
+        raise ApplyError("--until-loaded waits for the initial snapshot: give --keep-running, the most seconds to wait")
     started = time.monotonic()
     run_group = spark_job_group(spark, f"pglogical apply {pipeline}")
     table_map = normal_table_map(table_map)
@@ -345,6 +350,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "each newly committed batch (a streaming window; default 0: apply once)")
     parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
                         help=f"in a window, seconds between listings of the staging area (default {DEFAULT_POLL_INTERVAL})")
+    parser.add_argument("--until-loaded", action="store_true",
+                        help="with --keep-running: end after the first round that leaves the pipeline's tables in "
+                             "the lakehouse (an initial load started beside its sync; fails if none within the window)")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -355,7 +363,8 @@ def run_with_args(spark, args: argparse.Namespace) -> dict:
                json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
                concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
                archive=args.archive, row_deltas=not args.no_row_deltas, lease_seconds=args.lease_seconds,
-               lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval)
+               lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval,
+               until_loaded=args.until_loaded)
 
 
 def main(argv: list[str] | None = None) -> int:
