@@ -165,7 +165,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
 
         if keep_running:
             summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, poll_interval,
-                                    record=lambda entry: record_round(staging, entry))
+                                    record=lambda entry: record_round(staging, entry),
+                                    until=loaded if until_loaded else None)
         else:
             summary = apply_round()
         summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
