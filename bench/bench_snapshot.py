@@ -121,7 +121,9 @@ def main() -> None:
             measured("snapshot -> Iceberg, every variant", lambda: to_iceberg(hook, applied, variants))
             if args.overlap:
                 overlaps: list[dict] = []
-                measured("snapshot beside its apply", lambda: beside(hook, overlaps))
+                besides = [(label, options) for label, checkout, options in variants if checkout is None]
+                measured("snapshot beside its apply", lambda: [beside(hook, overlaps, label, options)
+                                                               for label, options in besides])
             print("apply steps:", json.dumps(applied), flush=True)
             name = "snapshot to a staged batch (1 worker), in the runs below"
             copy = statistics.median(step["snapshot"] for step in applied)
@@ -137,14 +139,19 @@ def main() -> None:
                                 f"{max(step['driver_peak_rss_mb'] for step in mine)} MB"))
             if args.overlap:
                 print("beside:", json.dumps(overlaps), flush=True)
-                seconds = statistics.median(run["wall"] for run in overlaps)
-                results.append(("snapshot -> queryable Iceberg, apply started beside the snapshot (until_loaded)",
-                                seconds, f"{raw / seconds:.2f}x raw  {args.rows / seconds:,.0f} rows/s  snapshot "
-                                f"committed at {statistics.median(run['snapshot'] for run in overlaps):.2f} s, in "
-                                f"the apply's JVM {statistics.median(run['in_job'] for run in overlaps):.2f} s, "
-                                f"snapshot step {statistics.median(run['seconds'] for run in overlaps):.2f} s, "
-                                f"driver peak RSS {max(run['driver_peak_rss_mb'] for run in overlaps)} MB, "
-                                f"Airflow-side peak RSS +{memory['snapshot beside its apply']:.0f} MB"))
+                for label, _ in besides:
+                    mine = [run for run in overlaps if run["variant"] == label]
+                    seconds = statistics.median(run["wall"] for run in mine)
+                    results.append((f"snapshot -> queryable Iceberg, apply ({label}) started beside the snapshot "
+                                    "(until_loaded)", seconds,
+                                    f"{raw / seconds:.2f}x raw  {args.rows / seconds:,.0f} rows/s  snapshot committed "
+                                    f"at {statistics.median(run['snapshot'] for run in mine):.2f} s, apply's JVM "
+                                    f"started its apply at {statistics.median(run['timeline'].get('start', 0) for run in mine):.2f} s, "
+                                    f"in its JVM {statistics.median(run['in_job'] for run in mine):.2f} s, snapshot "
+                                    f"step {statistics.median(run['seconds'] for run in mine):.2f} s, driver peak RSS "
+                                    f"{max(run['driver_peak_rss_mb'] for run in mine)} MB"))
+                print(f"Airflow-side peak RSS growth (snapshots beside their apply): "
+                      f"+{memory['snapshot beside its apply']:.0f} MB")
             print(f"Airflow-side peak RSS growth (snapshot in this process): "
                   f"+{memory['snapshot -> Iceberg, every variant']:.0f} MB")
         if args.dlt_python:
@@ -200,6 +207,21 @@ def apply_variants(baseline: str | None, c1: bool, cds: str | None) -> list[tupl
     return variants
 
 
+def timeline(output: str, launched: float, wall: float, in_job: float) -> dict:
+    """Where a spark-submit's wall went: before the job's apply began (launcher and driver JVMs,
+    Python, the session), the apply itself (its ``seconds``), and after it (the result file,
+    ``spark.stop``, the JVMs' exit), from the job's own log line that ends the apply (wall clock,
+    ms) against ``launched`` (``time.time()`` at the launch)."""
+    import datetime as dt
+
+    for line in output.splitlines():
+        if " pglogical.apply: apply of " in line and " took " in line:
+            ended = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")  # local time, as the job logs it
+            until_end = ended.timestamp() - launched
+            return {"start": round(until_end - in_job, 2), "after": round(wall - until_end, 2)}
+    return {}
+
+
 def checkout_job(checkout: str) -> tuple[str, str]:
     """Another checkout's apply job and its ``--py-files`` bundle (built by that checkout's code)."""
     code = ("from airflow_provider_pglogical.spark.launch import APPLY_JOB, job_bundle; "
@@ -238,14 +260,16 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict], variants: list[tuple[st
                             .replace(f"warehouse{index}", "warehouse-training") for arg in command]
                 code, output = run_job(training)
                 assert code == 0 and os.path.exists(archive), output[-5000:]
-            started = time.perf_counter()
+            started, launched = time.perf_counter(), time.time()
             # through a wrapper whose children's peak RSS is the job's largest process (the driver JVM)
             code, output = run_job([sys.executable, "-c", _PEAK_RSS, *command])
             assert code == 0, output[-5000:]
             result = job_result(output, RESULT_PREFIX)
             peak = job_result(output, _PEAK_PREFIX)
-            applied.extend({"variant": label, "snapshot": copied, "wall": round(time.perf_counter() - started, 2),
+            wall = round(time.perf_counter() - started, 2)
+            applied.extend({"variant": label, "snapshot": copied, "wall": wall,
                             "in_job": result["seconds"], "phases": result.get("phases"),
+                            "timeline": timeline(output, launched, wall, result["seconds"]),
                             "driver_peak_rss_mb": peak["mb"],
                             **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}}
                            for step in result["steps"])
@@ -254,7 +278,7 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict], variants: list[tuple[st
         shutil.rmtree(base, ignore_errors=True)
 
 
-def beside(hook: PgLogicalHook, runs: list[dict]) -> None:
+def beside(hook: PgLogicalHook, runs: list[dict], label: str, java_options: str) -> None:
     """The shape of an initial load DAG whose apply does not wait for the sync: the apply job
     (``--keep-running --until-loaded``) is spark-submitted, and at the same moment the snapshot
     starts in this process; timed from that moment to the job's exit (the table is queryable),
@@ -270,9 +294,9 @@ def beside(hook: PgLogicalHook, runs: list[dict]) -> None:
                                          "--namespace", "bench", "--keep-staging", "--keep-running", "600",
                                          "--poll-interval", "0.2", "--until-loaded"],
                              IcebergConfig(warehouse=(base / "warehouse").as_uri()), driver_memory="2g",
-                             conf={"spark.driver.extraJavaOptions": ""})
+                             conf={"spark.driver.extraJavaOptions": java_options})
     try:
-        started = time.perf_counter()
+        started, launched = time.perf_counter(), time.time()
         job = start_job([sys.executable, "-c", _PEAK_RSS, *command])
         run_initial_sync(hook, slot=slot, publications=["pub"], root=ObjectStoragePath((base / "staging").as_uri()),
                          pipeline="bench", parallelism=1, report=lambda m: None)
@@ -282,7 +306,8 @@ def beside(hook: PgLogicalHook, runs: list[dict]) -> None:
         assert job.returncode == 0, output[-5000:]
         result, peak = job_result(output, RESULT_PREFIX), job_result(output, _PEAK_PREFIX)
         step = next(step for step in result["steps"] if step["kind"] == "snapshot")
-        runs.append({"snapshot": copied, "wall": wall, "in_job": result["seconds"], "phases": result.get("phases"),
+        runs.append({"variant": label, "snapshot": copied, "wall": wall, "in_job": result["seconds"], "phases": result.get("phases"),
+                     "timeline": timeline(output, launched, wall, result["seconds"]),
                      "window": result.get("window"), "driver_peak_rss_mb": peak["mb"],
                      **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}})
     finally:
