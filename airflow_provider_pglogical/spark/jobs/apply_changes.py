@@ -160,8 +160,6 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
             lakehouse.drop_batch_tables()
 
         def apply_round() -> dict:
-            if keep_running:  # a window's wait for a new batch is not the next round's state read
-                phases.end("waiting")
             return apply_pending(spark, staging, lakehouse, lease, pipeline, table_map, concurrency, retention_hours,
                                  archive, row_deltas, phases)
 
