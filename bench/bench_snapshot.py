@@ -59,6 +59,10 @@ def main() -> None:
     parser.add_argument("--baseline", default=None,
                         help="with --iceberg: also apply the same staged snapshot with this checkout's job (before/after)")
     parser.add_argument("--c1", action="store_true", help="with --iceberg: also apply with the driver JVM at C1 only")
+    parser.add_argument("--overlap", action="store_true",
+                        help="with --iceberg: also the apply started beside the snapshot (--keep-running "
+                             "--until-loaded, as IcebergApplyOperator(until_loaded=True) runs it), timed from the "
+                             "start of both to the apply's end")
     parser.add_argument("--cds", default=None, metavar="ARCHIVE",
                         help="with --iceberg: also apply at C1 only with this class-data-sharing archive "
                              "(written by an untimed apply first when it does not exist)")
@@ -115,6 +119,11 @@ def main() -> None:
             applied: list[dict] = []
             variants = apply_variants(args.baseline, args.c1, args.cds)
             measured("snapshot -> Iceberg, every variant", lambda: to_iceberg(hook, applied, variants))
+            if args.overlap:
+                overlaps: list[dict] = []
+                besides = [(label, options) for label, checkout, options in variants if checkout is None]
+                measured("snapshot beside its apply", lambda: [beside(hook, overlaps, label, options)
+                                                               for label, options in besides])
             print("apply steps:", json.dumps(applied), flush=True)
             name = "snapshot to a staged batch (1 worker), in the runs below"
             copy = statistics.median(step["snapshot"] for step in applied)
@@ -128,6 +137,21 @@ def main() -> None:
                                 f"{statistics.median(step['in_job'] for step in mine):.2f} s, step "
                                 f"{statistics.median(step['seconds'] for step in mine):.2f} s, driver peak RSS "
                                 f"{max(step['driver_peak_rss_mb'] for step in mine)} MB"))
+            if args.overlap:
+                print("beside:", json.dumps(overlaps), flush=True)
+                for label, _ in besides:
+                    mine = [run for run in overlaps if run["variant"] == label]
+                    seconds = statistics.median(run["wall"] for run in mine)
+                    results.append((f"snapshot -> queryable Iceberg, apply ({label}) started beside the snapshot "
+                                    "(until_loaded)", seconds,
+                                    f"{raw / seconds:.2f}x raw  {args.rows / seconds:,.0f} rows/s  snapshot committed "
+                                    f"at {statistics.median(run['snapshot'] for run in mine):.2f} s, apply's JVM "
+                                    f"started its apply at {statistics.median(run['timeline'].get('start', 0) for run in mine):.2f} s, "
+                                    f"in its JVM {statistics.median(run['in_job'] for run in mine):.2f} s, snapshot "
+                                    f"step {statistics.median(run['seconds'] for run in mine):.2f} s, driver peak RSS "
+                                    f"{max(run['driver_peak_rss_mb'] for run in mine)} MB"))
+                print(f"Airflow-side peak RSS growth (snapshots beside their apply): "
+                      f"+{memory['snapshot beside its apply']:.0f} MB")
             print(f"Airflow-side peak RSS growth (snapshot in this process): "
                   f"+{memory['snapshot -> Iceberg, every variant']:.0f} MB")
         if args.dlt_python:
@@ -183,6 +207,21 @@ def apply_variants(baseline: str | None, c1: bool, cds: str | None) -> list[tupl
     return variants
 
 
+def timeline(output: str, launched: float, wall: float, in_job: float) -> dict:
+    """Where a spark-submit's wall went: before the job's apply began (launcher and driver JVMs,
+    Python, the session), the apply itself (its ``seconds``), and after it (the result file,
+    ``spark.stop``, the JVMs' exit), from the job's own log line that ends the apply (wall clock,
+    ms) against ``launched`` (``time.time()`` at the launch)."""
+    import datetime as dt
+
+    for line in output.splitlines():
+        if " pglogical.apply: apply of " in line and " took " in line:
+            ended = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")  # local time, as the job logs it
+            until_end = ended.timestamp() - launched
+            return {"start": round(until_end - in_job, 2), "after": round(wall - until_end, 2)}
+    return {}
+
+
 def checkout_job(checkout: str) -> tuple[str, str]:
     """Another checkout's apply job and its ``--py-files`` bundle (built by that checkout's code)."""
     code = ("from airflow_provider_pglogical.spark.launch import APPLY_JOB, job_bundle; "
@@ -221,17 +260,56 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict], variants: list[tuple[st
                             .replace(f"warehouse{index}", "warehouse-training") for arg in command]
                 code, output = run_job(training)
                 assert code == 0 and os.path.exists(archive), output[-5000:]
-            started = time.perf_counter()
+            started, launched = time.perf_counter(), time.time()
             # through a wrapper whose children's peak RSS is the job's largest process (the driver JVM)
             code, output = run_job([sys.executable, "-c", _PEAK_RSS, *command])
             assert code == 0, output[-5000:]
             result = job_result(output, RESULT_PREFIX)
             peak = job_result(output, _PEAK_PREFIX)
-            applied.extend({"variant": label, "snapshot": copied, "wall": round(time.perf_counter() - started, 2),
+            wall = round(time.perf_counter() - started, 2)
+            applied.extend({"variant": label, "snapshot": copied, "wall": wall,
                             "in_job": result["seconds"], "phases": result.get("phases"),
+                            "timeline": timeline(output, launched, wall, result["seconds"]),
                             "driver_peak_rss_mb": peak["mb"],
                             **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}}
                            for step in result["steps"])
+    finally:
+        hook.drop_slot(slot)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def beside(hook: PgLogicalHook, runs: list[dict], label: str, java_options: str) -> None:
+    """The shape of an initial load DAG whose apply does not wait for the sync: the apply job
+    (``--keep-running --until-loaded``) is spark-submitted, and at the same moment the snapshot
+    starts in this process; timed from that moment to the job's exit (the table is queryable),
+    so both tasks' start costs are in it."""
+    from pathlib import Path
+
+    from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+    from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
+    from tests.support.spark_jobs import job_result, start_job, submit_command
+
+    slot, base = f"bench_{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp(prefix="bench-beside-"))
+    command = submit_command(APPLY_JOB, ["--staging-root", (base / "staging").as_uri(), "--pipeline", "bench",
+                                         "--namespace", "bench", "--keep-staging", "--keep-running", "600",
+                                         "--poll-interval", "0.2", "--until-loaded"],
+                             IcebergConfig(warehouse=(base / "warehouse").as_uri()), driver_memory="2g",
+                             conf={"spark.driver.extraJavaOptions": java_options})
+    try:
+        started, launched = time.perf_counter(), time.time()
+        job = start_job([sys.executable, "-c", _PEAK_RSS, *command])
+        run_initial_sync(hook, slot=slot, publications=["pub"], root=ObjectStoragePath((base / "staging").as_uri()),
+                         pipeline="bench", parallelism=1, report=lambda m: None)
+        copied = round(time.perf_counter() - started, 2)
+        output, _ = job.communicate(timeout=900)
+        wall = round(time.perf_counter() - started, 2)
+        assert job.returncode == 0, output[-5000:]
+        result, peak = job_result(output, RESULT_PREFIX), job_result(output, _PEAK_PREFIX)
+        step = next(step for step in result["steps"] if step["kind"] == "snapshot")
+        runs.append({"variant": label, "snapshot": copied, "wall": wall, "in_job": result["seconds"], "phases": result.get("phases"),
+                     "timeline": timeline(output, launched, wall, result["seconds"]),
+                     "window": result.get("window"), "driver_peak_rss_mb": peak["mb"],
+                     **{k: step.get(k) for k in ("seconds", "adopted_files", "spark_jobs")}})
     finally:
         hook.drop_slot(slot)
         shutil.rmtree(base, ignore_errors=True)

@@ -24,7 +24,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, d
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path
-from airflow_provider_pglogical.exceptions import ConcurrentApplyError
+from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
@@ -124,6 +124,11 @@ class IcebergApplyOperator(SparkSubmitOperator):
         slow down with their square (docs/housekeeping.md, "Compaction inside the apply"). A large
         unpartitioned table is rewritten each time: raise it, or ``0`` leaves every delete to
         :class:`IcebergMaintenanceOperator`.
+    :param until_loaded: an initial load's apply, started beside ``PgInitialSyncOperator`` instead of
+        after it, so the Spark JVM, session, catalog and lease are ready while the copy runs: the
+        window ends after the first round that leaves the pipeline's tables in the lakehouse (the
+        snapshot applied, now or by an earlier run), and fails if none did within ``keep_running``,
+        which is then the most it waits (docs/operators.md, "An initial load beside its sync").
     :param conn_id: Spark connection; ``spark_default`` with host ``local[*]`` for the embedded setup.
     :param conf: more Spark properties, applied over the ones ``iceberg`` produces: the driver JVM's
         options too (``spark.driver.extraJavaOptions``; docs/operators.md, "Tuning the driver JVM"). (templated)
@@ -154,6 +159,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
         keep_running: timedelta | float | str | None = None,
         poll_interval: float | str = DEFAULT_POLL_INTERVAL,
         compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT,
+        until_loaded: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"pglogical-apply-{pipeline}")
@@ -182,6 +188,11 @@ class IcebergApplyOperator(SparkSubmitOperator):
             raise ValueError(f"compact_deletes_at must be a whole number of delete files, 0 or more (0 leaves "
                              f"them to housekeeping), not {compact_deletes_at!r}")
         self.compact_deletes_at = compact_deletes_at
+        if until_loaded and keep_running in (None, 0, ""):
+            raise InvalidInputError(f"IcebergApplyOperator {kwargs.get('task_id')!r}: until_loaded waits for the "
+                                    "initial snapshot, but keep_running is unset: give keep_running, the most time "
+                                    "to wait for it (e.g. timedelta(hours=1))")
+        self.until_loaded = until_loaded
         self.application_args = self.job_args()
 
     def job_args(self) -> list[str]:
@@ -207,6 +218,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         if window is not None:
             args += ["--keep-running", f"{window:g}",
                      "--poll-interval", f"{check_seconds(self.poll_interval, 'poll_interval'):g}"]
+        if self.until_loaded:
+            args.append("--until-loaded")
         return args
 
     def execute(self, context: Context) -> dict[str, Any]:

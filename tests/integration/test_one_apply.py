@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
@@ -273,6 +274,56 @@ def test_a_pull_window_and_an_apply_window_side_by_side_apply_each_commit_in_rou
     assert [entry["round"] for entry in rounds] == list(range(1, window["rounds"] + 1))
     assert all(entry["freshness_seconds"] is not None for entry in rounds[1:] if entry["rows"])
     assert lake.lease() is None  # released at the window's end
+
+
+def test_an_initial_loads_window_started_before_the_sync_applies_the_snapshot_and_ends(
+        publisher, publisher_hook, tmp_path, warehouse, spark):
+    """``IcebergApplyOperator(until_loaded=True)``'s job, started beside the initial sync instead of
+    after it: its session and lease are ready before the snapshot is committed, it applies the
+    snapshot in the round after the commit and ends there, equal to the source. One that waits in
+    vain fails at the end of its window, naming the sync, with nothing written but its state table."""
+    from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
+    from airflow_provider_pglogical.embedded.postgres import wait_until
+    from airflow_provider_pglogical.management.publications import PublishedTable
+    from airflow_provider_pglogical.spark.common.errors import ApplyError
+    from airflow_provider_pglogical.spark.jobs import apply_changes
+    from airflow_provider_pglogical.ui.history import read_history
+
+    publisher.execute(SOURCE)
+    publisher_hook.create_publication("p", [PublishedTable("public.orders"), PublishedTable("public.bag")])
+    root, namespace = tmp_path / "staging", "loadbeside"
+    storage = ObjectStoragePath(root.as_uri())
+    lake = object.__new__(Lake)  # this pipeline's snapshot comes from the sync below, not from Lake()
+    lake.publisher, lake.spark, lake.root, lake.namespace = publisher, spark, root, namespace
+
+    def window(seconds: float) -> dict:
+        return apply_changes.run(spark, root.as_uri(), "p", "lake", namespace, keep_running=seconds,
+                                 poll_interval=0.2, until_loaded=True)
+
+    started = time.monotonic()
+    with pytest.raises(ApplyError, match=r"no snapshot batch was committed in the 1 s .*initial sync started "
+                                         r"beside it failed or is still copying"):
+        window(1)
+    print(f"a window waiting in vain: {time.monotonic() - started:.1f} s")
+    assert [r.tableName for r in spark.sql(f"SHOW TABLES IN lake.{namespace}").collect()] == ["_pglogical_state"]
+    assert lake.lease() is None  # released by the failed window
+    recorded = len(read_history(storage, "p", "apply"))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        applying = pool.submit(window, 120)
+        # its first round (nothing committed yet: no table) is in the apply history, after the failed window's
+        wait_until(lambda: len(read_history(storage, "p", "apply")) > recorded or applying.done(), timeout=120,
+                   interval=0.1, message="the window's first round")
+        assert not applying.done(), applying.result()
+        assert lake.lease() is not None  # waiting for the snapshot, the lease held
+        synced_at = time.monotonic()
+        run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
+        print(f"the sync beside the window: {time.monotonic() - synced_at:.1f} s")
+        summary = applying.result(timeout=180)
+    print(f"the window: {summary['window']}")
+    assert sorted((s["table"], s["kind"]) for s in summary["steps"]) == [
+        ("public.bag", "snapshot"), ("public.orders", "snapshot")]
+    assert summary["window"]["rounds"] == 2 and summary["window"]["seconds"] < 120  # ended, not timed out
+    assert lake.lake() == lake.source() and lake.lease() is None
 
 
 def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_step_read_it(spark):

@@ -134,12 +134,36 @@ def test_copy_on_two_workers_equals_the_snapshot_and_a_one_worker_copy(
     assert backfill.execute(context={})["tables"] == {"public.orders": 2175}  # ids 101..2999: 1..100 were deleted
     assert staged_rows(storage, "p")["orders"] == sorted(publisher.query(
         "SELECT id, region, total FROM orders WHERE id % 4 <> 0 AND id >= 50 AND id < 3000"))
+    applied_to_iceberg(publisher, root, tmp_path / "warehouse", len([u for u in on_spark.units if u.table.name == "orders"]))
     publisher.execute("DELETE FROM events WHERE kind = 'late'; UPDATE orders SET total = id * 1.25 WHERE id > 5000;"
                       "INSERT INTO orders SELECT g, (ARRAY['EU','US','APAC'])[1 + g % 3], g * 1.25, repeat('x', g % 50)"
                       "  FROM generate_series(1, 100) g")
     local = ObjectStoragePath((tmp_path / "local").as_uri())
     run_initial_sync(publisher_hook, slot="s_local", publications=["p"], root=local, pipeline="p", parallelism=1)
     assert staged_rows(local, "p") == staged
+
+
+def applied_to_iceberg(publisher, root, warehouse, orders_units: int) -> None:
+    """The Spark-copied snapshot, the changes after it and the Spark-copied ranged backfill, applied
+    to Iceberg in this process: the keyed table's staged files (one per executor's unit) adopted by
+    a link, the keyless one rewritten with its copies numbered; the lakehouse equals the source."""
+    from collections import Counter
+
+    from airflow_provider_pglogical.spark.jobs import apply_changes
+    from tests.support.spark_jobs import applying_session
+
+    spark = applying_session(warehouse, "test-spark-copy-apply")
+    try:
+        summary = apply_changes.run(spark, root.as_uri(), "p", "lake", "copied", retention_hours=None)
+        kinds = [(step["table"], step["kind"], step["adopted_files"]) for step in summary["steps"]]
+        assert ("public.orders", "snapshot", orders_units) in kinds and ("public.events", "snapshot", 0) in kinds
+        adopted = list((warehouse / "copied" / "public__orders" / "data").glob("*-adopted.parquet"))
+        assert len(adopted) == orders_units and all(path.stat().st_nlink == 2 for path in adopted)  # linked
+        for name, columns in (("orders", "id, region, total"), ("events", "kind, n")):
+            lake = Counter(tuple(row) for row in spark.sql(f"SELECT {columns} FROM lake.copied.public__{name}").collect())
+            assert lake == Counter(publisher.query(PROJECTION[name])), name
+    finally:
+        spark.stop()
 
 
 def test_a_failed_unit_commits_nothing_and_drops_the_slot(publisher, publisher_hook, tmp_path, cluster, caplog, capfd):

@@ -169,6 +169,9 @@ class Figures:
     verified_rounds: int = 0
     #: (key, columns) cells hit by the known product bug (see docs/reliability.md)
     counts: Counts = field(default_factory=Counts)
+    #: adopted files that the kill before the adoption's commit left in a local warehouse as hard
+    #: links of staged files (the embedded default's adoption): orphans, never committed
+    linked_orphans: int = 0
 
     def killed(self, point: str) -> None:
         self.kills[point] = self.kills.get(point, 0) + 1
@@ -391,10 +394,19 @@ class Harness:
             if SELF_KILLS[kill][1] not in text:
                 self.fail(f"apply failed (exit {code}) before its crash point, see {log_path}:\n{text[-5000:]}")
             self.figures.killed(kill)
+            if kill == "adopt_before_commit":  # the kill came after the files were linked into the table
+                self.figures.linked_orphans = len(self.adopted_files())
             return None
         if code != 0:
             self.fail(f"apply failed (exit {code}), see {log_path}:\n{text[-5000:]}")
         return job_result(text, RESULT_PREFIX)
+
+    def adopted_files(self) -> set[Path]:
+        """The adopted data files in a local warehouse that are hard links of a staged file."""
+        if self.lakehouse is not None:
+            return set()
+        return {path for path in (self.workdir / "warehouse").glob("**/data/*-adopted.parquet")
+                if path.stat().st_nlink > 1}
 
     # --- oracle ----------------------------------------------------------------------------
     def wait_subscriber(self, timeout: float = 180) -> None:

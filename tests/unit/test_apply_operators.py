@@ -114,6 +114,20 @@ def test_apply_concurrency_reaches_the_job_and_is_checked():
         IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="p", concurrency=0)
 
 
+def test_an_initial_loads_apply_waits_at_most_keep_running_for_the_snapshot():
+    op = IcebergApplyOperator(task_id="load", staging_root="/s", pipeline="p", keep_running=timedelta(hours=1),
+                              until_loaded=True)
+    args = apply_changes.parse_args(op.job_args())
+    assert (args.keep_running, args.until_loaded) == (3600.0, True)
+    assert not apply_changes.parse_args(IcebergApplyOperator(task_id="a2", staging_root="/s", pipeline="p")
+                                        .job_args()).until_loaded
+    with pytest.raises(ValueError, match=r"'load2': until_loaded waits for the initial snapshot, but keep_running "
+                                         r"is unset: give keep_running"):
+        IcebergApplyOperator(task_id="load2", staging_root="/s", pipeline="p", until_loaded=True)
+    with pytest.raises(apply_changes.ApplyError, match="--until-loaded waits for the initial snapshot"):
+        apply_changes.run(None, "/s", "p", until_loaded=True)
+
+
 def test_maintenance_concurrency_reaches_the_job_and_is_checked():
     op = IcebergMaintenanceOperator(task_id="m", concurrency=2)
     assert op.job_args()[-2:] == ["--concurrency", "2"]

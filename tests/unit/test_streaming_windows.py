@@ -10,7 +10,7 @@ from airflow_provider_pglogical.capture.pull_window import pull_window
 from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.management.validation import check_seconds
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, round_entry
+from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, round_entry
 
 
 class Clock:
@@ -106,6 +106,48 @@ def test_an_apply_window_ends_with_a_last_listing_after_its_deadline():
 
     keep_applying(apply_round, committed, 1.0, 0.4, clock=clock, wait=clock.wait)
     assert listings[-1] >= 101.0 and len(rounds) == 2  # the batch committed at the end still applied
+
+
+def test_an_initial_loads_window_ends_after_the_round_that_applied_the_snapshot():
+    clock = Clock()
+    listings = iter([[], [], ["S"], ["S", "C1"]])  # the sync commits its snapshot while the window waits
+    rounds = []
+
+    def apply_round() -> dict:
+        clock.now += 1.0
+        rounds.append(clock.now)
+        snapshot = len(rounds) > 1
+        return {"seen": ["S"] if snapshot else [], "steps": [{"kind": "snapshot"}] if snapshot else [],
+                "targets": {"t": "m1"} if snapshot else {}}
+
+    summary = keep_applying(apply_round, lambda: next(listings), 3600.0, 0.5, until=loaded,
+                            clock=clock, wait=clock.wait)
+    # the first round (nothing committed yet) at once, two empty listings, then the snapshot's round: the end
+    assert rounds == [101.0, 103.5] and clock.waits == [0.5, 0.5, 0.5]
+    assert summary["steps"] == [{"kind": "snapshot"}] and summary["window"]["rounds"] == 2
+    assert next(listings) == ["S", "C1"]  # not listed again after the snapshot's round
+
+
+def test_an_initial_loads_window_on_a_loaded_pipeline_ends_after_its_first_round():
+    clock = Clock()
+    summary = keep_applying(lambda: {"seen": [], "steps": [], "targets": {"t": "m7"}}, lambda: [], 3600.0, 0.5,
+                            until=loaded, clock=clock, wait=clock.wait)
+    assert summary["window"]["rounds"] == 1 and clock.waits == [] and clock.now == 100.0
+
+
+def test_an_initial_loads_window_without_a_snapshot_fails_at_its_end_naming_the_sync():
+    clock = Clock()
+    with pytest.raises(ApplyError, match=r"no snapshot batch was committed in the 2 s .*initial sync .*failed"):
+        keep_applying(lambda: {"seen": [], "steps": [], "targets": {}}, lambda: [], 2.0, 0.5, until=loaded,
+                      clock=clock, wait=clock.wait)
+    assert clock.now == 102.0
+
+
+@pytest.mark.parametrize("targets, expected", [
+    ({}, False), ({"t": None}, False), ({"t": "m1", "u": None}, False), ({"t": "m1", "u": "m2"}, True),
+])
+def test_a_pipeline_is_loaded_when_every_table_it_knows_is_in_the_lakehouse(targets, expected):
+    assert loaded({"targets": targets, "seen": []}) is expected
 
 
 @pytest.mark.parametrize("seconds, interval", [(0, 0.5), (-1, 0.5), (10, 0)])

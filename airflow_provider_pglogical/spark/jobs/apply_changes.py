@@ -94,7 +94,7 @@ from airflow_provider_pglogical.spark.housekeeping.delete_compaction import comp
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
-from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, record_round
+from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
@@ -123,7 +123,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
         archive: bool = False, row_deltas: bool = True, lease_seconds: float = DEFAULT_APPLY_LEASE_SECONDS,
         lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL,
-        compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT) -> dict:
+        compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT, until_loaded: bool = False) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
@@ -140,12 +140,16 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     :param poll_interval: in such a window, seconds between two listings of the staging area.
     :param compact_deletes_at: after its state commits, compact each table it wrote that holds this
         many delete files or more (``delete_compaction.py``); 0 leaves them to housekeeping.
+    :param until_loaded: end the window after the first round that leaves the pipeline's tables in
+        the lakehouse (an initial load started beside its sync); ``keep_running`` bounds the wait.
     :raises ApplyLeaseHeld: another apply of the pipeline holds the lease; nothing was written.
     """
     if write_mode not in WRITE_MODES:
         raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
     if compact_deletes_at < 0:
         raise ApplyError(f"--compact-deletes-at must be 0 (off) or a number of delete files, not {compact_deletes_at}")
+    if until_loaded and not keep_running:
+        raise ApplyError("--until-loaded waits for the initial snapshot: give --keep-running, the most seconds to wait")
     started = time.monotonic()
     run_group = spark_job_group(spark, f"pglogical apply {pipeline}")
     table_map = normal_table_map(table_map)
@@ -167,7 +171,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
 
         if keep_running:
             summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, poll_interval,
-                                    record=lambda entry: record_round(staging, entry))
+                                    record=lambda entry: record_round(staging, entry),
+                                    until=loaded if until_loaded else None)
         else:
             summary = apply_round()
         summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
@@ -347,6 +352,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compact-deletes-at", type=int, default=DEFAULT_COMPACT_DELETES_AT, metavar="N",
                         help="compact a table the run wrote once it holds N delete files (default "
                              f"{DEFAULT_COMPACT_DELETES_AT}; 0: leave them to housekeeping)")
+    parser.add_argument("--until-loaded", action="store_true",
+                        help="with --keep-running: end after the first round that leaves the pipeline's tables in "
+                             "the lakehouse (an initial load started beside its sync; fails if none within the window)")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -358,7 +366,7 @@ def run_with_args(spark, args: argparse.Namespace) -> dict:
                concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
                archive=args.archive, row_deltas=not args.no_row_deltas, lease_seconds=args.lease_seconds,
                lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval,
-               compact_deletes_at=args.compact_deletes_at)
+               compact_deletes_at=args.compact_deletes_at, until_loaded=args.until_loaded)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,13 +35,16 @@ log = logging.getLogger("pglogical.apply")
 
 def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[str]], seconds: float,
                   poll_interval: float = DEFAULT_POLL_INTERVAL, *, record: Callable[[dict], None] | None = None,
-                  clock: Callable[[], float] = time.monotonic, wait: Callable[[float], None] = time.sleep) -> dict:
+                  until: Callable[[dict], bool] | None = None, clock: Callable[[], float] = time.monotonic, wait: Callable[[float], None] = time.sleep) -> dict:
     """Apply a first round, then a round whenever ``committed()`` lists a batch no round has seen,
     until ``seconds`` have passed since the first round ended; a last listing at the end. Returns the rounds' summaries merged.
 
     :param apply_round: one apply of everything committed now (``apply_changes.apply_pending``).
     :param committed: the committed batch names now (raises when the lease is lost).
     :param record: called with each round's history entry (:func:`round_entry`).
+    :param until: ends the window after the first round whose summary it holds true (an initial
+        load: :func:`loaded`); then a window that reaches its end without such a round raises.
+    :raises ApplyError: ``until`` was given and no round satisfied it within ``seconds``.
     """
     if not seconds > 0:
         raise ApplyError(f"--keep-running must be a positive number of seconds, not {seconds}")
@@ -64,12 +67,28 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
             seen.update(summary["seen"])
             if record is not None:
                 record(round_entry(summary, len(rounds)))
+            if until is not None and until(summary):
+                break
         if deadline is None:
             deadline = clock() + seconds
         if closing:
+            if until is not None:
+                raise ApplyError(
+                    f"no snapshot batch was committed in the {seconds:g} s this initial load waited "
+                    "(--keep-running): the initial sync started beside it failed or is still copying; "
+                    "see the sync task's log, then run the apply again (a longer keep_running if the copy "
+                    "takes longer)")
             break
         wait(max(0.0, min(poll_interval, deadline - clock())))
     return merge_rounds(rounds, polls, clock() - started)
+
+
+def loaded(summary: dict) -> bool:
+    """Whether a round left the pipeline's tables in the lakehouse: every source it knows has its
+    target (a snapshot applied by this round or an earlier run); a round before the initial sync
+    committed its snapshot knows no table."""
+    targets = summary.get("targets") or {}
+    return bool(targets) and all(targets.values())
 
 
 def merge_rounds(rounds: list[dict], polls: int, seconds: float) -> dict:
