@@ -24,8 +24,20 @@ log = logging.getLogger(__name__)
 
 
 #: Parquet settings of staged files. They are read once, whole, by the apply: dictionary pages
-#: and statistics cost a third of the write time and change nothing there (zstd keeps the size).
+#: and statistics cost a third of the write time and change nothing there (zstd keeps the size);
+#: a snapshot's files, adopted into Iceberg as they are, keep the statistics of some columns
+#: (:func:`bounded_columns`).
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "use_dictionary": False, "write_statistics": False}
+
+
+def bounded_columns(schema: pa.Schema) -> list[str]:
+    """The columns whose statistics a snapshot file keeps: the apply adopts these files into Iceberg
+    as they are, and Iceberg takes each file's lower and upper bounds from its footer, which let
+    queries, MERGE and the row deltas' lookups by key skip files and row groups. Flat columns only
+    (Iceberg keeps no bounds of nested ones), and no floating-point one: Parquet's bounds say nothing
+    of NaN, which Iceberg counts apart when it writes a file itself (about 4% more copy CPU)."""
+    return [field.name for field in schema
+            if not pa.types.is_nested(field.type) and not pa.types.is_floating(field.type)]
 
 
 def table_file_name(index: int, part: int) -> str:
@@ -108,8 +120,9 @@ class BatchWriter:
             (the distributed copy numbers each work unit's file); default: the next one.
         """
         table, entry = self._next_file(qualified_name, part)
+        options = {**PARQUET_OPTIONS, "write_statistics": bounded_columns(schema)}
         with self._open(entry) as fh:
-            writer = _CountingWriter(pq.ParquetWriter(fh, with_field_ids(schema), **PARQUET_OPTIONS))
+            writer = _CountingWriter(pq.ParquetWriter(fh, with_field_ids(schema), **options))
             try:
                 yield writer
             finally:

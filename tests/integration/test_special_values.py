@@ -193,6 +193,11 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     (location,) = spark.sql("SELECT file_path FROM lake.special.special.files WHERE file_path LIKE '%-adopted.parquet'"
                             ).collect()
     assert "/special/special/data/" in location.file_path and str(root.path) not in location.file_path
+    # Iceberg took the adopted file's bounds from its footer (queries and lookups by key skip files)
+    (bounds,) = spark.sql("SELECT readable_metrics.id.lower_bound AS low, readable_metrics.id.upper_bound AS high "
+                          "FROM lake.special.special.files WHERE file_path LIKE '%-adopted.parquet'").collect()
+    ids = [row["id"] for row in snapshot_rows]
+    assert (bounds.low, bounds.high) == (min(ids), max(ids)), bounds
     # the snapshot numbered the staged columns as the new table numbers them (arrays' elements
     # too), so the table's file is the staged file under a second name: a link, no copy
     staged_file = Path(str(root.path)) / "p" / staged_name(snapshot) / staged.files[0]["path"]
