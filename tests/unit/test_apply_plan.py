@@ -9,7 +9,15 @@ from airflow_provider_pglogical.staging.layout import batch_name
 from airflow_provider_pglogical.spark.jobs.apply_changes import parse_args
 from airflow_provider_pglogical.spark.common.identifiers import quote
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.spark.apply.plan import Batch, TableState, plan_table, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.apply.plan import (
+    Batch,
+    TableState,
+    batches_that_matter,
+    caught_up,
+    plan_table,
+    range_predicate,
+    snapshot_details,
+)
 from airflow_provider_pglogical.staging.contract import default_target_name, hex16, parse_batch_name
 
 T = "public.orders"
@@ -99,6 +107,26 @@ def test_ranged_backfill_of_a_keyless_table_folds_its_window_instead_of_replayin
 def test_batches_without_the_table_do_not_count():
     batches = [batch("changes", 100, 200, tables=("public.other",)), batch("changes", 200, 300)]
     assert steps_of(batches, TableState("t")) == ([("changes", 200, 0)], [])
+
+
+def test_a_loaded_table_no_batch_holds_moves_to_the_newest_change_batchs_end():
+    # orders changes in every batch; quiet never does after its snapshot; new has no state yet
+    batches = [batch("snapshot", 100, tables=(T, "public.quiet")), batch("changes", 100, 200),
+               batch("changes", 200, 300), batch("snapshot", 250, tables=("public.new",))]
+    states = {T: TableState("o", 300, {batches[0].name}), "public.quiet": TableState("q", 100, {batches[0].name}),
+              "public.empty": TableState("e")}
+    plans = {source: plan_table(source, batches, states.get(source, TableState("x")))[0]
+             for source in (T, "public.quiet", "public.new", "public.empty")}
+    assert plans[T] == [] and plans["public.quiet"] == [] and plans["public.empty"] == []
+    # not a table with steps (new), nor one never loaded (empty), nor one already there (orders)
+    assert caught_up(plans, states, batches) == {"public.quiet": 300}
+    # before, the quiet table's position kept every later change batch's manifest wanted; after,
+    # only those past the pending snapshot of the new table
+    loaded = {source: state for source, state in states.items() if source != "public.empty"}
+    assert [b.start for b in batches_that_matter(batches, loaded) if b.kind == "changes"] == [100, 200]
+    loaded["public.quiet"].position = 300
+    assert [b.start for b in batches_that_matter(batches, loaded) if b.kind == "changes"] == [200]
+    assert caught_up({T: []}, states, [batches[0]]) == {}  # no change batch: nothing to move to
 
 
 def test_range_predicates():

@@ -149,6 +149,18 @@ def batches_that_matter(batches: list[Batch], states: dict[str, TableState]) -> 
     return [b for b in batches if (b.kind == "snapshot" and b.name not in applied_anywhere) or b.end > floor]
 
 
+def caught_up(plans: dict[str, list[Step]], states: dict[str, TableState], batches: list[Batch]) -> dict[str, int]:
+    """Loaded tables no step moves, with the end of the newest change batch when it is past their
+    position: their new position. No committed batch past their position holds them (their plan
+    is empty), and the chain of change batches from there is proven whole (``prove_staging``), so
+    they have no change before that end. Without this a table no change touches keeps its
+    position, and every later run reads every manifest since (``batches_that_matter``)."""
+    end = max((batch.end for batch in batches if batch.kind == "changes"), default=0)
+    return {source: end for source, steps in plans.items()
+            if not steps and source in states and (states[source].position or states[source].snapshots)
+            and states[source].position < end}
+
+
 # --- the chain of change batches (invariant 12) --------------------------------------------------
 
 def chain_intervals(batches: list[Batch]) -> list[tuple[Batch, int, int]]:

@@ -91,7 +91,7 @@ from airflow_provider_pglogical.spark.common.session import (  # noqa: F401 (tun
 )
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
-from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, plan_table
+from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
@@ -229,6 +229,8 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
         plans[source] = steps
     prove_staging(staging, pipeline, batches, plans, states, staging.read_file(RETENTION_RECORD), record)
     check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
+    for source, position in caught_up(plans, states, batches).items():  # recorded by the rounds' state commits
+        states[source].position = position
     phases.end("planning")
     # Tables advance in rounds, one step each (the tables of a round side by side), then one state
     # commit: no table's recorded position ever lags its data by more than one step, so a crash
