@@ -95,7 +95,8 @@ def test_apply_and_verify_results_arrive_with_the_driver_output_thrown_away(
     pulled = PgSlotPullOperator(task_id="pull", slot="shop", publications=["shop"], **common).execute({})
     second, second_assets, operator = _apply(staging, iceberg, "apply2")
     # the job says where its time went, phase by phase, within its own time
-    assert set(operator._job_phases) == {"listing", "lease", "state_read", "planning", "steps", "state_commits", "retention"}
+    assert set(operator._job_phases) == {"listing", "lease", "state_read", "planning", "steps", "state_commits",
+                                         "compaction", "retention"}
     assert sum(operator._job_phases.values()) <= operator._job_seconds + 0.01
     # only the table the batch changed gets an asset event, positioned at the batch's end
     assert second["tables"] == ["public.orders"] and second["rows"] == 4
