@@ -17,7 +17,8 @@ reader and commit validation), then the equality deletes left applying to nothin
 those of the replaced files. The rewrite changes no row, so it needs no state commit, and a crash
 anywhere in it leaves the table as it was or compacted. A rewrite rewrites every data file a
 delete applies to: a large unpartitioned table pays a whole rewrite every ``threshold`` steps, so
-the threshold is the apply's choice (``--compact-deletes-at``, 0 switches it off).
+the threshold is the apply's choice (``--compact-deletes-at``, default
+``staging.contract.DEFAULT_COMPACT_DELETES_AT``; 0 switches it off).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import time
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_equality_deletes
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping, procedure_call
-from airflow_provider_pglogical.staging.contract import DEFAULT_COMPACT_DELETES_AT  # noqa: F401 (the default, documented here)
 
 log = logging.getLogger("pglogical.apply")
 
@@ -71,9 +71,9 @@ def compact_if_due(spark, catalog: str, namespace: str, target: str, table, thre
 
 def compact_written(spark, lakehouse, steps: list[dict], threshold: int) -> list[dict]:
     """:func:`compact_if_due` for every table ``steps`` wrote (``lakehouse``: the apply's
-    ``Lakehouse``); what was done, one entry per compacted table (``target`` named). A compaction that fails (another writer's commit met
-    it) only warns: the apply's own work is committed and recorded, and housekeeping folds the
-    deletes later."""
+    ``Lakehouse``); what was done, one entry per compacted table (``target`` named). A compaction
+    that fails (another writer's commit met it) only warns: the apply's own work is committed and
+    recorded, and housekeeping folds the deletes later."""
     done: list[dict] = []
     if not threshold:
         return done
@@ -82,9 +82,10 @@ def compact_written(spark, lakehouse, steps: list[dict], threshold: int) -> list
             outcome = compact_if_due(spark, lakehouse.catalog, lakehouse.namespace, target,
                                      lakehouse.iceberg_table(target), threshold)
         except Exception as error:  # noqa: BLE001 (the rewrite is an optimisation; no row depends on it)
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
             log.warning("%s: the compaction of its delete files did not commit (%s); housekeeping will", target,
-                        str(error).splitlines()[0] if str(error) else type(error).__name__)
-            outcome = {"error": str(error).splitlines()[0] if str(error) else type(error).__name__}
+                        first_line)
+            outcome = {"error": first_line}
         if outcome is not None:
             done.append({"target": target, **outcome})
     return done
