@@ -166,21 +166,21 @@ class Staging:
 
     def committed(self) -> list[Batch]:
         """Every batch with a manifest, in name order (manifests not read yet)."""
+        # (the batch directory's name, how to ask its manifest's modification time)
         local = local_path(self.spark, self.directory)
         if local is not None:  # Python's listing: no py4j call per batch (0.1-0.3 s a round for 500 batches)
-            listed = [(os.path.basename(os.path.dirname(path)), path)
+            listed = [(os.path.basename(os.path.dirname(path)),
+                       lambda path=path: os.stat(path).st_mtime_ns // 1_000_000)
                       for path in glob.glob(os.path.join(glob.escape(local), "*", MANIFEST))]
-            modified = lambda index: os.stat(listed[index][1]).st_mtime_ns // 1_000_000  # noqa: E731
         else:
-            statuses = self._fs.globStatus(self._path(f"{self.directory}/*/{MANIFEST}")) or []
-            listed = [(status.getPath().getParent().getName(), status) for status in statuses]
-            modified = lambda index: listed[index][1].getModificationTime()  # noqa: E731
+            listed = [(status.getPath().getParent().getName(), status.getModificationTime)
+                      for status in self._fs.globStatus(self._path(f"{self.directory}/*/{MANIFEST}")) or []]
         found, times = [], {}
-        for index, (directory, _entry) in enumerate(listed):  # (the batch directory's name, its manifest)
+        for directory, modified in listed:
             batch = Batch.parse(directory)
             if batch:
                 known = self._committed_ms.get(batch.name)
-                batch.committed_ms = times[batch.name] = known if known is not None else modified(index)
+                batch.committed_ms = times[batch.name] = known if known is not None else modified()
                 found.append(batch)
         self._committed_ms = times  # a batch no longer listed is forgotten with its manifest
         self._manifests = {name: manifest for name, manifest in self._manifests.items() if name in times}
