@@ -20,7 +20,8 @@ TINY = {
     "bench_decoder.py": (["--messages", "2000", "--repeat", "1"], "end to end"),
     "bench_pull.py": (["--changes", "2000", "--repeat", "1", "--window", "500", "--windows", "2",
                        "--backlog-seconds", "1"], "ours vs raw peek"),
-    "bench_snapshot.py": (["--tiny"], "two workers vs one"),
+    "bench_snapshot.py": (["--tiny", "--iceberg", "--overlap"], "started beside the snapshot (until_loaded)"),
+    "bench_warm_load.py": (["--tiny"], "backfill into a running window: exported snapshot -> queryable"),
     "bench_idle_apply.py": (["--tiny"], "idle apply tick,"),
     "bench_apply.py": (["--tiny"], "| plain | 2,000 |"),
     # on the S3 server and the JDBC catalog (its local pipeline is the one bench_mixed_tick's tiny run drives)

@@ -323,7 +323,27 @@ def test_an_initial_loads_window_started_before_the_sync_applies_the_snapshot_an
     assert sorted((s["table"], s["kind"]) for s in summary["steps"]) == [
         ("public.bag", "snapshot"), ("public.orders", "snapshot")]
     assert summary["window"]["rounds"] == 2 and summary["window"]["seconds"] < 120  # ended, not timed out
+    # while it waited, it warmed its JVM up on throwaway tables (spark/jobs/warm_up.py), none in the lakehouse
+    assert summary["window"]["warm_up_seconds"] > 0
+    assert sorted(r.tableName for r in spark.sql(f"SHOW TABLES IN lake.{namespace}").collect()) == [
+        "_pglogical_state", "public__bag", "public__orders"]
     assert lake.lake() == lake.source() and lake.lease() is None
+
+
+def test_a_waiting_windows_warm_up_leaves_nothing_behind_and_a_failed_one_only_warns(spark, tmp_path, monkeypatch,
+                                                                                     caplog):
+    """The warm-up adopts a file and replaces a partition on tables of its own in a temporary
+    directory, which it removes; when it cannot run, the window only loses its speed."""
+    import tempfile
+
+    from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert warm_up(spark) > 0
+    assert list(tmp_path.iterdir()) == []
+    assert warm_up(object()) is None  # no session: nothing to warm
+    assert "could not warm the driver up for the next snapshot (it runs cold)" in caplog.text
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_step_read_it(spark):

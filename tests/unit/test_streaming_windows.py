@@ -128,6 +128,30 @@ def test_an_initial_loads_window_ends_after_the_round_that_applied_the_snapshot(
     assert next(listings) == ["S", "C1"]  # not listed again after the snapshot's round
 
 
+def test_a_window_whose_first_round_applied_nothing_warms_up_once_while_it_waits():
+    clock = Clock()
+    listings = iter([[], ["S"], ["S"], ["S", "C1"]])
+    listed: list[list[str]] = [[]]
+    warm_ups, rounds = [], []
+
+    def committed() -> list[str]:
+        listed.append(next(listings, listed[-1]))
+        return listed[-1]
+
+    def apply_round() -> dict:
+        clock.now += 1.0
+        rounds.append(clock.now)
+        return {"seen": listed[-1], "steps": [{"kind": "changes"}] if listed[-1] else []}
+
+    summary = keep_applying(apply_round, committed, 10.0, 0.5, idle=lambda: warm_ups.append(clock.now) or 0.25,
+                            clock=clock, wait=clock.wait)
+    assert warm_ups == [101.0] and len(rounds) == 3  # once, after the empty first round, not after the others
+    assert summary["window"]["warm_up_seconds"] == 0.25
+    busy = keep_applying(lambda: {"seen": ["S"], "steps": [{"kind": "changes"}]}, lambda: ["S"], 1.0, 0.5,
+                         idle=lambda: warm_ups.append("busy") or 0.25, clock=clock, wait=clock.wait)
+    assert warm_ups == [101.0] and busy["window"]["warm_up_seconds"] is None  # its first round had work: no warm-up
+
+
 def test_an_initial_loads_window_on_a_loaded_pipeline_ends_after_its_first_round():
     clock = Clock()
     summary = keep_applying(lambda: {"seen": [], "steps": [], "targets": {"t": "m7"}}, lambda: [], 3600.0, 0.5,

@@ -85,8 +85,10 @@ def adoption_refused(staged: dict[str, str], types: dict[str, str], *, keyless: 
 class Adoption:
     """Adopts a snapshot's staged files into an Iceberg table from the driver (py4j)."""
 
-    def __init__(self, spark) -> None:
+    def __init__(self, spark, kill_points: bool = True) -> None:
+        """:param kill_points: honour :data:`CRASH_VARIABLE` (off for the window's warm-up, ``warm_up.py``)."""
         self.spark = spark
+        self.kill_points = kill_points
 
     def _class(self, name: str):
         from airflow_provider_pglogical.spark.common.java_classes import java_class
@@ -128,10 +130,14 @@ class Adoption:
         for path, source, schema, numbered in sources:
             overwrite.addFile(self._adopted_file(table, path, source, schema, numbered, conf, metrics))
         overwrite.set(ADOPTED_PROPERTY, batch)
-        _crash_point("copied")
+        self._crash_point("copied")
         validated_commit(overwrite, table, read_at)
-        _crash_point("committed")
+        self._crash_point("committed")
         return len(sources), None
+
+    def _crash_point(self, name: str) -> None:
+        if self.kill_points:
+            _crash_point(name)
 
     def _schema_differs(self, expected, schema, path: str) -> str | None:
         """Why a staged file's schema (with the table's ids) does not read as the table's types."""

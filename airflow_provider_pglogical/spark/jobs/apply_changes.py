@@ -95,6 +95,7 @@ from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batche
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
+from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
@@ -172,7 +173,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         if keep_running:
             summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, poll_interval,
                                     record=lambda entry: record_round(staging, entry),
-                                    until=loaded if until_loaded else None)
+                                    until=loaded if until_loaded else None, idle=lambda: warm_up(spark))
         else:
             summary = apply_round()
         summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded

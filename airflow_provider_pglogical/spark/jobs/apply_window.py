@@ -35,7 +35,8 @@ log = logging.getLogger("pglogical.apply")
 
 def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[str]], seconds: float,
                   poll_interval: float = DEFAULT_POLL_INTERVAL, *, record: Callable[[dict], None] | None = None,
-                  until: Callable[[dict], bool] | None = None, clock: Callable[[], float] = time.monotonic, wait: Callable[[float], None] = time.sleep) -> dict:
+                  until: Callable[[dict], bool] | None = None, idle: Callable[[], float | None] | None = None,
+                  clock: Callable[[], float] = time.monotonic, wait: Callable[[float], None] = time.sleep) -> dict:
     """Apply a first round, then a round whenever ``committed()`` lists a batch no round has seen,
     until ``seconds`` have passed since the first round ended; a last listing at the end. Returns the rounds' summaries merged.
 
@@ -44,6 +45,8 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
     :param record: called with each round's history entry (:func:`round_entry`).
     :param until: ends the window after the first round whose summary it holds true (an initial
         load: :func:`loaded`); then a window that reaches its end without such a round raises.
+    :param idle: called once when the first round applied nothing, while the window waits for a
+        batch (``warm_up.py``); its result (seconds, or None) is the summary's ``warm_up_seconds``.
     :raises ApplyError: ``until`` was given and no round satisfied it within ``seconds``.
     """
     if not seconds > 0:
@@ -51,6 +54,7 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
     if not poll_interval > 0:
         raise ApplyError(f"--poll-interval must be a positive number of seconds, not {poll_interval}")
     started = clock()
+    warmed = None
     deadline = None  # the window counts from the end of the first round (what was pending at the start)
     rounds: list[dict] = []
     seen: set[str] = set()
@@ -69,6 +73,8 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
                 record(round_entry(summary, len(rounds)))
             if until is not None and until(summary):
                 break
+            if idle is not None and len(rounds) == 1 and not summary["steps"]:
+                warmed = idle()
         if deadline is None:
             deadline = clock() + seconds
         if closing:
@@ -80,7 +86,9 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
                     "takes longer)")
             break
         wait(max(0.0, min(poll_interval, deadline - clock())))
-    return merge_rounds(rounds, polls, clock() - started)
+    summary = merge_rounds(rounds, polls, clock() - started)
+    summary["window"]["warm_up_seconds"] = warmed
+    return summary
 
 
 def loaded(summary: dict) -> bool:

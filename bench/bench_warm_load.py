@@ -1,0 +1,208 @@
+"""An initial load and a backfill into an apply window that is already running (issue 37).
+
+    .venv/bin/python bench/bench_warm_load.py --rows 3000000 --repeat 3 [--cds /tmp/driver.jsa]
+
+The streaming DAG's shape: its apply window starts beside the setup tasks, so by the time the
+initial sync has exported its snapshot the driver is up (session, catalog, lease), and a backfill
+run while the pipeline streams is applied by the window that is running anyway. What is left of
+the load is the copy and one round of the window. Measured here, from the call that exports the
+snapshot (``run_initial_sync`` / ``run_backfill``) to the end of the window's round that applied
+it (its apply-history entry, written after the round's state commit: the table is queryable
+with its position), against raw ``COPY … TO STDOUT`` of the same table in the same run:
+
+- **initial load into a waiting window**: the apply job spark-submitted with ``--keep-running
+  --until-loaded`` (``IcebergApplyOperator(until_loaded=True)``), the snapshot started once its
+  first (empty) round is recorded; also the job's exit;
+- **backfill into a running window**: the table re-snapshotted by ``run_backfill`` while a window
+  (``--keep-running``) of the loaded pipeline polls;
+- **backfill, then an apply**: the sync DAG's shape (``PgBackfillOperator >> IcebergApplyOperator``),
+  the backfill then a fresh spark-submit of the apply, both timed (the gap between two Airflow
+  tasks left out).
+
+Each round's ``rows`` must equal the table's, or the run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from psycopg2 import sql
+
+from common import cluster, psql, report, timed
+from bench_snapshot import C1_ONLY, TABLE
+
+from airflow.sdk import ObjectStoragePath  # noqa: E402
+
+from airflow_provider_pglogical.capture.backfill import run_backfill  # noqa: E402
+from airflow_provider_pglogical.capture.initial_sync import run_initial_sync  # noqa: E402
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook  # noqa: E402
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
+from airflow_provider_pglogical.staging.contract import history_name  # noqa: E402
+from tests.support.processes import kill_tree  # noqa: E402
+from tests.support.spark_jobs import run_job, start_job, submit_command  # noqa: E402
+
+PIPELINE = "bench"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=3_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
+    parser.add_argument("--cds", default=None, metavar="ARCHIVE",
+                        help="the driver at C1 only with this class-data-sharing archive (docs/operators.md, "
+                             "'Tuning the driver JVM'; written by the first window when it does not exist)")
+    args = parser.parse_args()
+    if args.tiny:
+        args.rows, args.repeat = 2000, 1
+    java_options = f"{C1_ONLY} -XX:SharedArchiveFile={args.cds}" if args.cds else ""
+    with cluster("benchwarm") as pg:
+        pg.execute(sql.SQL(TABLE).format(rows=sql.Literal(args.rows)))
+        pg.execute("VACUUM ANALYZE bench")
+        pg.execute("CREATE PUBLICATION pub FOR TABLE bench")
+        hook = PgLogicalHook(postgres_conn_id="benchwarm")
+        raw, _ = timed(lambda: psql(pg, "COPY bench TO STDOUT"), args.repeat)
+        base = Path(tempfile.mkdtemp(prefix="bench-warm-"))
+        window = Window(base, java_options, args.cds)
+        loads, backfills, afters = [], [], []
+        slots = []
+        try:
+            if args.cds and not Path(args.cds).exists():  # an untimed load whose window writes the archive
+                slots.append(f"bench_{uuid.uuid4().hex[:8]}")
+                window.initial_load(hook, "training", slots[-1], args.rows)
+            for run in range(args.repeat):  # each initial load into a pipeline of its own
+                slots.append(f"bench_{uuid.uuid4().hex[:8]}")
+                loads.append(window.initial_load(hook, f"load{run}", slots[-1], args.rows))
+                print("initial load:", json.dumps(loads[-1]), flush=True)
+            loaded = f"load{args.repeat - 1}"
+            job = window.start(loaded, until_loaded=False)
+            try:
+                for _ in range(args.repeat):
+                    backfills.append(window.into_running(job, loaded, lambda: run_backfill(
+                        hook, tables=["public.bench"], publications=["pub"], root=window.root,
+                        pipeline=loaded, parallelism=1, report=lambda m: None), args.rows))
+                    print("backfill into the window:", json.dumps(backfills[-1]), flush=True)
+            finally:
+                kill_tree(job)
+                job.communicate()
+            for _ in range(args.repeat):
+                afters.append(window.backfill_then_apply(hook, loaded))
+                print("backfill, then an apply:", json.dumps(afters[-1]), flush=True)
+        finally:
+            for slot in slots:
+                hook.drop_slot(slot)
+            shutil.rmtree(base, ignore_errors=True)
+
+    def median(runs: list[dict], key: str) -> float:
+        return statistics.median(run[key] for run in runs)
+
+    rows = [("raw COPY TO STDOUT (psql > /dev/null), the baseline", raw, "1.00x raw")]
+    for label, runs in (("initial load into a waiting window", loads), ("backfill into a running window", backfills)):
+        seconds = median(runs, "queryable")
+        rows.append((f"{label}: exported snapshot -> queryable", seconds,
+                     f"{raw / seconds:.2f}x raw  {args.rows / seconds:,.0f} rows/s  snapshot committed at "
+                     f"{median(runs, 'committed'):.2f} s; the round {median(runs, 'round'):.2f} s "
+                     f"({json.dumps(runs[len(runs) // 2]['phases'])})"))
+    rows.append(("initial load into a waiting window: to the job's exit", median(loads, "exited"),
+                 f"{raw / median(loads, 'exited'):.2f}x raw"))
+    seconds = median(afters, "queryable")
+    rows.append(("backfill, then an apply (spark-submit after it)", seconds,
+                 f"{raw / seconds:.2f}x raw  backfill {median(afters, 'committed'):.2f} s + apply "
+                 f"{median(afters, 'apply'):.2f} s"))
+    print(f"rows: {args.rows:,}; medians of {args.repeat} runs; driver JVM options: {java_options or 'defaults'}")
+    report(rows)
+
+
+class Window:
+    """Apply jobs of pipelines staged under one root, into one warehouse."""
+
+    def __init__(self, base: Path, java_options: str, archive: str | None) -> None:
+        self.base, self.java_options, self.archive = base, java_options, archive
+        self.root = ObjectStoragePath((base / "staging").as_uri())
+
+    def command(self, pipeline: str, extra: list[str], java_options: str | None = None) -> list[str]:
+        options = self.java_options if java_options is None else java_options
+        return submit_command(APPLY_JOB, ["--staging-root", str(self.root), "--pipeline", pipeline, "--namespace",
+                                          pipeline, "--keep-staging", *extra],
+                              IcebergConfig(warehouse=(self.base / "warehouse").as_uri()), driver_memory="2g",
+                              conf={"spark.driver.extraJavaOptions": options})
+
+    def start(self, pipeline: str, until_loaded: bool):
+        """spark-submit a window of ``pipeline`` and return once its first round is recorded."""
+        extra = ["--keep-running", "3600", "--poll-interval", "0.2"] + (["--until-loaded"] if until_loaded else [])
+        options = self.java_options
+        if self.archive and not Path(self.archive).exists():  # this first window writes the archive at its exit
+            options = options.replace("SharedArchiveFile=", "ArchiveClassesAtExit=")
+        before = len(self.history(pipeline))
+        job = start_job(self.command(pipeline, extra, options))
+        self.wait_for(job, pipeline, lambda entries: len(entries) > before)
+        return job
+
+    def history(self, pipeline: str) -> list[dict]:
+        path = Path(self.base / "staging" / pipeline / history_name("apply"))
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def wait_for(self, job, pipeline: str, done, timeout: float = 900) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while not done(entries := self.history(pipeline)):
+            if job.poll() is not None:
+                raise RuntimeError(f"the apply window ended early:\n{job.communicate()[0][-5000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no such round of {pipeline} within {timeout} s")
+            time.sleep(0.02)
+        return entries
+
+    def initial_load(self, hook: PgLogicalHook, pipeline: str, slot: str, rows: int) -> dict:
+        job = self.start(pipeline, until_loaded=True)
+        try:
+            started = time.time()
+            result = self.into_running(job, pipeline, lambda: run_initial_sync(
+                hook, slot=slot, publications=["pub"], root=self.root, pipeline=pipeline, parallelism=1,
+                report=lambda m: None), rows)
+            output, _ = job.communicate(timeout=900)
+            result["exited"] = round(time.time() - started, 2)
+            if job.returncode != 0:
+                raise RuntimeError(f"the initial load's apply failed:\n{output[-5000:]}")
+        finally:
+            kill_tree(job)
+        return result
+
+    def into_running(self, job, pipeline: str, snapshot, rows: int) -> dict:
+        """Run ``snapshot`` while ``job``'s window polls; seconds to its commit and to the round's end."""
+        before = len(self.history(pipeline))
+        started = time.time()
+        snapshot()
+        committed = time.time() - started
+        entries = self.wait_for(job, pipeline, lambda entries: any(e["steps"] for e in entries[before:]))
+        entry = next(e for e in entries[before:] if e["steps"])
+        if entry["rows"] != rows:
+            raise AssertionError(f"the round applied {entry['rows']} rows, the table holds {rows}: {entry}")
+        ended = dt.datetime.fromisoformat(entry["at"]).timestamp()
+        return {"committed": round(committed, 2), "queryable": round(ended - started, 2),
+                "round": entry["seconds"], "phases": entry["phases"]}
+
+    def backfill_then_apply(self, hook: PgLogicalHook, pipeline: str) -> dict:
+        started = time.perf_counter()
+        run_backfill(hook, tables=["public.bench"], publications=["pub"], root=self.root, pipeline=pipeline,
+                     parallelism=1, report=lambda m: None)
+        committed = time.perf_counter() - started
+        code, output = run_job(self.command(pipeline, []))
+        if code != 0:
+            raise RuntimeError(f"the apply failed:\n{output[-5000:]}")
+        ended = time.perf_counter() - started
+        return {"committed": round(committed, 2), "apply": round(ended - committed, 2), "queryable": round(ended, 2)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
