@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -45,8 +46,9 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
     :param record: called with each round's history entry (:func:`round_entry`).
     :param until: ends the window after the first round whose summary it holds true (an initial
         load: :func:`loaded`); then a window that reaches its end without such a round raises.
-    :param idle: called once when the first round applied nothing, while the window waits for a
-        batch (``warm_up.py``); its result (seconds, or None) is the summary's ``warm_up_seconds``.
+    :param idle: run once, in a thread of its own, when the first round applied nothing (``warm_up.py``):
+        the window polls meanwhile, so a batch committed during it is applied at once; its result
+        (seconds, or None) is the summary's ``warm_up_seconds``, waited for at the window's end.
     :raises ApplyError: ``until`` was given and no round satisfied it within ``seconds``.
     """
     if not seconds > 0:
@@ -54,7 +56,8 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
     if not poll_interval > 0:
         raise ApplyError(f"--poll-interval must be a positive number of seconds, not {poll_interval}")
     started = clock()
-    warmed = None
+    warmed: list[float | None] = []
+    warming = None
     deadline = None  # the window counts from the end of the first round (what was pending at the start)
     rounds: list[dict] = []
     seen: set[str] = set()
@@ -74,7 +77,8 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
             if until is not None and until(summary):
                 break
             if idle is not None and len(rounds) == 1 and not summary["steps"]:
-                warmed = idle()
+                warming = threading.Thread(target=lambda: warmed.append(idle()), name="pglogical-warm-up", daemon=True)
+                warming.start()
         if deadline is None:
             deadline = clock() + seconds
         if closing:
@@ -86,8 +90,10 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
                     "takes longer)")
             break
         wait(max(0.0, min(poll_interval, deadline - clock())))
+    if warming is not None:
+        warming.join()
     summary = merge_rounds(rounds, polls, clock() - started)
-    summary["window"]["warm_up_seconds"] = warmed
+    summary["window"]["warm_up_seconds"] = warmed[0] if warmed else None
     return summary
 
 
