@@ -54,9 +54,6 @@ from airflow_provider_pglogical.staging.contract import history_name  # noqa: E4
 from tests.support.processes import kill_tree  # noqa: E402
 from tests.support.spark_jobs import run_job, submit_command, subprocess_env  # noqa: E402
 
-PIPELINE = "bench"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=3_000_000)
@@ -128,8 +125,9 @@ def main() -> None:
     rows.append(("backfill, then an apply (spark-submit after it): exported snapshot -> queryable", seconds,
                  f"{raw / seconds:.2f}x raw  backfill {median(afters, 'committed'):.2f} s + apply's spark-submit "
                  f"{median(afters, 'apply'):.2f} s"))
+    started = "at the window's first round" if args.at_first_round else "once the window warmed up"
     print(f"rows: {args.rows:,}; medians of {args.repeat} runs; driver JVM options: {java_options or 'defaults'}; "
-          f"snapshots started {'at the window' + chr(39) + 's first round' if args.at_first_round else 'once the window warmed up'}")
+          f"snapshots started {started}; a round's phases are the middle run's")
     report(rows)
 
 
