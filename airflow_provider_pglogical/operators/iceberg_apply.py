@@ -279,8 +279,11 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 super().execute(context)
             except Exception as failure:
                 error = job_error(result_at)
-                if error and error.get("kind") == APPLY_LEASE_HELD:  # wrote nothing: retried as usual
-                    raise ConcurrentApplyError(error["message"], error.get("lease")) from failure
+                if error and error.get("kind") == APPLY_LEASE_HELD:  # wrote nothing
+                    applying = None if self.keep_running else window_applies(error.get("lease"), str(self.pipeline))
+                    if applying:  # a window that runs on applies this task's batches: nothing to do here
+                        raise AirflowSkipException(applying) from None
+                    raise ConcurrentApplyError(error["message"], error.get("lease")) from failure  # retried
                 raise
             finally:
                 self.properties_file = given
@@ -331,6 +334,26 @@ class IcebergApplyOperator(SparkSubmitOperator):
         return apply_lineage(staging_path(str(self.staging_root)), str(self.pipeline),
                              self.iceberg.warehouse or default_warehouse(), self.iceberg.namespace,
                              getattr(self, "_applied_steps", []))
+
+
+#: how long a keep-running window holding the lease must still run for another apply to leave its
+#: batches to it: clocks of different hosts agree to within this
+WINDOW_MARGIN_SECONDS = 30.0
+
+
+def window_applies(lease: dict | None, pipeline: str, now: float | None = None) -> str | None:
+    """Why an apply that met ``lease`` (held) has nothing to do, or None: the lease is a keep-running
+    window's (``window_until``: the earliest it ends, ``spark/apply/lease.py``) that runs for at least
+    :data:`WINDOW_MARGIN_SECONDS` more, so its last listing comes after every batch committed now."""
+    until = (lease or {}).get("window_until")
+    now = time.time() if now is None else now
+    if not isinstance(until, (int, float)) or until < now + WINDOW_MARGIN_SECONDS:
+        return None
+    ends = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(until))
+    return (f"pipeline {pipeline!r}: the apply window of {lease.get('holder', 'another apply')} holds the lease "
+            f"and runs until {ends} at least; it applies every batch committed before then, this task's "
+            "included, so nothing is applied here. Should that window fail, its retry or the next apply "
+            "applies them")
 
 
 def lease_holder_args(context) -> list[str]:

@@ -110,9 +110,11 @@ def safely_record(root: StagingPath, pipeline: str, kind: str, entry: dict | Cal
 
 @contextlib.contextmanager
 def errors_recorded(root: StagingPath, pipeline: str, kind: str, warn: Callable[[str], None]) -> Iterator[None]:
-    """Record an error the block raises (its message names the fix) for the UI, then re-raise it."""
+    """Record an error the block raises (its message names the fix) for the UI, then re-raise it;
+    a skip (Airflow's ``AirflowSkipException``, by name: it moved between Airflow versions) is none."""
     try:
         yield
     except Exception as err:
-        safely_record(root, pipeline, kind, {"error": f"{type(err).__name__}: {err}"[:2000]}, warn)
+        if type(err).__name__ != "AirflowSkipException":
+            safely_record(root, pipeline, kind, {"error": f"{type(err).__name__}: {err}"[:2000]}, warn)
         raise

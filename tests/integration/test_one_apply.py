@@ -99,12 +99,15 @@ class Lake:
             found[name] = rows[0].snapshot_id if rows else None
         return found
 
-    def set_lease(self, holder: str, expires_in: float, process: dict | None = None) -> None:
+    def set_lease(self, holder: str, expires_in: float, process: dict | None = None,
+                  window_until: float | None = None) -> None:
         """Leave a lease as another apply would: alive, or (``expires_in`` < 0) one a killed apply left;
-        ``process``: the holder's driver process (``lease.this_process()``)."""
+        ``process``: the holder's driver process (``lease.this_process()``); ``window_until``: a
+        keep-running window's earliest end."""
         now = time.time()
         lease = json.dumps({"id": f"other-{holder}", "holder": holder, "taken_at": now - 30,
-                            "expires_at": now + expires_in, "process": process})
+                            "expires_at": now + expires_in, "process": process,
+                            **({"window_until": window_until} if window_until else {})})
         self.spark.sql(f"ALTER TABLE {self.table('_pglogical_state')} SET TBLPROPERTIES "
                        f"('{APPLY_LEASE_PROPERTY_PREFIX}p' = '{lease}')")
 
@@ -196,6 +199,22 @@ def test_a_held_lease_stops_an_apply_before_it_writes_and_a_killed_holders_lease
     assert not isinstance(raised.value, PermanentError) and not raised.value.permanent
     assert "another apply is running" in str(raised.value) and raised.value.lease["holder"].startswith("task sync")
     assert lake.snapshots() == before[0] and lake.lake() == before[1]
+    # the holder is a keep-running window that runs on (the streaming DAG's, beside a backfill DAG's
+    # apply): it applies every batch committed before its end, so the apply ends as skipped, no error
+    from airflow_provider_pglogical.operators.iceberg_apply import AirflowSkipException
+    from airflow_provider_pglogical.ui.history import read_history
+
+    recorded = read_history(lake.storage, "p", "apply")
+    lake.set_lease("task stream.apply_window, run manual_2, try 1", expires_in=600, window_until=time.time() + 600)
+    with pytest.raises(AirflowSkipException, match=r"the apply window of task stream.apply_window, run manual_2, "
+                                                   r"try 1 holds the lease and runs until .* nothing is applied here"):
+        operator.execute({})
+    assert lake.snapshots() == before[0] and lake.lake() == before[1]
+    assert read_history(lake.storage, "p", "apply") == recorded  # a skip is no error for the pipeline view
+    # a window about to end (within the clocks' margin) promises nothing: retried as before
+    lake.set_lease("task stream.apply_window, run manual_2, try 1", expires_in=600, window_until=time.time() + 5)
+    with pytest.raises(ConcurrentApplyError):
+        operator.execute({})
 
     # a live lease whose driver ran on this machine and has ended (a killed task, retried here) is
     # taken over at once, without waiting for it to expire
@@ -259,6 +278,8 @@ def test_a_pull_window_and_an_apply_window_side_by_side_apply_each_commit_in_rou
             assert not applying.done(), applying.result()
         with pytest.raises(ApplyLeaseHeld, match="another apply is running"):  # the window holds the lease
             lake.run_in_process()
+        lease = json.loads(lake.lease())  # saying when its window ends at the earliest: what it applies
+        assert lease["window_until"] >= lease["taken_at"] + WINDOW
         pulled, applied = pulling.result(timeout=120), applying.result(timeout=120)
 
     assert lake.lake() == lake.source()
@@ -314,7 +335,8 @@ def test_an_initial_loads_window_started_before_the_sync_applies_the_snapshot_an
         wait_until(lambda: len(read_history(storage, "p", "apply")) > recorded or applying.done(), timeout=120,
                    interval=0.1, message="the window's first round")
         assert not applying.done(), applying.result()
-        assert lake.lease() is not None  # waiting for the snapshot, the lease held
+        # waiting for the snapshot, the lease held; an initial load's window ends early: no end promised
+        assert lake.lease() is not None and "window_until" not in json.loads(lake.lease())
         synced_at = time.monotonic()
         run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
         print(f"the sync beside the window: {time.monotonic() - synced_at:.1f} s")

@@ -189,3 +189,19 @@ def test_an_ambiguous_or_colliding_table_map_fails_before_spark(tmp_path, table_
     with pytest.raises(PermanentError, match=message):
         op.execute({})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("lease, expected", [
+    ({"holder": "task stream.apply_window", "window_until": 1_000_100.0}, True),   # runs 100 s more
+    ({"holder": "task stream.apply_window", "window_until": 1_000_020.0}, False),  # within the clocks' margin
+    ({"holder": "task stream.apply_window", "window_until": 999_000.0}, False),    # its window has ended
+    ({"holder": "task sync.apply"}, False),  # a single apply (or an initial load's window): no promise
+    ({"holder": "x", "window_until": "soon"}, False),
+    (None, False),
+])
+def test_an_apply_that_meets_a_running_windows_lease_leaves_its_batches_to_it(lease, expected):
+    reason = iceberg_apply.window_applies(lease, "orders", now=1_000_000.0)
+    assert (reason is not None) is expected
+    if expected:
+        assert reason.startswith("pipeline 'orders': the apply window of task stream.apply_window holds the lease")
+        assert "runs until 1970-01-12 13:48:20 UTC at least" in reason and "nothing is applied here" in reason

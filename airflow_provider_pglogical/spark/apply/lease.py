@@ -41,10 +41,16 @@ class ApplyLease:
     which the read back after the swap narrows further).
 
     :param holder: who takes it, for the message another apply shows (an Airflow task instance).
+    :param window_seconds: a keep-running window's length (not an initial load's, which may end
+        early): the lease then says ``window_until``, the earliest its window ends. Every batch
+        committed before then, the window applies (its last listing comes after it), which lets an
+        apply that meets the lease end as skipped instead of failing (``operators/iceberg_apply.py``).
     """
 
-    def __init__(self, spark, lakehouse, pipeline: str, seconds: float, holder: str | None = None) -> None:
+    def __init__(self, spark, lakehouse, pipeline: str, seconds: float, holder: str | None = None,
+                 window_seconds: float | None = None) -> None:
         self.spark, self.lakehouse, self.pipeline, self.seconds = spark, lakehouse, pipeline, float(seconds)
+        self.window_seconds = window_seconds
         self.key = APPLY_LEASE_PROPERTY_PREFIX + pipeline
         self.id = uuid.uuid4().hex
         self.holder = holder or f"an apply on {socket.gethostname()}, pid {os.getpid()}"
@@ -100,8 +106,11 @@ class ApplyLease:
             log.warning("pipeline %r: the apply holding the lease (%s) is no longer running on this machine: "
                         "taking its lease over", self.pipeline, lease.get("holder"))
         now = time.time()
-        return {"id": self.id, "holder": self.holder, "taken_at": now, "expires_at": now + self.seconds,
-                "process": this_process()}
+        taken = {"id": self.id, "holder": self.holder, "taken_at": now, "expires_at": now + self.seconds,
+                 "process": this_process()}
+        if self.window_seconds:  # the window ends a full window after its first round, which ends after now
+            taken["window_until"] = now + self.window_seconds
+        return taken
 
     def _swap(self, change, what: str, attempts: int = 20) -> None:
         """Compare-and-swap the lease property: ``change`` maps the lease read (None when absent) to

@@ -161,7 +161,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
-    with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder) as lease:
+    window = keep_running if keep_running and not until_loaded else None  # an initial load's may end early
+    with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder, window) as lease:
         phases.end("lease")
         if bucket_count:
             lakehouse.drop_batch_tables()
