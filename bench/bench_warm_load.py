@@ -136,6 +136,7 @@ class Window:
 
     def __init__(self, base: Path, java_options: str, archive: str | None, at_first_round: bool) -> None:
         self.base, self.java_options, self.archive, self.at_first_round = base, java_options, archive, at_first_round
+        self.log = base / "no-window.log"  # the output of the window started last (start())
         self.root = ObjectStoragePath((base / "staging").as_uri())
 
     def command(self, pipeline: str, extra: list[str], java_options: str | None = None) -> list[str]:

@@ -50,7 +50,8 @@ def _adopt_and_replace(spark, directory: Path) -> None:
     from airflow_provider_pglogical.spark.apply.adoption import Adoption
     from airflow_provider_pglogical.spark.row_delta.driver_commits import DriverCommits
 
-    # the shape of a snapshot's file (staging/batches.py): field ids, zstd, no dictionary, bounds
+    # the shape of a snapshot's file: field ids, zstd, no dictionary, bounds (staging/batches.py's
+    # with_field_ids and PARQUET_OPTIONS; that module and its imports are not in the job's bundle)
     schema = pa.schema([pa.field("pipeline", pa.string(), metadata={b"PARQUET:field_id": b"1"}),
                         pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"2"})])
     rows = pa.table({"pipeline": pa.array(["warm-up"]), "id": pa.array([1], pa.int64())}, schema=schema)
