@@ -79,6 +79,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow_provider_pglogical.spark.apply.lease import ApplyLease, ApplyLeaseHeld
+from airflow_provider_pglogical.spark.common.commit_stamp import stamped
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging, damaged_file_error, write_result
 from airflow_provider_pglogical.spark.apply.keyed import KeyedTables
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
@@ -241,7 +242,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
             lease.check()
             due = [(source, steps[round_]) for source, steps in plans.items() if round_ < len(steps)]
             futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
-                                   states[source], step) for source, step in due]
+                                   states[source], step, pipeline) for source, step in due]
             wait(futures)  # every step of the round has ended (committed or failed) before anything else
             for future in futures:
                 summary["steps"].append(future.result())  # the first failure, in table order, is raised
@@ -271,19 +272,21 @@ def _in_own_pool(spark, function, *args):
 
 
 def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, source: str, state: TableState,
-                step: Step) -> dict:
+                step: Step, pipeline: str = "") -> dict:
     started = time.monotonic()
     group = spark_job_group(keyed.spark, f"{source} {step.kind} {step.batch.name}")
     manifest = step.batch.manifest["tables"][source]
     replace = (manifest.get("details") or {}).get(REPLACE_TABLE)
-    if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
-        lakehouse.replace(state.target, replace)
-    types = lakehouse.ensure_table(state.target, manifest)
-    applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
-    try:
-        rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
-    except Exception as error:  # a staged file damaged after its commit is named, with the fix
-        raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
+    # every snapshot the step commits records the position it holds (commit_stamp.py)
+    with stamped(keyed.spark, step.commit_properties(pipeline)):
+        if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
+            lakehouse.replace(state.target, replace)
+        types = lakehouse.ensure_table(state.target, manifest)
+        applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
+        try:
+            rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
+        except Exception as error:  # a staged file damaged after its commit is named, with the fix
+            raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
     if snapshot:
         state.snapshots.add(step.batch.name)
         state.position = step.position if step.through is None else step.through
