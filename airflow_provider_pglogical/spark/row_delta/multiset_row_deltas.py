@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.common.identifiers import col
-from airflow_provider_pglogical.spark.apply.lakehouse_tables import NUMBERED_PROPERTY
 from airflow_provider_pglogical.spark.lookups.table_rows import TooManyRows, arrow_values, read_rows
 from airflow_provider_pglogical.spark.row_delta.row_deltas import (
     BINARY_EQUALITY,
@@ -43,6 +42,7 @@ from airflow_provider_pglogical.spark.row_delta.row_deltas import (
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     MULTISET_COLUMNS,
+    NUMBERED_PROPERTY,
     OCCURRENCE,
     OLD_KEY_PREFIX,
     OP,
