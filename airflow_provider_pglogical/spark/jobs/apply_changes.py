@@ -36,20 +36,15 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   keyless table's step marks the row values it changed and skips them when run again).
 
 Identity (``table_identity.py``): before anything is written, the run refuses two sources with one
-target, a target another pipeline, database or source table owns (``pglogical.owner``, set on every
-table it creates), and columns Iceberg reserves or that differ only in case.
+target, a target another pipeline, database or source table owns (``pglogical.owner``), columns
+Iceberg reserves or that differ only in case, and a table of another format version
+(``format_versions.py``: v2 by default, v3 on request, an upgrade only when asked, never a downgrade).
 
-Schema (``lakehouse_tables.py``): missing tables are created from the manifest: format-version 2, the write mode's
-``write.{merge,update,delete}.mode``, key columns NOT NULL and recorded in the table property
-``pglogical.replica-identity-key``; Iceberg identifier fields are set to the key only for
-copy-on-write tables, because Iceberg 1.6-1.9's Spark runtime fails every merge-on-read
-MERGE/UPDATE/DELETE on a table with identifier fields (apache/iceberg#11709). REPLICA IDENTITY FULL
-tables (key = every column) get neither, and two metadata columns (``_pglogical_occurrence``,
-``_pglogical_batch``) that make (row, occurrence) a key. Added columns are
-added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
-refused with an error; columns the pull proved renamed or dropped at the source (its
-``column_evolution``) are renamed (same field id) or dropped, and a snapshot marked
-``replace_table`` (DDL the lakehouse cannot follow) drops and creates the table first. A target table that was dropped is
+Schema (``lakehouse_tables.py``): missing tables are created from the manifest (the write mode's
+``write.*.mode``, key columns NOT NULL and in ``pglogical.replica-identity-key``; keyless tables get
+``_pglogical_occurrence`` and ``_pglogical_batch``), added columns added, widening type changes
+applied, others refused, renamed and dropped columns followed, a snapshot marked ``replace_table``
+drops and creates the table first. A target table that was dropped is
 rebuilt from the staged batches (its state is reset), as far as staging retention kept them: after
 the run's last state commit, applied batches older than the retention are removed
 (``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
@@ -78,6 +73,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
+from airflow_provider_pglogical.spark.apply.format_versions import DEFAULT_FORMAT_VERSION, FORMAT_VERSIONS
 from airflow_provider_pglogical.spark.apply.lease import ApplyLease, ApplyLeaseHeld
 from airflow_provider_pglogical.spark.common.commit_stamp import stamped
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging, damaged_file_error, write_result
@@ -125,7 +121,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
         archive: bool = False, row_deltas: bool = True, lease_seconds: float = DEFAULT_APPLY_LEASE_SECONDS,
         lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL,
-        compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT, until_loaded: bool = False) -> dict:
+        compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT, until_loaded: bool = False,
+        format_version: int = DEFAULT_FORMAT_VERSION, upgrade_format_version: bool = False) -> dict:
     """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
 
     :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
@@ -144,6 +141,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         many delete files or more (``delete_compaction.py``); 0 leaves them to housekeeping.
     :param until_loaded: end the window after the first round that leaves the pipeline's tables in
         the lakehouse (an initial load started beside its sync); ``keep_running`` bounds the wait.
+    :param format_version: of the tables it creates (2, 3); others are refused, or upgraded (``format_versions.py``).
     :raises ApplyLeaseHeld: another apply of the pipeline holds the lease; nothing was written.
     """
     if write_mode not in WRITE_MODES:
@@ -161,7 +159,7 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
         return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": [], "targets": {}}
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
-    lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
+    lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count, format_version, upgrade_format_version)
     window = keep_running if keep_running and not until_loaded else None  # an initial load's may end early
     with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder, window) as lease:
         phases.end("lease")
@@ -362,6 +360,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--until-loaded", action="store_true",
                         help="with --keep-running: end after the first round that leaves the pipeline's tables in "
                              "the lakehouse (an initial load started beside its sync; fails if none within the window)")
+    parser.add_argument("--format-version", type=int, choices=FORMAT_VERSIONS, default=DEFAULT_FORMAT_VERSION,
+                        help="Iceberg format of the tables it creates (default 2; 3: deletion vectors, row lineage)")
+    parser.add_argument("--upgrade-format-version", action="store_true", help="upgrade older tables (never undone)")
     parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
     return parser.parse_args(argv)
 
@@ -373,7 +374,8 @@ def run_with_args(spark, args: argparse.Namespace) -> dict:
                concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
                archive=args.archive, row_deltas=not args.no_row_deltas, lease_seconds=args.lease_seconds,
                lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval,
-               compact_deletes_at=args.compact_deletes_at, until_loaded=args.until_loaded)
+               compact_deletes_at=args.compact_deletes_at, until_loaded=args.until_loaded,
+               format_version=args.format_version, upgrade_format_version=args.upgrade_format_version)
 
 
 def main(argv: list[str] | None = None) -> int:
