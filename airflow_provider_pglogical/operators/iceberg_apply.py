@@ -23,10 +23,10 @@ from airflow_provider_pglogical.lakehouse.catalog_tables import catalog_metadata
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
-from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path
-from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError
+from airflow_provider_pglogical.lakehouse.staging_roots import read_job_error, read_result, spark_uri, staging_access
+from airflow_provider_pglogical.lakehouse.staging_roots import staging_path, storage_path
+from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, SparkJobError
 from airflow_provider_pglogical.staging.contract import (
-    APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_COMPACT_DELETES_AT,
     DEFAULT_CONCURRENCY,
@@ -35,7 +35,7 @@ from airflow_provider_pglogical.staging.contract import (
     RESULT_CONF,
     STAGING_FILE_MODE_CONF,
 )
-from airflow_provider_pglogical.staging.job_result import job_error, read_result, result_uri, storage_path
+from airflow_provider_pglogical.staging.seam.job_result import LEASE_HELD, result_uri
 from airflow_provider_pglogical.staging.apply_marker import (
     pending_batches,
     recorded_targets,
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
 
 #: the job also prints its summary after this prefix, for people reading the log (the operator
-#: reads the result file, see :mod:`airflow_provider_pglogical.staging.job_result`)
+#: reads the result file, see :mod:`airflow_provider_pglogical.staging.seam.job_result`)
 RESULT_PREFIX = APPLY_RESULT_PREFIX
 _DEFAULT_ALIAS = "<pipeline>"
 
@@ -277,14 +277,18 @@ class IcebergApplyOperator(SparkSubmitOperator):
         with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
-            except Exception as failure:
-                error = job_error(result_at)
-                if error and error.get("kind") == APPLY_LEASE_HELD:  # wrote nothing
-                    applying = None if self.keep_running else window_applies(error.get("lease"), str(self.pipeline))
+            except Exception:
+                # the job's own error, not the Spark provider's "Cannot execute: spark-submit …" (a
+                # command line, which says nothing of why): a permanent one fails without retries
+                error = read_job_error(result_at)
+                if error is None:  # killed before it could say: the provider's error stands
+                    raise
+                if error.kind == LEASE_HELD:  # wrote nothing
+                    applying = None if self.keep_running else window_applies(error.lease, str(self.pipeline))
                     if applying:  # a window that runs on applies this task's batches: nothing to do here
                         raise AirflowSkipException(applying) from None
-                    raise ConcurrentApplyError(error["message"], error.get("lease")) from failure  # retried
-                raise
+                    raise ConcurrentApplyError(error.message, error.lease) from None  # retried
+                raise SparkJobError.of("apply", error) from None
             finally:
                 self.properties_file = given
         return read_result(result_at, job="apply")

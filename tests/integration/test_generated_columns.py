@@ -20,7 +20,7 @@ from airflow_provider_pglogical.exceptions import PublicationError
 from airflow_provider_pglogical.lakehouse.verification import verify_tables
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.staging import layout
-from airflow_provider_pglogical.staging.job_result import storage_path
+from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
 from tests.integration.replay import replay, table_rows
 
 

@@ -252,7 +252,7 @@ def test_a_pull_window_and_an_apply_window_side_by_side_apply_each_commit_in_rou
     from airflow_provider_pglogical.spark.apply.lease import ApplyLeaseHeld
     from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
     from airflow_provider_pglogical.embedded.postgres import wait_until
-    from airflow_provider_pglogical.staging.job_result import storage_path
+    from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
     from airflow_provider_pglogical.ui.history import read_history
 
     lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "window", spark)

@@ -24,7 +24,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.lakehouse.verification import verify_tables
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
-from airflow_provider_pglogical.staging.job_result import storage_path
+from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
 from tests.support.spark_jobs import reading_session
 
 pytestmark = pytest.mark.spark

@@ -86,7 +86,7 @@ from airflow_provider_pglogical.spark.common.session import (  # noqa: F401 (tun
     small_shuffles,
     tune_session,
 )
-from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError, job_error
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
@@ -94,7 +94,6 @@ from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_k
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
 from airflow_provider_pglogical.staging.contract import (
-    APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_APPLY_LEASE_SECONDS,
     DEFAULT_COMPACT_DELETES_AT,
@@ -385,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         summary = run_with_args(spark, args)
-    except ApplyLeaseHeld as held:  # nothing was written: the task says so and is retried
-        log.error("%s", held)
-        summary = {"pipeline": args.pipeline, "steps": [],
-                   "error": {"kind": APPLY_LEASE_HELD, "message": str(held), "lease": held.lease}}
-        code = EXIT_LEASE_HELD
+    except Exception as failure:  # the task raises the job's own error, not spark-submit's (errors.job_error)
+        log.exception("the apply of %s failed", args.pipeline)
+        error = job_error(failure)
+        summary = {"pipeline": args.pipeline, "steps": [], "error": error.to_json()}
+        code = EXIT_LEASE_HELD if isinstance(failure, ApplyLeaseHeld) else 1
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
     write_result(spark, summary)
     spark.stop()

@@ -55,7 +55,10 @@ def same_thread_executor(spark):
 
 
 class ConcurrentCommit(ApplyError):
-    """Another commit changed a table after this step read it: nothing of the step was committed."""
+    """Another commit changed a table after this step read it: nothing of the step was committed;
+    a retry reads the table again."""
+
+    permanent = False
 
 
 def java_exception_class(error: BaseException) -> str | None:
