@@ -206,14 +206,3 @@ class IcebergConfig:
             conf["spark.jars"] = ",".join(jars)
         conf.update(self.extra_conf)
         return conf
-
-    def job_args(self) -> list[str]:
-        """The lakehouse arguments of the apply job's command line."""
-        args = ["--catalog", self.catalog, "--namespace", self.namespace, "--write-mode", self.write_mode]
-        if self.bucket_count:
-            args += ["--bucket-count", str(self.bucket_count)]
-        if self.format_version != 2:
-            args += ["--format-version", str(self.format_version)]
-        if self.upgrade_format_version:
-            args.append("--upgrade-format-version")
-        return args

@@ -19,6 +19,7 @@ from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.staging.contract import parse_batch_name
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.sync_helpers import pull, synced
 from tests.support.databases import drop_database, new_database
 from tests.support.spark_jobs import reading_session
@@ -72,8 +73,8 @@ def test_every_batch_end_is_one_consistent_cut_across_tables(cluster_pool, tmp_p
         storage = synced(publisher, hook, root, SOURCE, [f"public.{name}" for name in TABLES])
         snapshot = [p.name for p in (root / "p").iterdir() if p.name.endswith("-snapshot")][0]
         expected = {parse_batch_name(snapshot)[0]: source_state(publisher)}
-        apply = lambda **options: apply_changes.run(spark, root.as_uri(), "p", "lake", "cut",  # noqa: E731
-                                                   row_deltas=False, **options)
+        apply = lambda **options: apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "cut",  # noqa: E731
+                                                   row_deltas=False, **options))
         apply()  # the snapshot: a and b adopted by the driver, c (keyless) rewritten by Spark
         ends = []
         for number, statements in enumerate(WORKLOAD):

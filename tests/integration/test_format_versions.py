@@ -11,6 +11,7 @@ from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging.contract import STATE_TABLE
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.sync_helpers import pull, synced
 from tests.support.databases import drop_database, new_database
 from tests.support.spark_jobs import reading_session
@@ -53,7 +54,7 @@ def source(cluster_pool, tmp_path, monkeypatch):
 @pytest.mark.spark
 def test_tables_are_v2_by_default_and_a_v3_apply_refuses_them_until_the_upgrade_is_asked_for(source):
     publisher, hook, storage, spark, root = source
-    apply_changes.run(spark, root, "p", "lake", "fv")
+    apply_changes.run(spark, ApplyOptions(root, "p", "lake", "fv"))
     lakehouse = Lakehouse(spark, "lake", "fv", "merge-on-read", None)
     assert versions(lakehouse) == {"public__orders": 2, "public__notes": 2, STATE_TABLE: 2}
 
@@ -61,7 +62,7 @@ def test_tables_are_v2_by_default_and_a_v3_apply_refuses_them_until_the_upgrade_
     pull(hook, storage)
     before = snapshots(lakehouse)
     with pytest.raises(ApplyError) as refused:
-        apply_changes.run(spark, root, "p", "lake", "fv", format_version=3)
+        apply_changes.run(spark, ApplyOptions(root, "p", "lake", "fv", format_version=3))
     message = str(refused.value)
     for table in ("public__orders", "public__notes"):
         assert f"Iceberg table `lake`.`fv`.`{table}` is format v2, but the apply is configured for v3" in message
@@ -71,7 +72,8 @@ def test_tables_are_v2_by_default_and_a_v3_apply_refuses_them_until_the_upgrade_
     assert spark.table("lake.fv.public__orders").where("status = 'paid'").count() == 0
 
     # asked for: upgraded, then applied
-    apply_changes.run(spark, root, "p", "lake", "fv", format_version=3, upgrade_format_version=True)
+    apply_changes.run(spark, ApplyOptions(root, "p", "lake", "fv", format_version=3,
+                                              upgrade_format_version=True))
     assert versions(lakehouse) == {"public__orders": 3, "public__notes": 3, STATE_TABLE: 2}
     assert spark.table("lake.fv.public__orders").where("status = 'paid'").count() == 1
     assert spark.table("lake.fv.public__notes").where("body = 'b'").count() == 1
@@ -83,6 +85,6 @@ def test_tables_are_v2_by_default_and_a_v3_apply_refuses_them_until_the_upgrade_
     with pytest.raises(ApplyError, match=r"`lake`\.`fv`\.`public__orders` is format v3, but the apply is configured "
                                          r"for v2, "
                                          r"and Iceberg cannot downgrade a table\. Set IcebergConfig\(format_version=3\)"):
-        apply_changes.run(spark, root, "p", "lake", "fv")
+        apply_changes.run(spark, ApplyOptions(root, "p", "lake", "fv"))
     assert snapshots(lakehouse) == before
     assert spark.table("lake.fv.public__orders").where("status = 'sent'").count() == 0

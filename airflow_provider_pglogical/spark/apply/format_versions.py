@@ -31,12 +31,12 @@ def format_problem(name: str, have: int, wanted: int, upgrade: bool) -> str | No
         return None
     if have > wanted:
         return (f"Iceberg table {name} is format v{have}, but the apply is configured for v{wanted}, and Iceberg "
-                f"cannot downgrade a table. Set IcebergConfig(format_version={have}) (--format-version {have}), or "
+                f"cannot downgrade a table. Set IcebergConfig(format_version={have}), or "
                 f"write v{wanted} tables elsewhere (another namespace or table_map)")
     return (f"Iceberg table {name} is format v{have}, but the apply is configured for v{wanted}: a table is "
             f"upgraded only on request, since readers of v{have} tables (Athena engine 2, older Trino, Spark or "
             f"pyiceberg) may not read v{wanted}, and it cannot be undone. Pass IcebergConfig(format_version={wanted}, "
-            f"upgrade_format_version=True) (--upgrade-format-version) to upgrade it, or "
+            f"upgrade_format_version=True) to upgrade it, or "
             f"IcebergConfig(format_version={have}) to keep it")
 
 

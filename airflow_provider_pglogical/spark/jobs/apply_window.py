@@ -1,4 +1,4 @@
-"""The apply job's streaming window (``apply_changes.py --keep-running SECONDS``).
+"""The apply job's streaming window (``ApplyOptions.keep_running``).
 
 A tick that submits the job pays a JVM start and a session (5-10 s) for one apply. In a window
 the same session keeps the pipeline's apply lease (renewed by its thread) for ``--keep-running``
