@@ -208,6 +208,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             staging_root=spark_uri(str(self.staging_root)), pipeline=str(self.pipeline),
             catalog=self.iceberg.catalog, namespace=self.iceberg.namespace, table_map=self.table_map or None,
             write_mode=self.iceberg.write_mode, bucket_count=self.iceberg.bucket_count, concurrency=self.concurrency,
+            format_version=self.iceberg.format_version, upgrade_format_version=self.iceberg.upgrade_format_version,
             retention_hours=None if retention is None else retention.total_seconds() / 3600,
             archive=self.archive_staging, row_deltas=self.row_deltas, lease_holder=lease_holder,
             keep_running=window or 0.0,
