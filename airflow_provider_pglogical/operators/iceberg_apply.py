@@ -245,7 +245,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             # round) and the metrics (docs/metrics.md)
             after_apply(root, str(self.pipeline), None if window is not None else
                         lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
-                        self.log.warning)
+                        self.log.warning, seconds=time.monotonic() - started)
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})
