@@ -68,6 +68,8 @@ def pull_entry(result: dict, seconds: float, slot) -> dict:
         "rows": result.get("changes", 0), "transactions": result.get("transactions", 0),
         "end_lsn": result.get("advanced_to"),
         "lag_bytes": getattr(slot, "lag_bytes", None), "retained_wal_bytes": getattr(slot, "retained_wal_bytes", None),
+        # a change to what the source publishes: the tables snapshotted again, and why (issue 47)
+        **{key: result[key] for key in ("resnapshotted", "orphaned") if result.get(key)},
     }
 
 
