@@ -22,6 +22,7 @@ from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging.contract import ORPHANED_PROPERTY, REPLACE_TABLE
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from airflow_provider_pglogical.ui.history import read_history
 from tests.support.spark_jobs import applying_session
 
@@ -99,7 +100,7 @@ def operators(publisher, tmp_path, publications, **kwargs):
 
 
 def apply(spark, tmp_path, namespace: str) -> dict:
-    return apply_changes.run(spark, (tmp_path / "staging").as_uri(), "p", "lake", namespace)
+    return apply_changes.run(spark, ApplyOptions((tmp_path / "staging").as_uri(), "p", "lake", namespace))
 
 
 def assert_lake_equals_projection(spark, publisher, namespace: str, projections: dict) -> None:
