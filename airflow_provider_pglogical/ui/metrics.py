@@ -7,9 +7,9 @@ they already compute the figures the pipeline view shows, with the same function
 :func:`airflow_provider_pglogical.ui.figures.pending_work`, :mod:`airflow_provider_pglogical.ui.history`'s
 entries), so a dashboard and the view never disagree. Names start with ``pglogical.`` (Airflow adds
 its ``statsd_prefix``); the pipeline and table go in tags, as Airflow's own metrics carry ``dag_id``,
-and, while Airflow's ``[metrics] legacy_names_on`` is on (its default), also in a second name
-(``pglogical.slot.lag_bytes.<pipeline>``) for a StatsD server that drops tags. A metric never
-fails a task: an error is logged as a warning.
+and, where Airflow's plain StatsD client would drop them, also in a second name
+(``pglogical.slot.lag_bytes.<pipeline>``, while ``[metrics] legacy_names_on`` is on, its default).
+A metric never fails a task: an error is logged as a warning.
 """
 
 from __future__ import annotations
@@ -41,11 +41,16 @@ def _stats():
 
 
 def _legacy_names() -> bool:
+    """Whether to send a second name carrying the tag values: only where the tags are lost (Airflow's
+    plain StatsD client without ``statsd_influxdb_enabled``; DogStatsD and OpenTelemetry keep them),
+    and while Airflow's ``[metrics] legacy_names_on`` is on."""
     try:
         from airflow.providers.common.compat.sdk import conf
     except ImportError:
         from airflow.configuration import conf
-    return conf.getboolean("metrics", "legacy_names_on", fallback=True)
+    flag = lambda name, default=False: conf.getboolean("metrics", name, fallback=default)  # noqa: E731
+    return (flag("statsd_on") and not flag("statsd_datadog_enabled") and not flag("statsd_influxdb_enabled")
+            and flag("legacy_names_on", True))
 
 
 def _legacy(name: str, tags: Mapping[str, str]) -> str:
