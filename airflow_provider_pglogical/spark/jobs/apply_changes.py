@@ -37,20 +37,15 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   keyless table's step marks the row values it changed and skips them when run again).
 
 Identity (``table_identity.py``): before anything is written, the run refuses two sources with one
-target, a target another pipeline, database or source table owns (``pglogical.owner``, set on every
-table it creates), and columns Iceberg reserves or that differ only in case.
+target, a target another pipeline, database or source table owns (``pglogical.owner``), columns
+Iceberg reserves or that differ only in case, and a table of another format version
+(``format_versions.py``: v2 by default, v3 on request, an upgrade only when asked, never a downgrade).
 
-Schema (``lakehouse_tables.py``): missing tables are created from the manifest: format-version 2, the write mode's
-``write.{merge,update,delete}.mode``, key columns NOT NULL and recorded in the table property
-``pglogical.replica-identity-key``; Iceberg identifier fields are set to the key only for
-copy-on-write tables, because Iceberg 1.6-1.9's Spark runtime fails every merge-on-read
-MERGE/UPDATE/DELETE on a table with identifier fields (apache/iceberg#11709). REPLICA IDENTITY FULL
-tables (key = every column) get neither, and two metadata columns (``_pglogical_occurrence``,
-``_pglogical_batch``) that make (row, occurrence) a key. Added columns are
-added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
-refused with an error; columns the pull proved renamed or dropped at the source (its
-``column_evolution``) are renamed (same field id) or dropped, and a snapshot marked
-``replace_table`` (DDL the lakehouse cannot follow) drops and creates the table first. A target table that was dropped is
+Schema (``lakehouse_tables.py``): missing tables are created from the manifest (the write mode's
+``write.*.mode``, key columns NOT NULL and in ``pglogical.replica-identity-key``; keyless tables get
+``_pglogical_occurrence`` and ``_pglogical_batch``), added columns added, widening type changes
+applied, others refused, renamed and dropped columns followed, a snapshot marked ``replace_table``
+drops and creates the table first. A target table that was dropped is
 rebuilt from the staged batches (its state is reset), as far as staging retention kept them: after
 the run's last state commit, applied batches older than the retention are removed
 (``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
@@ -95,6 +90,7 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError, job_error
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
+from airflow_provider_pglogical.spark.apply.state_table import settle_orphans
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
@@ -102,6 +98,7 @@ from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
     OCCURRENCE,
+    ORPHANED_TABLES,
     PIPELINE_RECORD,
     REPLACE_TABLE,
     RETENTION_RECORD,
@@ -134,7 +131,8 @@ def run(spark, options: ApplyOptions) -> dict:
         return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": [], "targets": {}}
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
-    lakehouse = Lakehouse(spark, options.catalog, options.namespace, options.write_mode, options.bucket_count)
+    lakehouse = Lakehouse(spark, options.catalog, options.namespace, options.write_mode, options.bucket_count,
+                          options.format_version, options.upgrade_format_version)
     window = keep_running if keep_running and not options.until_loaded else None  # an initial load's may end early
     with ApplyLease(spark, lakehouse, pipeline, options.lease_seconds, options.lease_holder, window) as lease:
         phases.end("lease")
@@ -190,7 +188,8 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
     staged = {source for batch in wanted for source in batch.manifest["tables"]}
     adopt_legacy_keys(states, staged)
     known |= set(states)
-    sources = sorted(staged | set(states))
+    orphaned = (record.get("extra") or {}).get(ORPHANED_TABLES) or {}  # dropped ones are never rebuilt
+    sources = sorted({s for s in staged if orphaned.get(s, {}).get("action") != "drop" or s in states} | set(states))
 
     # "seen": every batch this run found committed; once the run succeeds, each of them is applied
     # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
@@ -226,6 +225,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
             lakehouse.write_state(pipeline, states)
             phases.end("state_commits")
     lease.check()
+    summary["orphaned"] = settle_orphans(lakehouse, orphaned, states, pipeline)
     summary["compactions"] = compact_written(spark, lakehouse, summary["steps"], options.compact_deletes_at)
     phases.end("compaction")
     summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"pipeline": options.pipeline, "steps": [], "error": error.to_json()}
         code = EXIT_LEASE_HELD if isinstance(failure, ApplyLeaseHeld) else 1
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
-    write_result(spark, summary)
+    write_result(spark, summary, committed=code == 0)
     spark.stop()
     return code
 
