@@ -18,7 +18,8 @@ import pytest
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows
-from airflow_provider_pglogical.spark.apply.plan import Batch
+from airflow_provider_pglogical.spark.apply.plan import Batch, Step
+from airflow_provider_pglogical.spark.paths.choice import ApplyPath, choose_path, table_facts
 from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, ineligible
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
@@ -84,8 +85,10 @@ class Case:
         assert manifest["details"]["change_facts"]["unchanged"] and ineligible(manifest, types, 0) is None
         deltas = RowDeltas(self.spark, self.staging, self.lakehouse)
         table = deltas.load("public__docs")
-        assert deltas.table_ineligible(table) is None
-        deltas.apply(table, "public__docs", self.staging.files(self.batch, "public.docs"), manifest, types)
+        assert choose_path(Step("changes", self.batch, 0), table_facts("public.docs", table, types, True)).path \
+            is ApplyPath.ROW_DELTA
+        deltas.apply(table, "public__docs", self.staging.files(self.batch, "public.docs"), manifest, types,
+                     self.batch.name)
         assert lakehouse_rows(self.spark, self.name) == source_rows(self.publisher)
 
 
@@ -195,7 +198,8 @@ def test_kept_values_found_under_a_composite_key_and_its_key_changes(spark, publ
     assert manifest["key"] == ["id", "region"] and manifest["details"]["change_facts"]["unchanged"]
     assert ineligible(manifest, types, 0) is None  # a composite key takes the row delta
     deltas = RowDeltas(spark, staging, lakehouse)
-    deltas.apply(deltas.load("public__pairs"), "public__pairs", staging.files(batch, "public.pairs"), manifest, types)
+    deltas.apply(deltas.load("public__pairs"), "public__pairs", staging.files(batch, "public.pairs"), manifest, types,
+                 batch.name)
     columns = "id, region, qty, md5(doc)"
     assert sorted(tuple(row) for row in spark.sql(f"SELECT {columns} FROM {name}").collect()) == \
         sorted(publisher.query(f"SELECT {columns} FROM pairs"))

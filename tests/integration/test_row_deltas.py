@@ -377,7 +377,7 @@ def test_a_step_applied_again_after_a_crash_before_its_state_commit_writes_each_
         if source == "public.bag":
             copies.apply(table, target, files, manifest, types, first)
         else:
-            deltas.apply(table, target, files, manifest, types)
+            deltas.apply(table, target, files, manifest, types, first)
     for table in COLUMNS:
         assert lakehouse_rows(spark, "again", table) == lake.expected[0][table], table
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.common.identifiers import col
-from airflow_provider_pglogical.spark.apply.lakehouse_tables import NUMBERED_PROPERTY
 from airflow_provider_pglogical.spark.lookups.table_rows import TooManyRows, arrow_values, read_rows
 from airflow_provider_pglogical.spark.row_delta.row_deltas import (
     BINARY_EQUALITY,
@@ -59,7 +58,7 @@ MAX_READ_ROWS = 5_000
 
 def multiset_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
     """Why a keyless table's batch is not applied as a row delta; None when it can be, as far as
-    the manifest tells (:meth:`MultisetRowDeltas.table_ineligible` checks the table)."""
+    the manifest tells (``paths/choice.py`` checks the table)."""
     values = {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
     reason = batch_ineligible(manifest, values, position)
     if reason is not None:
@@ -161,12 +160,6 @@ def python_column(rows, name: str) -> list:
 
 class MultisetRowDeltas(RowDeltas):
     """Applies eligible change batches of keyless tables as Iceberg row deltas (see the module)."""
-
-    def table_ineligible(self, table) -> str | None:
-        reason = super().table_ineligible(table)
-        if reason is None and table.properties().get(NUMBERED_PROPERTY) != "true":
-            return "the table's copies are not numbered yet"
-        return reason
 
     def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str],
               batch: str) -> int:

@@ -19,7 +19,7 @@ survive their own deletes. Running the step again (a crash before the state comm
 same keys again, the first run's rows with them, and writes the same rows: exact, as a MERGE.
 
 It applies only where the result is the MERGE's by construction (:func:`ineligible` and
-:meth:`RowDeltas.table_ineligible` say why not): the pull's facts describe the batch (no
+``paths/choice.py`` say why not): the pull's facts describe the batch (no
 TRUNCATE, nothing before the table's position), the table is unpartitioned, format 2,
 merge-on-read, its columns are the batch's with the batch's types, none needs a cast, no key is a
 float (NaN), an array or binary (Iceberg 1.9 loses equality deletes on binary columns), and kept
@@ -64,7 +64,6 @@ FLOAT_TYPES = {"float", "double"}
 #: ones (apache/iceberg#11239; fixed after 1.9 by apache/iceberg#12855)
 BINARY_EQUALITY = ("a binary column would be in the equality deletes, which Iceberg 1.9 loses "
                    "(apache/iceberg#11239)")
-_WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
 
 
 def _plain_type(kind: str) -> bool:
@@ -76,7 +75,7 @@ def _plain_type(kind: str) -> bool:
 
 def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
     """Why the batch of one keyed table (its manifest entry) is not applied as a row delta; None
-    when it can be, as far as the manifest tells (:meth:`RowDeltas.table_ineligible` checks the table)."""
+    when it can be, as far as the manifest tells (``paths/choice.py`` checks the table)."""
     reason = batch_ineligible(manifest, types, position)
     if reason is not None:
         return reason
@@ -200,19 +199,9 @@ class RowDeltas(DriverCommits):
         super().__init__(spark, lakehouse)
         self.staging = staging
 
-    def table_ineligible(self, table) -> str | None:
-        """Why the Iceberg table takes no row delta; None when it does."""
-        if not table.spec().isUnpartitioned():
-            return "the table is partitioned"
-        if table.operations().current().formatVersion() < 2:
-            return "the table is format version 1"
-        properties = table.properties()
-        if any(properties.get(name) != "merge-on-read" for name in _WRITE_MODE_PROPERTIES):
-            return "the table is copy-on-write"
-        return None
-
-    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str]) -> int:
-        """Apply the batch's change rows of one table (``files``) in one commit; returns their number."""
+    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str],
+              batch: str) -> int | None:
+        """Apply batch ``batch``'s change rows of one table (``files``) in one commit; returns their number."""
         import pyarrow as pa
 
         parts = [self._read_parquet(uri) for uri in files]
