@@ -141,3 +141,24 @@ class DistributedCopyError(PgLogicalError):
     Permanent when the unit's own error is (an unrepresentable value); a lost connection or
     executor is left to Airflow's retries, which start the snapshot over.
     """
+
+
+class StagingFullError(PgLogicalError):
+    """The staging area ran out of space (``ENOSPC``) while a batch was written; nothing was lost.
+
+    Transient: the uncommitted files are removed and the slot was not advanced, so once space is
+    freed a retry stages the same changes. ``path`` is where the write failed, ``free_bytes`` what
+    its file system had left (None on an object store).
+    """
+
+    permanent = False
+
+    def __init__(self, path: str, free_bytes: int | None, what: str) -> None:
+        self.path, self.free_bytes = path, free_bytes
+        free = "unknown free space" if free_bytes is None else f"{free_bytes:,} bytes free"
+        super().__init__(
+            f"no space left on the staging file system at {path} ({free}) while {what}: nothing was lost (the "
+            "unfinished batch was removed and the slot was not advanced). Free space there (the apply removes "
+            "applied batches after their retention), or give the pipeline a staging_root with more room; the "
+            "next run stages the same changes"
+        )
