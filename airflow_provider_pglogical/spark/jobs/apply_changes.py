@@ -301,8 +301,8 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     jobs, stages = spark_work(keyed.spark, group)
     row_delta = path is ApplyPath.ROW_DELTA
     adopted = applier.adopted_steps.get((source, step.batch.name), 0)
-    log.info("%s: applied %s %s (%d rows, %s%s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind,
-             step.batch.name, rows, path.value, f", {adopted} staged files" if adopted else "", seconds, jobs, stages)
+    log.info("%s: applied %s %s (%d rows, %s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind,
+             step.batch.name, rows, f"{adopted} staged files adopted" if adopted else path.value, seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
             "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta,
             "adopted_files": adopted, "path": path.value}

@@ -251,8 +251,7 @@ class RowDeltas(DriverCommits):
             arrays.append(array.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    @staticmethod
-    def _lakehouse_values(rows, reduction: Reduction, missing: list[str], found: dict) -> dict:
+    def _lakehouse_values(self, rows, reduction: Reduction, missing: list[str], found: dict) -> dict:
         """Per column no row of the batch sent for some present key (``missing``), the lakehouse's
         values (an Arrow array over the present keys): the row of the key's origin, else of the key
         itself (a step applied again: the origin's row is gone, the key's row holds what the first
