@@ -275,7 +275,11 @@ def test_maintenance_folds_the_position_deletes_in_and_the_next_tick_applies(lak
     # of files that are gone; the rows stay, and the next tick applies as before
     spark, publisher = lake.spark, lake.publisher
     assert delete_files(spark, "delta", "kinds")["position"] > 0
+    kinds_table = Lakehouse(spark, "lake", "delta", "merge-on-read", None).iceberg_table("public__kinds")
+    before = kinds_table.currentSnapshot().snapshotId()
     done = maintenance.run(spark, "lake", "delta", ["public__kinds", "public__lines"])
+    # only compactions since: a row delta that read at `before` and lost to them reads again and commits
+    assert driver_commits.only_compacted_since(kinds_table, before)
     assert done["tables"]["public__kinds"]["rewrite_data_files"]["rewritten_data_files_count"] > 0
     for table in ("kinds", "lines"):
         assert delete_files(spark, "delta", table) == {"position": 0, "equality": 0}, table
@@ -284,6 +288,7 @@ def test_maintenance_folds_the_position_deletes_in_and_the_next_tick_applies(lak
     lake.pull()
     third = lake.apply()
     assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
+    assert not driver_commits.only_compacted_since(kinds_table, before)  # the row delta changed rows
     # docs' kept values are read through Iceberg's reader: no Spark query, whichever commit
     # (the driver's row delta, a MERGE) wrote the rows they come from
     docs = [s for s in third["steps"] if s["table"] == "public.docs"]

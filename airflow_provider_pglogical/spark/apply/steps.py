@@ -9,10 +9,13 @@ from airflow_provider_pglogical.spark.common.hadoop_files import Staging
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.apply.plan import Batch, Step
 from airflow_provider_pglogical.spark.apply.reduction import read_rows
+from airflow_provider_pglogical.spark.row_delta.driver_commits import ConcurrentCommit, only_compacted_since
 from airflow_provider_pglogical.staging.column_types import staged_columns
 
 
 log = logging.getLogger("pglogical.apply")
+#: how often a row delta that lost to a compaction (housekeeping beside the apply) reads and commits again
+ROW_DELTA_ATTEMPTS = 3
 
 
 class StepApplier:
@@ -34,8 +37,17 @@ class StepApplier:
         """The rows of ``step`` applied as an Iceberg row delta by ``self.row_deltas``; None (nothing
         committed, the reason logged) when it finds it cannot: the caller MERGEs."""
         manifest = step.batch.manifest["tables"][source]
-        rows = self.row_deltas.apply(self.row_deltas.load(target), target, self.staging.files(step.batch, source),
-                                     manifest, types, step.batch.name)
+        for attempt in range(1, ROW_DELTA_ATTEMPTS + 1):
+            table = self.row_deltas.load(target)
+            try:
+                rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types,
+                                             step.batch.name)
+                break
+            except ConcurrentCommit as conflict:  # a compaction rewrote a file it deletes from: read again
+                if attempt == ROW_DELTA_ATTEMPTS or not only_compacted_since(table, conflict.read_at):
+                    raise
+                log.info("%s, batch %s: a compaction committed while the row delta ran; reading its rows again",
+                         source, step.batch.name)
         if rows is None:
             return None
         self.row_delta_steps.add((source, step.batch.name))

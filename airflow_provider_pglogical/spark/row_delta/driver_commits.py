@@ -56,7 +56,29 @@ def same_thread_executor(spark):
 
 
 class ConcurrentCommit(ApplyError):
-    """Another commit changed a table after this step read it: nothing of the step was committed."""
+    """Another commit changed a table after this step read it: nothing of the step was committed.
+
+    :param read_at: the snapshot the step read (None: the table had none)."""
+
+    def __init__(self, message: str, read_at: int | None = None) -> None:
+        super().__init__(message)
+        self.read_at = read_at
+
+
+def only_compacted_since(table, read_at: int | None) -> bool:
+    """Whether every commit to ``table`` (Java, refreshed here) after snapshot ``read_at`` rewrote
+    files without changing a row (a compaction: Iceberg's ``replace`` operation). A row delta that
+    lost to one may read its rows again and commit: what it computed from staging is unchanged."""
+    if read_at is None:
+        return False
+    table.refresh()
+    snapshot = table.currentSnapshot()
+    while snapshot is not None and snapshot.snapshotId() != read_at:
+        if snapshot.operation() != "replace":
+            return False
+        parent = snapshot.parentId()
+        snapshot = table.snapshot(parent) if parent is not None else None
+    return snapshot is not None
 
 
 def java_exception_class(error: BaseException) -> str | None:
@@ -81,7 +103,7 @@ def _conflict(name: str, read_at: int | None, cause) -> ConcurrentCommit:
         f"table {name}: another commit added rows or deletes after this step read it (at snapshot {read_at}): "
         f"{cause.getMessage()}. Nothing of this step was committed. Run one apply per pipeline at a time "
         "(max_active_tis_per_dag=1 on the apply task) and do not write to the pipeline's tables otherwise; "
-        "the next apply applies the step again from what the table holds then.")
+        "the next apply applies the step again from what the table holds then.", read_at)
 
 
 #: the snapshot summary property naming a Spark overwrite of this job (:func:`validated_overwrite`)
