@@ -9,6 +9,7 @@ consumer, a lost connection) are left to Airflow's retries.
 from __future__ import annotations
 
 from airflow_provider_pglogical.staging.contract import override_key
+from airflow_provider_pglogical.staging.seam.job_result import JobError
 
 
 class PgLogicalError(Exception):
@@ -103,6 +104,28 @@ class ConcurrentApplyError(PgLogicalError):
         super().__init__(message)
         self.lease = lease or {}
         self.fix = "max_active_tis_per_dag=1 on the apply task (or max_active_runs=1 on the DAG)"
+
+
+class JobResultMissing(PgLogicalError):
+    """The Spark job ended without leaving its result file (killed, or unable to write to staging)."""
+
+
+class SparkJobError(PgLogicalError):
+    """A Spark job's own error, raised by the task in its place (``staging/seam/job_result.JobError``):
+    the job's class, message and fix, and whether a retry can help (``permanent``, per error).
+
+    :param job: which job (``apply``, ``verify``).
+    """
+
+    def __init__(self, job: str, error_class: str, message: str, fix: str | None, permanent: bool) -> None:
+        super().__init__(f"the {job} job refused with {error_class}: {message}" if permanent
+                         else f"the {job} job failed with {error_class}: {message}", permanent=permanent)
+        self.job, self.error_class, self.job_message, self.fix = job, error_class, message, fix
+
+    @classmethod
+    def of(cls, job: str, error: JobError) -> SparkJobError:
+        """The task's error for the error ``job`` left in its result file."""
+        return cls(job, error.error_class, error.message, error.fix, error.permanent)
 
 
 class UnrepresentableValue(PgLogicalError):

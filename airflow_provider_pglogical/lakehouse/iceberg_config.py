@@ -193,10 +193,3 @@ class IcebergConfig:
             conf["spark.jars"] = ",".join(jars)
         conf.update(self.extra_conf)
         return conf
-
-    def job_args(self) -> list[str]:
-        """The lakehouse arguments of the apply job's command line."""
-        args = ["--catalog", self.catalog, "--namespace", self.namespace, "--write-mode", self.write_mode]
-        if self.bucket_count:
-            args += ["--bucket-count", str(self.bucket_count)]
-        return args

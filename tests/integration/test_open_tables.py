@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pglogical.spark.jobs import apply_changes
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
 
@@ -157,7 +158,8 @@ def test_every_table_reads_as_the_source_in_duckdb_and_pyiceberg_after_every_rou
             if statements:
                 publisher.execute(statements)
                 pull(publisher_hook, storage)
-            result = apply_changes.run(spark, root.as_uri(), "p", "lake", namespace, **FORMATS[format_version])
+            result = apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", namespace,
+                                                           **FORMATS[format_version]))
             paths = {step["table"]: step["path"] for step in result["steps"]}
             taken |= set(paths.values())
             for table in COLUMNS:

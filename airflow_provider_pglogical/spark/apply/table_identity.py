@@ -160,7 +160,9 @@ def check_run(lakehouse, pipeline: str, identity: dict | None, plans: dict[str, 
                 f"Iceberg table {lakehouse.name(target)} is owned by {raw}, and {json.dumps(wanted, sort_keys=True)} "
                 f"would write it too: {_MAP_FIX} (for instance another namespace or name for one pipeline)")
     if problems:
-        raise ApplyError("; ".join(problems) + ". Nothing was applied")
+        owners = [p for p in problems if p.startswith("Iceberg table ")]
+        raise ApplyError("; ".join(problems) + ". Nothing was applied",
+                         fix=_MAP_FIX if len(owners) == len(problems) else None)
     if source_property:
         lakehouse.iceberg_table(STATE_TABLE).updateProperties().set(*source_property).commit()
     for target, wanted in adopt:

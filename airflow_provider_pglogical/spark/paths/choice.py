@@ -62,7 +62,7 @@ class TableFacts:
     :param format_version: the table's Iceberg format version.
     :param merge_on_read: every write mode of the table is merge-on-read.
     :param numbered: a keyless table's identical rows are numbered already.
-    :param row_deltas: the apply may commit row deltas from the driver (``--no-row-deltas`` off).
+    :param row_deltas: the apply may commit row deltas from the driver (the apply's ``row_deltas`` option).
     """
 
     source: str
@@ -100,7 +100,7 @@ def choose_path(step: Step, table: TableFacts) -> PathChoice:
     if (manifest.get("details") or {}).get("truncated"):
         return PathChoice(ApplyPath.REWRITE, "the batch holds a TRUNCATE: the table is replaced by the rows after it")
     if not table.row_deltas:
-        return PathChoice(ApplyPath.MERGE, "row deltas are switched off (--no-row-deltas)")
+        return PathChoice(ApplyPath.MERGE, "row deltas are switched off (the apply's row_deltas=False)")
     reason = (multiset_ineligible if table.keyless else ineligible)(manifest, table.types, step.position)
     reason = reason or _table_takes_no_row_delta(table)
     if reason is not None:

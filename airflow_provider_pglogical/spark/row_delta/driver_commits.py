@@ -22,6 +22,7 @@ import logging
 import os
 import uuid
 
+from airflow_provider_pglogical.spark.common.commit_stamp import stamp
 from airflow_provider_pglogical.spark.common.hadoop_files import local_path
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
@@ -56,9 +57,12 @@ def same_thread_executor(spark):
 
 
 class ConcurrentCommit(ApplyError):
-    """Another commit changed a table after this step read it: nothing of the step was committed.
+    """Another commit changed a table after this step read it: nothing of the step was committed;
+    a retry reads the table again.
 
     :param read_at: the snapshot the step read (None: the table had none)."""
+
+    permanent = False
 
     def __init__(self, message: str, read_at: int | None = None) -> None:
         super().__init__(message)
@@ -90,6 +94,7 @@ def java_exception_class(error: BaseException) -> str | None:
 def validated_commit(update, table, read_at: int | None) -> None:
     """Commit an Iceberg update that validates against concurrent commits; a conflict is raised as
     :class:`ConcurrentCommit`, naming the table and the fix."""
+    stamp(update)  # the running step's position and batch, in the snapshot's summary
     try:
         update.commit()
     except Exception as error:
@@ -146,8 +151,7 @@ class DriverCommits:
         """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
         return self.lakehouse.iceberg_table(target)
 
-    def row_delta(self, table, data, deletes: list[tuple[str, int]], *, read_at: int | None,
-                  summary: dict[str, str] | None = None) -> int | None:
+    def row_delta(self, table, data, deletes: list[tuple[str, int]], *, read_at: int | None) -> int | None:
         """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` (the data
         file and position of every row it replaces, read at ``read_at`` through Iceberg's reader) as
         a position delete file, in one ``RowDelta``; an empty file is left out. Returns the snapshot
@@ -157,8 +161,7 @@ class DriverCommits:
             refuses (:class:`ConcurrentCommit`) when any data or delete file was added to the
             table since, or a data file a delete points into was removed (a compaction that
             rewrote it): the step computed its rows and positions from what it read, and a retry
-            on top of another writer's commit would apply the change twice or delete nothing.
-        :param summary: properties recorded in the snapshot's summary (the batch it applies)."""
+            on top of another writer's commit would apply the change twice or delete nothing."""
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
         delta = table.newRowDelta().scanManifestsWith(self._same_thread())
@@ -176,8 +179,6 @@ class DriverCommits:
             delta.validateDataFilesExist(sorted({file for file, _ in deletes})).validateDeletedFiles()
         if not (data.num_rows or deletes):
             return None
-        for name, value in (summary or {}).items():
-            delta.set(name, value)
         validated_commit(delta, table, read_at)
         return delta.updateEvent().snapshotId()  # this commit's, whatever committed after it
 
