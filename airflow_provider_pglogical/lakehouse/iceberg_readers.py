@@ -31,7 +31,8 @@ def _pyiceberg():
     try:
         import pyiceberg  # noqa: F401
     except ModuleNotFoundError:
-        raise InvalidInputError(f"reading the lakehouse from Python needs pyiceberg: pip install {READERS_EXTRA}") from None
+        raise InvalidInputError(
+            f"reading the lakehouse from Python needs pyiceberg: pip install {READERS_EXTRA}") from None
 
 
 def load_tables(config: IcebergConfig, catalog=None) -> Callable[[str], object]:

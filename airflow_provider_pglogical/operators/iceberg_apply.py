@@ -43,7 +43,8 @@ from airflow_provider_pglogical.staging.apply_marker import (
     write_marker,
 )
 from airflow_provider_pglogical.staging.applied_positions import record_applied
-from airflow_provider_pglogical.ui.history import apply_entry, errors_recorded, safely_record
+from airflow_provider_pglogical.ui.history import apply_entry, errors_recorded
+from airflow_provider_pglogical.ui.metrics import after_apply
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.staging.private_files import file_mode
 from airflow_provider_pglogical.management.validation import (
@@ -207,6 +208,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             staging_root=spark_uri(str(self.staging_root)), pipeline=str(self.pipeline),
             catalog=self.iceberg.catalog, namespace=self.iceberg.namespace, table_map=self.table_map or None,
             write_mode=self.iceberg.write_mode, bucket_count=self.iceberg.bucket_count, concurrency=self.concurrency,
+            format_version=self.iceberg.format_version, upgrade_format_version=self.iceberg.upgrade_format_version,
             retention_hours=None if retention is None else retention.total_seconds() / 3600,
             archive=self.archive_staging, row_deltas=self.row_deltas, lease_holder=lease_holder,
             keep_running=window or 0.0,
@@ -239,11 +241,11 @@ class IcebergApplyOperator(SparkSubmitOperator):
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
             write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
-            # the UI's chart of freshness: commit to queryable, per table (a window's job recorded each round)
-            if window is None:
-                safely_record(root, str(self.pipeline), "apply",
-                              lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
-                              self.log.warning)
+            # the UI's chart of freshness (commit to queryable, per table; a window's job recorded each
+            # round) and the metrics (docs/metrics.md)
+            after_apply(root, str(self.pipeline), None if window is not None else
+                        lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
+                        self.log.warning)
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})

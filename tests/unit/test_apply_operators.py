@@ -206,3 +206,18 @@ def test_an_apply_that_meets_a_running_windows_lease_leaves_its_batches_to_it(le
     if expected:
         assert reason.startswith("pipeline 'orders': the apply window of task stream.apply_window holds the lease")
         assert "runs until 1970-01-12 13:48:20 UTC at least" in reason and "nothing is applied here" in reason
+
+
+def test_the_format_version_reaches_the_job_and_only_2_or_3_is_taken():
+    from airflow_provider_pglogical.exceptions import InvalidInputError
+
+    op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p",
+                              iceberg=IcebergConfig(format_version=3, upgrade_format_version=True))
+    args = apply_changes.parse_args(op.job_args())
+    assert (args.format_version, args.upgrade_format_version) == (3, True)
+    default = apply_changes.parse_args(IcebergApplyOperator(task_id="a2", staging_root="/s", pipeline="p").job_args())
+    assert (default.format_version, default.upgrade_format_version) == (2, False)
+    with pytest.raises(InvalidInputError, match=r"IcebergConfig\(format_version=4\): .* use 2 \(the default"):
+        IcebergConfig(format_version=4)
+    assert ApplyOptions("/s", "p", format_version=1).problems() == [
+        "format_version must be 2 (the default, read by every engine) or 3, not 1"]

@@ -37,20 +37,15 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   keyless table's step marks the row values it changed and skips them when run again).
 
 Identity (``table_identity.py``): before anything is written, the run refuses two sources with one
-target, a target another pipeline, database or source table owns (``pglogical.owner``, set on every
-table it creates), and columns Iceberg reserves or that differ only in case.
+target, a target another pipeline, database or source table owns (``pglogical.owner``), columns
+Iceberg reserves or that differ only in case, and a table of another format version
+(``format_versions.py``: v2 by default, v3 on request, an upgrade only when asked, never a downgrade).
 
-Schema (``lakehouse_tables.py``): missing tables are created from the manifest: format-version 2, the write mode's
-``write.{merge,update,delete}.mode``, key columns NOT NULL and recorded in the table property
-``pglogical.replica-identity-key``; Iceberg identifier fields are set to the key only for
-copy-on-write tables, because Iceberg 1.6-1.9's Spark runtime fails every merge-on-read
-MERGE/UPDATE/DELETE on a table with identifier fields (apache/iceberg#11709). REPLICA IDENTITY FULL
-tables (key = every column) get neither, and two metadata columns (``_pglogical_occurrence``,
-``_pglogical_batch``) that make (row, occurrence) a key. Added columns are
-added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
-refused with an error; columns the pull proved renamed or dropped at the source (its
-``column_evolution``) are renamed (same field id) or dropped, and a snapshot marked
-``replace_table`` (DDL the lakehouse cannot follow) drops and creates the table first. A target table that was dropped is
+Schema (``lakehouse_tables.py``): missing tables are created from the manifest (the write mode's
+``write.*.mode``, key columns NOT NULL and in ``pglogical.replica-identity-key``; keyless tables get
+``_pglogical_occurrence`` and ``_pglogical_batch``), added columns added, widening type changes
+applied, others refused, renamed and dropped columns followed, a snapshot marked ``replace_table``
+drops and creates the table first. A target table that was dropped is
 rebuilt from the staged batches (its state is reset), as far as staging retention kept them: after
 the run's last state commit, applied batches older than the retention are removed
 (``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
@@ -136,7 +131,8 @@ def run(spark, options: ApplyOptions) -> dict:
         return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": [], "targets": {}}
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
-    lakehouse = Lakehouse(spark, options.catalog, options.namespace, options.write_mode, options.bucket_count)
+    lakehouse = Lakehouse(spark, options.catalog, options.namespace, options.write_mode, options.bucket_count,
+                          options.format_version, options.upgrade_format_version)
     window = keep_running if keep_running and not options.until_loaded else None  # an initial load's may end early
     with ApplyLease(spark, lakehouse, pipeline, options.lease_seconds, options.lease_holder, window) as lease:
         phases.end("lease")

@@ -129,8 +129,8 @@ def _table_takes_no_row_delta(table: TableFacts) -> str | None:
     """Why the target table takes no row delta from the driver; None when it does."""
     if table.partitioned:
         return "the table is partitioned"
-    if table.format_version < 2:
-        return "the table is format version 1"
+    if table.format_version != 2:  # v3: a MERGE keeps an updated row's _row_id (row lineage); these do not yet
+        return f"the table is format version {table.format_version}"
     if not table.merge_on_read:
         return "the table is copy-on-write"
     if table.keyless and not table.numbered:

@@ -24,9 +24,10 @@ rows: exact, as a MERGE.
 
 It applies only where the result is the MERGE's by construction (:func:`ineligible` and
 ``paths/choice.py`` say why not): the pull's facts describe the batch (no TRUNCATE, nothing
-before the table's position), the table is unpartitioned, format 2 or later, merge-on-read, its
-columns are the batch's with the batch's types, none needs a cast, and every key column is of a
-type whose values read back from Iceberg equal the staged ones (:func:`lookup_type`). The rows
+before the table's position), the table is unpartitioned, format 2 (on 3 a MERGE keeps an updated
+row's ``_row_id``, which these do not yet), merge-on-read, its columns are the batch's with the
+batch's types, none needs a cast, and every key column is of a type whose values read back from
+Iceberg equal the staged ones (:func:`lookup_type`). The rows
 pass through the driver, and each row the read finds crosses py4j value by value, so the batch
 must be small (:data:`ROW_DELTA_MAX_ROWS`) and pyarrow importable there. Everything else is
 MERGEd (``keyed.py``; merge-on-read, so Spark writes position deletes too).

@@ -46,6 +46,9 @@ class ApplyOptions:
         or more; 0 leaves them to housekeeping.
     :param until_loaded: end the window after the first round that leaves the pipeline's tables in
         the lakehouse; ``keep_running`` bounds the wait.
+    :param format_version: the Iceberg format version of the tables the apply creates (2 or 3); an
+        existing table of another version is refused before any write (``spark/apply/format_versions.py``).
+    :param upgrade_format_version: upgrade existing tables of an older version to ``format_version``.
     :param log_level: Spark's log level inside the job.
     """
 
@@ -66,6 +69,8 @@ class ApplyOptions:
     poll_interval: float = DEFAULT_POLL_INTERVAL
     compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT
     until_loaded: bool = False
+    format_version: int = 2
+    upgrade_format_version: bool = False
     log_level: str = "WARN"
 
     def problems(self) -> list[str]:
@@ -86,6 +91,8 @@ class ApplyOptions:
             found.append(f"concurrency must be 1 or more tables at once, not {self.concurrency}")
         if self.retention_hours is not None and self.retention_hours < 0:
             found.append(f"retention_hours must not be negative, not {self.retention_hours}; None keeps every batch")
+        if self.format_version not in (2, 3):
+            found.append(f"format_version must be 2 (the default, read by every engine) or 3, not {self.format_version!r}")
         return found
 
     def replace(self, **changes: Any) -> ApplyOptions:
