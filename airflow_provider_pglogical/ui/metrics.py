@@ -7,13 +7,14 @@ they already compute the figures the pipeline view shows, with the same function
 :func:`airflow_provider_pglogical.ui.figures.pending_work`, :mod:`airflow_provider_pglogical.ui.history`'s
 entries), so a dashboard and the view never disagree. Names start with ``pglogical.`` (Airflow adds
 its ``statsd_prefix``); the pipeline and table go in tags, as Airflow's own metrics carry ``dag_id``,
-and, while Airflow's ``[metrics] legacy_names_on`` is on (its default), also in a second name
-(``pglogical.slot.lag_bytes.<pipeline>``) for a StatsD server that drops tags. A metric never
-fails a task: an error is logged as a warning.
+and, where Airflow's plain StatsD client would drop them, also in a second name
+(``pglogical.slot.lag_bytes.<pipeline>``, while ``[metrics] legacy_names_on`` is on, its default).
+A metric never fails a task: an error is logged as a warning.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any, Callable, Mapping
 
@@ -41,11 +42,16 @@ def _stats():
 
 
 def _legacy_names() -> bool:
+    """Whether to send a second name carrying the tag values: only where the tags are lost (Airflow's
+    plain StatsD client without ``statsd_influxdb_enabled``; DogStatsD and OpenTelemetry keep them),
+    and while Airflow's ``[metrics] legacy_names_on`` is on."""
     try:
         from airflow.providers.common.compat.sdk import conf
     except ImportError:
         from airflow.configuration import conf
-    return conf.getboolean("metrics", "legacy_names_on", fallback=True)
+    flag = lambda name, default=False: conf.getboolean("metrics", name, fallback=default)  # noqa: E731
+    return (flag("statsd_on") and not flag("statsd_datadog_enabled") and not flag("statsd_influxdb_enabled")
+            and flag("legacy_names_on", True))
 
 
 def _legacy(name: str, tags: Mapping[str, str]) -> str:
@@ -124,13 +130,27 @@ def after_pull(root, pipeline: str, hook, slot: str, result: dict, seconds: floa
     safely("pending", pipeline, lambda: pending_metrics(pipeline, pending_work(root, pipeline)), warn)
 
 
-def after_apply(root, pipeline: str, entry: Callable[[], dict] | None, warn: Callable[[str], None]) -> None:
-    """What an apply leaves: its history entry (``entry``; None when its job recorded its rounds itself,
-    as a window does) and its metrics: the round, per table freshness, what is still pending."""
+def after_apply(root, pipeline: str, entry: Callable[[], dict] | None, warn: Callable[[str], None],
+                seconds: float | None = None) -> None:
+    """What an apply leaves: its history entry and its metrics: the round, per table freshness, what
+    is still pending.
+
+    :param entry: the apply's history entry; None when its job recorded its rounds itself, as a
+        window does: then the rounds it recorded in the last ``seconds`` are sent, when the window ends.
+    """
     from airflow_provider_pglogical.ui.figures import pending_work
+    from airflow_provider_pglogical.ui.history import read_history
 
     recorded: dict = {}
     if entry is not None:
         safely_record(root, pipeline, "apply", lambda: recorded.update(entry()) or recorded, warn)
         safely("apply", pipeline, lambda: round_metrics("apply", pipeline, recorded), warn)
+    elif seconds is not None:
+        def window_rounds() -> None:
+            since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds)
+            for past in read_history(root, pipeline, "apply"):
+                if past.get("at") and dt.datetime.fromisoformat(past["at"]) >= since and not past.get("error"):
+                    round_metrics("apply", pipeline, past)
+
+        safely("apply", pipeline, window_rounds, warn)
     safely("pending", pipeline, lambda: pending_metrics(pipeline, pending_work(root, pipeline)), warn)

@@ -1,15 +1,21 @@
-"""A StatsD server's socket on loopback: what Airflow's ``Stats`` sends, as a test reads it.
+"""What Airflow's ``Stats`` sends, as a test reads it: a StatsD server's socket on loopback, and an
+OpenTelemetry collector's OTLP/HTTP endpoint.
 
 A UDP socket bound to a free port; Airflow is pointed at it with its own settings
 (:meth:`StatsdListener.airflow_env`), and :meth:`StatsdListener.received` reads every datagram
 already delivered (loopback delivers a datagram when it is sent, so nothing is waited for).
+:class:`OtlpReceiver` answers ``POST /v1/metrics`` and decodes each export with the OTLP protobuf
+classes Airflow's exporter uses.
 """
 
 from __future__ import annotations
 
+import gzip
 import select
 import socket
+import threading
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 @dataclass(frozen=True)
@@ -63,3 +69,60 @@ class StatsdListener:
     def named(self, name: str, **tags: str) -> list[Metric]:
         """The metrics of ``name`` (with the StatsD prefix) whose tags include ``tags``."""
         return [m for m in self.received() if m.name == name and tags.items() <= m.tags.items()]
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP metrics endpoint on loopback; :attr:`points` holds ``(name, value, attributes)``."""
+
+    def __init__(self) -> None:
+        receiver = self
+        self.points: list[tuple[str, float, dict[str, str]]] = []
+        self.errors: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                try:
+                    receiver.decode(body)
+                except Exception as err:  # noqa: BLE001 - the test reads what went wrong
+                    receiver.errors.append(repr(err))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "OtlpReceiver":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def decode(self, body: bytes) -> None:
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+        request = ExportMetricsServiceRequest.FromString(body)
+        for resource in request.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    kind = metric.WhichOneof("data")
+                    for point in getattr(metric, kind).data_points:
+                        value = (point.sum if "histogram" in kind.lower() else
+                                 point.as_double if point.WhichOneof("value") == "as_double" else point.as_int)
+                        attributes = {a.key: a.value.string_value for a in point.attributes}
+                        self.points.append((metric.name, value, attributes))
+
+    def airflow_env(self) -> dict[str, str]:
+        """Airflow's ``[metrics]`` settings for OpenTelemetry to this endpoint, exporting every 200 ms."""
+        return {"AIRFLOW__METRICS__OTEL_ON": "True", "AIRFLOW__METRICS__OTEL_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__OTEL_PORT": str(self.port), "AIRFLOW__METRICS__OTEL_SSL_ACTIVE": "False",
+                "AIRFLOW__METRICS__OTEL_INTERVAL_MILLISECONDS": "200", "AIRFLOW__METRICS__STATSD_ON": "False"}

@@ -90,6 +90,7 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError, job_error
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
+from airflow_provider_pglogical.spark.apply.state_table import settle_orphans
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
@@ -99,6 +100,7 @@ from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
     OCCURRENCE,
+    ORPHANED_TABLES,
     PIPELINE_RECORD,
     REPLACE_TABLE,
     RETENTION_RECORD,
@@ -188,7 +190,8 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
     staged = {source for batch in wanted for source in batch.manifest["tables"]}
     adopt_legacy_keys(states, staged)
     known |= set(states)
-    sources = sorted(staged | set(states))
+    orphaned = (record.get("extra") or {}).get(ORPHANED_TABLES) or {}  # dropped ones are never rebuilt
+    sources = sorted({s for s in staged if orphaned.get(s, {}).get("action") != "drop" or s in states} | set(states))
 
     # "seen": every batch this run found committed; once the run succeeds, each of them is applied
     # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
@@ -224,6 +227,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
             lakehouse.write_state(pipeline, states)
             phases.end("state_commits")
     lease.check()
+    summary["orphaned"] = settle_orphans(lakehouse, orphaned, states, pipeline)
     summary["compactions"] = compact_written(spark, lakehouse, summary["steps"], options.compact_deletes_at)
     phases.end("compaction")
     summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
@@ -326,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"pipeline": options.pipeline, "steps": [], "error": error.to_json()}
         code = EXIT_LEASE_HELD if isinstance(failure, ApplyLeaseHeld) else 1
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
-    write_result(spark, summary)
+    write_result(spark, summary, committed=code == 0)
     spark.stop()
     return code
 
