@@ -105,8 +105,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         overlaps one's planning and commit with another's work.
     :param row_deltas: apply a small change batch that sets whole rows of an unpartitioned
         merge-on-read table, or changes a keyless table's copies, as an Iceberg row delta written
-        by the driver (an equality delete file and a data file, one commit, at most one Spark
-        query; docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
+        by the driver (a position delete file and a data file, one commit, no Spark query;
+        docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
         batch is MERGEd. ``False`` MERGEs every batch.
     :param staging_retention: after applying, remove the batches the lakehouse has applied that were
         committed longer ago than this (default a week), so staging and every listing stay bounded;
