@@ -72,7 +72,8 @@ SPARK_RULES = {
     "housekeeping": ["common"],
     "row_delta": ["common", "lookups"],
     "apply": ["common", "lookups", "row_delta"],
-    "jobs": ["common", "lookups", "row_delta", "apply", "housekeeping"],
+    "paths": ["common", "lookups", "row_delta", "apply"],
+    "jobs": ["common", "lookups", "row_delta", "apply", "paths", "housekeeping"],
 }
 
 
