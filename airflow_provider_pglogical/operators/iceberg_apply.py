@@ -2,9 +2,9 @@
 
 The embedded default needs nothing but the Airflow connection ``spark_default`` with host
 ``local[*]`` (``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'``), the
-``iceberg-jar`` extra (``pip install airflow-provider-pglogical[iceberg-jar]``) and a local
-warehouse directory: an Iceberg Hadoop catalog named ``lake``. On a cluster, pass the catalog and
-the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"]``,
+jars resolved once by ``python -m airflow_provider_pglogical.lakehouse.jar_cache`` (``scripts/setup.sh``
+runs it) and a local warehouse directory: an Iceberg Hadoop catalog named ``lake``. On a cluster, pass
+the catalog and the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.1"]``,
 ``catalog_type="rest"``, ``extra_conf={...}``).
 """
 
@@ -105,8 +105,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         overlaps one's planning and commit with another's work.
     :param row_deltas: apply a small change batch that sets whole rows of an unpartitioned
         merge-on-read table, or changes a keyless table's copies, as an Iceberg row delta written
-        by the driver (an equality delete file and a data file, one commit, at most one Spark
-        query; docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
+        by the driver (a position delete file and a data file, one commit, no Spark query;
+        docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
         batch is MERGEd. ``False`` MERGEs every batch.
     :param staging_retention: after applying, remove the batches the lakehouse has applied that were
         committed longer ago than this (default a week), so staging and every listing stay bounded;
@@ -246,7 +246,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
             # round) and the metrics (docs/metrics.md)
             after_apply(root, str(self.pipeline), None if window is not None else
                         lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
-                        self.log.warning)
+                        self.log.warning, seconds=time.monotonic() - started)
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})

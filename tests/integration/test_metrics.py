@@ -93,6 +93,26 @@ def test_a_pull_exports_the_figures_the_view_shows(publisher, publisher_hook, tm
     assert all(name.startswith("airflow.pglogical.") for name in names), names
 
 
+def test_an_apply_window_sends_the_rounds_its_job_recorded_when_it_ends(tmp_path, monkeypatch):
+    """A keep-running window's job (Spark, no Airflow) records each round in the history; the task sends
+    the rounds of its own window when it ends, not older ones."""
+    from airflow_provider_pglogical.ui.history import record_history
+    from airflow_provider_pglogical.ui.metrics import after_apply
+
+    root = ObjectStoragePath((tmp_path / "staging").as_uri())
+    now = pendulum.now("UTC")
+    for minutes, rows, freshness in ((30, 999, 99.0), (2, 10, 1.5), (1, 20, 0.75)):  # the first: an older window
+        record_history(root, "p", "apply", {"at": now.subtract(minutes=minutes).isoformat(), "round": 1, "rows": rows,
+                                            "seconds": 0.5, "tables": {"public.t": freshness}})
+    warnings: list[str] = []
+    with airflow_statsd(monkeypatch) as statsd:
+        after_apply(root, "p", None, warnings.append, seconds=600)
+    assert warnings == []
+    assert [m.value for m in statsd.named("airflow.pglogical.apply.rows", pipeline="p")] == [10, 20]
+    assert value(statsd, "table.freshness_seconds", pipeline="p", table="public.t") == 0.75
+    assert value(statsd, "pending.batches", pipeline="p") == 0
+
+
 def test_with_opentelemetry_the_metrics_reach_the_collector_with_their_tags(monkeypatch):
     """Airflow configured for OpenTelemetry: the same calls reach an OTLP collector, the pipeline and
     table as attributes (no second name: OpenTelemetry keeps them)."""
@@ -142,9 +162,12 @@ def test_the_warning_comes_before_the_slot_is_lost(tmp_path, monkeypatch):
         PgInitialSyncOperator(task_id="initial_sync", slot="s1", publications=["p"], staging_root=staging,
                               pipeline="p", postgres_conn_id="limited").execute({})
         sensor = PgSlotLagSensor(task_id="slot_lag", slot="s1", pipeline="p", postgres_conn_id="limited")
-        seen = []  # per step of about 100 kB of WAL: (warnings, at_risk metric, invalidated after a checkpoint)
+        # per step of about 100 kB of WAL (under the warning's 20% of the limit), then, once warned, of
+        # about 2 MB to reach the loss sooner: (warnings, at_risk metric, invalidated after a checkpoint)
+        seen: list[tuple] = []
         for _ in range(400):  # a 16 MB segment at most: the slot's WAL is removed a segment at a time
-            cluster.execute("INSERT INTO filler SELECT md5(random()::text) FROM generate_series(1, 1500)")
+            rows = 25000 if any(warnings for warnings, _m, _i in seen) else 1500
+            cluster.execute(f"INSERT INTO filler SELECT md5(random()::text) FROM generate_series(1, {rows})")
             try:
                 status = sensor.poke(TICK).xcom_value
             except Exception as lost:  # noqa: BLE001 - the sensor's verdict once the slot is gone

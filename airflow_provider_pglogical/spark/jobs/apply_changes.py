@@ -94,6 +94,8 @@ from airflow_provider_pglogical.spark.apply.state_table import settle_orphans
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
+from airflow_provider_pglogical.spark.paths.choice import ApplyPath, choose_path, table_facts
+from airflow_provider_pglogical.spark.paths.taken import take_path
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
@@ -257,8 +259,11 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
             lakehouse.replace(state.target, replace)
         types = lakehouse.ensure_table(state.target, manifest)
         applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
+        choice = choose_path(step, table_facts(source, lakehouse.iceberg_table(state.target), types,
+                                               applier.row_deltas is not None))
+        log.info("%s, batch %s: %s, %s", source, step.batch.name, choice.path.value, choice.reason)
         try:
-            rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
+            rows, path = take_path(applier, choice, step, source, state.target, types)
         except Exception as error:  # a staged file damaged after its commit is named, with the fix
             raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
     if snapshot:
@@ -269,14 +274,13 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     state.last_batch = step.batch.name
     seconds = round(time.monotonic() - started, 3)
     jobs, stages = spark_work(keyed.spark, group)
-    row_delta = (source, step.batch.name) in applier.row_delta_steps
+    row_delta = path is ApplyPath.ROW_DELTA
     adopted = applier.adopted_steps.get((source, step.batch.name), 0)
-    log.info("%s: applied %s %s (%d rows%s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
-             rows, ", a row delta" if row_delta else f", {adopted} staged files adopted" if adopted else "",
-             seconds, jobs, stages)
+    log.info("%s: applied %s %s (%d rows, %s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind,
+             step.batch.name, rows, f"{adopted} staged files adopted" if adopted else path.value, seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
             "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta,
-            "adopted_files": adopted}
+            "adopted_files": adopted, "path": path.value}
 
 
 def spark_job_group(spark, description: str) -> str:
