@@ -94,7 +94,8 @@ from airflow_provider_pglogical.spark.housekeeping.delete_compaction import comp
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
-from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
+from airflow_provider_pglogical.spark.jobs.apply_window import (
+    Phases, commit_conflict, first_commits, keep_applying, loaded, record_round, window_after_handover)
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
 from airflow_provider_pglogical.staging.contract import (
     APPLY_LEASE_HELD,
@@ -162,7 +163,8 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
     phases.end("listing")
     lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
     window = keep_running if keep_running and not until_loaded else None  # an initial load's may end early
-    with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder, window) as lease:
+    warm = (lambda: warm_up(spark)) if window else None  # while a window waits for the lease's handover
+    with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder, window, warm) as lease:
         phases.end("lease")
         if bucket_count:
             lakehouse.drop_batch_tables()
@@ -172,9 +174,12 @@ def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespac
                                  archive, row_deltas, phases, compact_deletes_at)
 
         if keep_running:
-            summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, poll_interval,
-                                    record=lambda entry: record_round(staging, entry),
-                                    until=loaded if until_loaded else None, idle=lambda: warm_up(spark))
+            summary = keep_applying(apply_round, lambda: _listed(staging, lease),
+                                    window_after_handover(keep_running, lease.waited, poll_interval), poll_interval,
+                                    record=lambda entry: record_round(staging, entry), conflict=commit_conflict,
+                                    until=loaded if until_loaded else None, idle=lambda: warm_up(spark),
+                                    promise=lease.promise if window else None)
+            summary["window"]["handover_seconds"] = lease.waited
         else:
             summary = apply_round()
         summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
