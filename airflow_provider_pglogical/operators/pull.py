@@ -11,11 +11,12 @@ from airflow_provider_pglogical.capture.pull_window import pull_window, unapplie
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging.contract import DEFAULT_POLL_INTERVAL
-from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.management.validation import check_count, check_seconds
 from airflow_provider_pglogical.operators._capture import CaptureOperator
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.ui.history import errors_recorded, pull_entry, read_history, safely_record
+from airflow_provider_pglogical.operators.publication import schedule_interval_seconds
+from airflow_provider_pglogical.ui.history import errors_recorded, read_history
+from airflow_provider_pglogical.ui.metrics import after_pull
 
 
 if TYPE_CHECKING:
@@ -109,11 +110,11 @@ class PgSlotPullOperator(CaptureOperator):
                     )
 
             def pulled(result: dict, seconds: float) -> None:
-                # the UI's chart of slot lag: the slot as the pull left it (in a window: each pull that staged)
+                # the UI's chart of slot lag and the metrics: the slot as the pull left it (in a window:
+                # each pull that staged); the slot idles until the next scheduled run's pull
                 if window is None or result.get("batch"):
-                    safely_record(root, self.pipeline, "pull",
-                                  lambda: pull_entry(result, seconds, connector.get_slot(hook, self.slot)),
-                                  self.log.warning)
+                    after_pull(root, self.pipeline, hook, self.slot, result, seconds, self.log.warning,
+                               until_next_pull=schedule_interval_seconds(context) if window is None else None)
 
             if window is None:
                 started = time.monotonic()
