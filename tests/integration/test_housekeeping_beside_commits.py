@@ -81,7 +81,7 @@ def test_housekeeping_beside_a_running_apply_window_leaves_the_lakehouse_equal_t
     from airflow_provider_pglogical.lakehouse.verification import verify_tables
     from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
     from airflow_provider_pglogical.spark.jobs import apply_changes, verify_tables as verify_job
-    from airflow_provider_pglogical.staging.job_result import storage_path
+    from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
     from airflow_provider_pglogical.ui.history import read_history
     from tests.integration.test_one_apply import Lake
     from tests.integration.test_window_handover import Writer

@@ -76,7 +76,7 @@ def test_two_overlapping_windows_hand_the_lease_over_and_every_commit_arrives_on
     from airflow_provider_pglogical.lakehouse.verification import verify_tables
     from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
     from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
-    from airflow_provider_pglogical.staging.job_result import storage_path
+    from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
     from airflow_provider_pglogical.ui.history import read_history
 
     lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "handover", spark)
