@@ -25,7 +25,7 @@ from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
 from airflow_provider_pglogical.lakehouse.staging_roots import read_job_error, read_result, spark_uri, staging_access
 from airflow_provider_pglogical.lakehouse.staging_roots import staging_path, storage_path
-from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, SparkJobError
+from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, JobResultMissing, SparkJobError
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
     DEFAULT_COMPACT_DELETES_AT,
@@ -105,8 +105,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         overlaps one's planning and commit with another's work.
     :param row_deltas: apply a small change batch that sets whole rows of an unpartitioned
         merge-on-read table, or changes a keyless table's copies, as an Iceberg row delta written
-        by the driver (an equality delete file and a data file, one commit, at most one Spark
-        query; docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
+        by the driver (a position delete file and a data file, one commit, no Spark query;
+        docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
         batch is MERGEd. ``False`` MERGEs every batch.
     :param staging_retention: after applying, remove the batches the lakehouse has applied that were
         committed longer ago than this (default a week), so staging and every listing stay bounded;
@@ -240,12 +240,13 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 result = self.run_spark_submit(context, staging)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
-            write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
+            if "result_missing" not in result:  # else the old marker stays: the next tick starts Spark
+                write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
             # the UI's chart of freshness (commit to queryable, per table; a window's job recorded each
             # round) and the metrics (docs/metrics.md)
             after_apply(root, str(self.pipeline), None if window is not None else
                         lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
-                        self.log.warning)
+                        self.log.warning, seconds=time.monotonic() - started)
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})
@@ -288,7 +289,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 raise SparkJobError.of("apply", error) from None
             finally:
                 self.properties_file = given
-        return read_result(result_at, job="apply")
+        try:
+            return read_result(result_at, job="apply")
+        except JobResultMissing as missing:  # the job ended well, so every commit landed (hadoop_files.write_result)
+            self.log.warning("%s. The job succeeded, so its commits landed: reported as applied, without its "
+                             "figures", missing)
+            return {"steps": [], "result_missing": str(missing)}
 
     def lakehouse_identity(self) -> dict:
         """What the apply writes into (no credentials): a marker for another lakehouse means nothing."""

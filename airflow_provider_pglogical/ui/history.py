@@ -69,6 +69,8 @@ def pull_entry(result: dict, seconds: float, slot: Mapping[str, Any] | None) -> 
         "rows": result.get("changes", 0), "transactions": result.get("transactions", 0),
         "end_lsn": result.get("advanced_to"),
         "lag_bytes": slot.get("lag_bytes"), "retained_wal_bytes": slot.get("retained_wal_bytes"),
+        # a change to what the source publishes: the tables snapshotted again, and why (issue 47)
+        **{key: result[key] for key in ("resnapshotted", "orphaned") if result.get(key)},
     }
 
 

@@ -14,6 +14,7 @@ A metric never fails a task: an error is logged as a warning.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any, Callable, Mapping
 
@@ -129,13 +130,27 @@ def after_pull(root, pipeline: str, hook, slot: str, result: dict, seconds: floa
     safely("pending", pipeline, lambda: pending_metrics(pipeline, pending_work(root, pipeline)), warn)
 
 
-def after_apply(root, pipeline: str, entry: Callable[[], dict] | None, warn: Callable[[str], None]) -> None:
-    """What an apply leaves: its history entry (``entry``; None when its job recorded its rounds itself,
-    as a window does) and its metrics: the round, per table freshness, what is still pending."""
+def after_apply(root, pipeline: str, entry: Callable[[], dict] | None, warn: Callable[[str], None],
+                seconds: float | None = None) -> None:
+    """What an apply leaves: its history entry and its metrics: the round, per table freshness, what
+    is still pending.
+
+    :param entry: the apply's history entry; None when its job recorded its rounds itself, as a
+        window does: then the rounds it recorded in the last ``seconds`` are sent, when the window ends.
+    """
     from airflow_provider_pglogical.ui.figures import pending_work
+    from airflow_provider_pglogical.ui.history import read_history
 
     recorded: dict = {}
     if entry is not None:
         safely_record(root, pipeline, "apply", lambda: recorded.update(entry()) or recorded, warn)
         safely("apply", pipeline, lambda: round_metrics("apply", pipeline, recorded), warn)
+    elif seconds is not None:
+        def window_rounds() -> None:
+            since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds)
+            for past in read_history(root, pipeline, "apply"):
+                if past.get("at") and dt.datetime.fromisoformat(past["at"]) >= since and not past.get("error"):
+                    round_metrics("apply", pipeline, past)
+
+        safely("apply", pipeline, window_rounds, warn)
     safely("pending", pipeline, lambda: pending_metrics(pipeline, pending_work(root, pipeline)), warn)

@@ -93,6 +93,26 @@ def test_a_pull_exports_the_figures_the_view_shows(publisher, publisher_hook, tm
     assert all(name.startswith("airflow.pglogical.") for name in names), names
 
 
+def test_an_apply_window_sends_the_rounds_its_job_recorded_when_it_ends(tmp_path, monkeypatch):
+    """A keep-running window's job (Spark, no Airflow) records each round in the history; the task sends
+    the rounds of its own window when it ends, not older ones."""
+    from airflow_provider_pglogical.ui.history import record_history
+    from airflow_provider_pglogical.ui.metrics import after_apply
+
+    root = ObjectStoragePath((tmp_path / "staging").as_uri())
+    now = pendulum.now("UTC")
+    for minutes, rows, freshness in ((30, 999, 99.0), (2, 10, 1.5), (1, 20, 0.75)):  # the first: an older window
+        record_history(root, "p", "apply", {"at": now.subtract(minutes=minutes).isoformat(), "round": 1, "rows": rows,
+                                            "seconds": 0.5, "tables": {"public.t": freshness}})
+    warnings: list[str] = []
+    with airflow_statsd(monkeypatch) as statsd:
+        after_apply(root, "p", None, warnings.append, seconds=600)
+    assert warnings == []
+    assert [m.value for m in statsd.named("airflow.pglogical.apply.rows", pipeline="p")] == [10, 20]
+    assert value(statsd, "table.freshness_seconds", pipeline="p", table="public.t") == 0.75
+    assert value(statsd, "pending.batches", pipeline="p") == 0
+
+
 def test_with_opentelemetry_the_metrics_reach_the_collector_with_their_tags(monkeypatch):
     """Airflow configured for OpenTelemetry: the same calls reach an OTLP collector, the pipeline and
     table as attributes (no second name: OpenTelemetry keeps them)."""

@@ -8,9 +8,10 @@
 For each table (default: every table of the namespace, the ``_pglogical_state`` table included)
 it calls Iceberg's procedures in the order that frees most (:mod:`.housekeeping`):
 ``rewrite_data_files`` (compacts the small files a MERGE leaves, and rewrites the data files that
-merge-on-read deletes apply to; then the equality deletes of row deltas that apply to nothing any
-more are removed, :mod:`.dead_deletes`), ``rewrite_position_delete_files`` (rewrites every delete file,
-dropping the deletes of data files that are gone), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
+merge-on-read deletes apply to; then the equality deletes an earlier version's row deltas left,
+now applying to nothing, are removed: :mod:`.legacy_equality_deletes`),
+``rewrite_position_delete_files`` (rewrites every delete file, dropping the deletes of data files
+that are gone), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
 ``expire_snapshots`` (removes the snapshots, and the files only they referenced, older than the
 cut-off, keeping ``retain_last``), then ``remove_orphan_files`` (files no snapshot references,
 older than a cut-off of at least a day, so a write still in flight keeps its files).
@@ -39,7 +40,7 @@ from airflow_provider_pglogical.spark.housekeeping.steps import (
     HousekeepingError,
     procedure_call,
 )
-from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.legacy_equality_deletes import remove_dead_equality_deletes
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 
@@ -71,17 +72,16 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
             call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
             try:
                 results[step] = report(step, spark.sql(call).collect())
+                if step == "rewrite_data_files":  # equality deletes (an earlier version's) it left applying to nothing
+                    results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(
+                        spark, f"{qualified(catalog, namespace)}.{quote(table)}")
             except Exception as error:
                 conflict = commit_conflict(error)
                 if conflict is None:
                     raise
                 log.warning("%s.%s: %s met another writer's commit and committed nothing; left for the next run: %s",
                             namespace, table, step, conflict)
-                results[step] = {"conflict": conflict}
-                continue
-            if step == "rewrite_data_files":  # the equality deletes it left applying to nothing
-                results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(
-                    spark, f"{qualified(catalog, namespace)}.{quote(table)}")
+                results.setdefault(step, {"conflict": conflict})
         return results
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-maintenance") as pool:
