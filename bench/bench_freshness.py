@@ -463,7 +463,8 @@ def report_stream(commits, history: Rounds, since: float, load, window_minutes: 
     if len(values) != len(commits):
         raise SystemExit(f"{len(commits) - len(values)} commit(s) never became readable")
     print(f"freshness through the scheduler: p50 {percentile(values, 0.5):.1f} s, p95 {percentile(values, 0.95):.1f} s, "
-          f"max {max(values):.1f} s over {len(values)} commits and {breakdown['rounds']} apply rounds in "
+          f"p99 {percentile(values, 0.99):.1f} s, max {max(values):.1f} s over {len(values)} commits and "
+          f"{breakdown['rounds']} apply rounds (boundary gaps {breakdown['window_boundary_gaps_s']} s) in "
           f"{breakdown['windows']} window(s) (stream DAG)")
     return 0
 

@@ -22,10 +22,10 @@ pytestmark = pytest.mark.spark
 
 #: the first window's length after its first round; the second's (less its wait for the lease),
 #: which outlasts the second pull window (its last listing comes after that window's last pull)
-FIRST, SECOND, SECOND_PULL = 15, 45, 30
+FIRST, SECOND, SECOND_PULL = 15, 75, 60
 #: the writer stops at the second window's first round, or this long after the second windows started
 #: (before the second pull window ends: a later commit would be pulled by no window)
-WRITING = 22
+WRITING = 50
 #: what a handover may add to the next window's first round: the release, a read of the lease,
 #: the take and its read back (state-table metadata commits of ~0.1 s each on an idle machine)
 HANDOVER_SLACK = 5.0
@@ -95,8 +95,6 @@ def test_two_overlapping_windows_hand_the_lease_over_and_every_commit_arrives_on
         wait_until(lambda: rounds() or first.done(), timeout=300, interval=0.2, message="the first window's first round")
         first_pull = pool.submit(pull_window(FIRST + 5).execute, {})
         writer.start()
-        wait_until(lambda: len(rounds()) >= 3 or first.done(), timeout=120, interval=0.2,
-                   message="the first window's rounds")
         assert not first.done(), first.result()
         # the next run's windows start while the first ones run: its apply waits for the lease
         second = pool.submit(lake.run_in_process, keep_running=SECOND, poll_interval=0.25)
@@ -107,6 +105,7 @@ def test_two_overlapping_windows_hand_the_lease_over_and_every_commit_arrives_on
         # the writer goes on across the boundary, into the second window's first round
         wait_until(lambda: [r["round"] for r in rounds()].count(1) == 2 or time.monotonic() > started + WRITING,
                    timeout=120, interval=0.2, message="the second window's first round")
+        crossed = [r["round"] for r in rounds()].count(1) == 2  # writing until the handover (not cut short)
         writer.done.set()
         ended = first.result(timeout=300)
         writer.join()
@@ -133,5 +132,6 @@ def test_two_overlapping_windows_hand_the_lease_over_and_every_commit_arrives_on
     gap = at(next_first) - at(last)
     print(f"handover: waited {taken['window']['handover_seconds']:.1f} s; gap between rounds {gap:.2f} s, of "
           f"which the second window's first round {next_first['seconds']:.2f} s; commits {writer.commits}")
-    assert last["round"] == ended["window"]["rounds"] and next_first["rows"] > 0
+    assert last["round"] == ended["window"]["rounds"]
+    assert next_first["rows"] > 0 or not crossed  # commits made during the first window's last round
     assert 0 < gap <= next_first["seconds"] + HANDOVER_SLACK, (last, next_first)
