@@ -2,9 +2,9 @@
 
 The embedded default needs nothing but the Airflow connection ``spark_default`` with host
 ``local[*]`` (``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'``), the
-``iceberg-jar`` extra (``pip install airflow-provider-pglogical[iceberg-jar]``) and a local
-warehouse directory: an Iceberg Hadoop catalog named ``lake``. On a cluster, pass the catalog and
-the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"]``,
+jars resolved once by ``python -m airflow_provider_pglogical.lakehouse.jar_cache`` (``scripts/setup.sh``
+runs it) and a local warehouse directory: an Iceberg Hadoop catalog named ``lake``. On a cluster, pass
+the catalog and the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.1"]``,
 ``catalog_type="rest"``, ``extra_conf={...}``).
 """
 

@@ -162,9 +162,12 @@ def test_the_warning_comes_before_the_slot_is_lost(tmp_path, monkeypatch):
         PgInitialSyncOperator(task_id="initial_sync", slot="s1", publications=["p"], staging_root=staging,
                               pipeline="p", postgres_conn_id="limited").execute({})
         sensor = PgSlotLagSensor(task_id="slot_lag", slot="s1", pipeline="p", postgres_conn_id="limited")
-        seen = []  # per step of about 100 kB of WAL: (warnings, at_risk metric, invalidated after a checkpoint)
+        # per step of about 100 kB of WAL (under the warning's 20% of the limit), then, once warned, of
+        # about 2 MB to reach the loss sooner: (warnings, at_risk metric, invalidated after a checkpoint)
+        seen: list[tuple] = []
         for _ in range(400):  # a 16 MB segment at most: the slot's WAL is removed a segment at a time
-            cluster.execute("INSERT INTO filler SELECT md5(random()::text) FROM generate_series(1, 1500)")
+            rows = 25000 if any(warnings for warnings, _m, _i in seen) else 1500
+            cluster.execute(f"INSERT INTO filler SELECT md5(random()::text) FROM generate_series(1, {rows})")
             try:
                 status = sensor.poke(TICK).xcom_value
             except Exception as lost:  # noqa: BLE001 - the sensor's verdict once the slot is gone

@@ -29,6 +29,7 @@ import time
 
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 from airflow_provider_pglogical.spark.housekeeping.legacy_equality_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.position_delete_rewrite import rewrite_blocked
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping, procedure_call
 
 log = logging.getLogger("pglogical.apply")
@@ -54,10 +55,12 @@ def compact_if_due(spark, catalog: str, namespace: str, target: str, table, thre
     started = time.monotonic()
     now = dt.datetime.now(dt.timezone.utc)
     row = spark.sql(procedure_call("rewrite_data_files", catalog, qualified(namespace, target), _REWRITE, now)).first()
-    removed = remove_dead_equality_deletes(spark, f"{qualified(catalog, namespace)}.{quote(target)}")
+    name = f"{qualified(catalog, namespace)}.{quote(target)}"
+    removed = remove_dead_equality_deletes(spark, name)
     table.refresh()
-    if delete_file_count(table):  # position deletes of files the rewrite replaced: Iceberg 1.9 keeps
-        # them in an unpartitioned table, and only their own rewrite drops them (as housekeeping does)
+    if delete_file_count(table) and not rewrite_blocked(spark, name):  # position deletes of files the
+        # rewrite replaced: Iceberg (1.9 and 1.10) keeps them in an unpartitioned table, and only their
+        # own rewrite drops them (as housekeeping does); not on a table with a list or map column
         spark.sql(procedure_call("rewrite_position_delete_files", catalog, qualified(namespace, target), _REWRITE,
                                  now)).collect()
         table.refresh()
