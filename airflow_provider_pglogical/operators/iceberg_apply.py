@@ -22,7 +22,12 @@ from airflow.sdk import Asset, AssetAlias
 from airflow_provider_pglogical.lakehouse.catalog_tables import catalog_metadata_locations
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
-from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import (
+    LakehouseAccess,
+    job_access,
+    private_properties,
+    spark_environment,
+)
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError
 from airflow_provider_pglogical.staging.contract import (
@@ -274,6 +279,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
                      RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
         self.application_args = [*self.job_args(), *lease_holder_args(context)]
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
+        given_env = self.env_vars
+        self.env_vars = spark_environment(access, given_env, self._conn_id)
         with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
@@ -286,7 +293,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
                     raise ConcurrentApplyError(error["message"], error.get("lease")) from failure  # retried
                 raise
             finally:
-                self.properties_file = given
+                self.properties_file, self.env_vars = given, given_env
         return read_result(result_at, job="apply")
 
     def lakehouse_identity(self) -> dict:
