@@ -200,8 +200,7 @@ def start_rest_catalog(settings: RestCatalogSettings, env: Mapping[str, str] | N
     port = free_port()
     environment = {**(os.environ if env is None else env), **settings.environment()}
     log_path = Path(log_dir or tempfile.gettempdir(), f"pglogical-rest-catalog-{port}.log")
-    with open(log_path, "wb") as log:
-        os.chmod(log_path, 0o600)
+    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:  # private
         process = subprocess.Popen(
             [java_executable(environment), "-Xmx512m", "-XX:TieredStopAtLevel=1", "-cp", f"{folder}/*",
              str(LAUNCHER), str(port)], env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
