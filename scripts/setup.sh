@@ -80,3 +80,22 @@ then
 b87175b32a16544cc1b37cf40390eb375833e62bed67f8ce6cde4b7ad6429ead  $jars/aws-java-sdk-bundle-1.11.901.jar
 SUMS
 fi
+
+# Iceberg's REST catalog fixture, for the tests and `demo.sh --lakehouse rest` (embedded/rest_catalog.py):
+# Maven resolves its artifacts from Maven Central once into .venv/share/airflow-provider-pglogical/rest-catalog,
+# and every file is checked against its pinned sha256. The JDK's source launcher starts it (a JDK, not a JRE).
+command -v mvn >/dev/null 2>&1 || { echo "setup: installing Maven"; apt_install maven; }
+command -v javac >/dev/null 2>&1 || { echo "setup: installing the JDK 17"; apt_install openjdk-17-jdk-headless; }
+.venv/bin/python -m airflow_provider_pglogical.embedded.rest_catalog >.venv/rest-catalog.log 2>&1 \
+  || { tail -n 30 .venv/rest-catalog.log; echo "setup: the REST catalog's jars could not be resolved (full log: .venv/rest-catalog.log)"; exit 1; }
+# iceberg-aws-bundle of the Iceberg runtime (1.9.2): S3FileIO and the Glue catalog's AWS SDK v2
+if ! sha256sum --quiet -c - >/dev/null 2>&1 <<SUMS
+ea5b6fec1b547e2fe936f804c737943f5ee322d038560f63a8261deb766def1b  $jars/iceberg-aws-bundle-1.9.2.jar
+SUMS
+then
+  echo "setup: resolving iceberg-aws-bundle 1.9.2 from Maven Central"
+  mvn -q -B dependency:copy -Dartifact=org.apache.iceberg:iceberg-aws-bundle:1.9.2 -DoutputDirectory="$jars" >/dev/null
+  sha256sum --quiet -c - <<SUMS || { echo "setup: iceberg-aws-bundle does not have the expected checksum"; exit 1; }
+ea5b6fec1b547e2fe936f804c737943f5ee322d038560f63a8261deb766def1b  $jars/iceberg-aws-bundle-1.9.2.jar
+SUMS
+fi
