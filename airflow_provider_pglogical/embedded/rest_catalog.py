@@ -176,8 +176,10 @@ class RestCatalogSettings:
     region: str = "us-east-1"
 
     def environment(self) -> dict[str, str]:
-        """The server's settings as its environment (the fixture's ``CATALOG_*`` convention)."""
-        return {"CATALOG_WAREHOUSE": self.warehouse, "CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO",
+        """The server's settings as its environment (the fixture's ``CATALOG_*`` convention). One
+        JDBC client (``clients``): each connection to ``jdbc:sqlite::memory:`` is a database of its own,
+        so a second pooled connection, opened by two concurrent requests, would see no table."""
+        return {"CATALOG_CLIENTS": "1", "CATALOG_WAREHOUSE": self.warehouse, "CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO",
                 "CATALOG_S3_ENDPOINT": self.s3_endpoint, "CATALOG_S3_PATH__STYLE__ACCESS": "true",
                 "CATALOG_S3_ACCESS__KEY__ID": self.access_key, "CATALOG_S3_SECRET__ACCESS__KEY": self.secret_key,
                 "CATALOG_CLIENT_REGION": self.region,
