@@ -9,6 +9,7 @@ consumer, a lost connection) are left to Airflow's retries.
 from __future__ import annotations
 
 from airflow_provider_pglogical.staging.contract import override_key
+from airflow_provider_pglogical.staging.seam.job_result import JobError
 
 
 class PgLogicalError(Exception):
@@ -105,6 +106,28 @@ class ConcurrentApplyError(PgLogicalError):
         self.fix = "max_active_tis_per_dag=1 on the apply task (or max_active_runs=1 on the DAG)"
 
 
+class JobResultMissing(PgLogicalError):
+    """The Spark job ended without leaving its result file (killed, or unable to write to staging)."""
+
+
+class SparkJobError(PgLogicalError):
+    """A Spark job's own error, raised by the task in its place (``staging/seam/job_result.JobError``):
+    the job's class, message and fix, and whether a retry can help (``permanent``, per error).
+
+    :param job: which job (``apply``, ``verify``).
+    """
+
+    def __init__(self, job: str, error_class: str, message: str, fix: str | None, permanent: bool) -> None:
+        super().__init__(f"the {job} job refused with {error_class}: {message}" if permanent
+                         else f"the {job} job failed with {error_class}: {message}", permanent=permanent)
+        self.job, self.error_class, self.job_message, self.fix = job, error_class, message, fix
+
+    @classmethod
+    def of(cls, job: str, error: JobError) -> SparkJobError:
+        """The task's error for the error ``job`` left in its result file."""
+        return cls(job, error.error_class, error.message, error.fix, error.permanent)
+
+
 class UnrepresentableValue(PgLogicalError):
     """A PostgreSQL value has no exact form in its column's lakehouse type (``±infinity``, a
     ``numeric`` NaN, a timestamp past Spark's range, an array with non-default bounds, …).
@@ -141,3 +164,24 @@ class DistributedCopyError(PgLogicalError):
     Permanent when the unit's own error is (an unrepresentable value); a lost connection or
     executor is left to Airflow's retries, which start the snapshot over.
     """
+
+
+class StagingFullError(PgLogicalError):
+    """The staging area ran out of space (``ENOSPC``) while a batch was written; nothing was lost.
+
+    Transient: the uncommitted files are removed and the slot was not advanced, so once space is
+    freed a retry stages the same changes. ``path`` is where the write failed, ``free_bytes`` what
+    its file system had left (None on an object store).
+    """
+
+    permanent = False
+
+    def __init__(self, path: str, free_bytes: int | None, what: str) -> None:
+        self.path, self.free_bytes = path, free_bytes
+        free = "unknown free space" if free_bytes is None else f"{free_bytes:,} bytes free"
+        super().__init__(
+            f"no space left on the staging file system at {path} ({free}) while {what}: nothing was lost (the "
+            "unfinished batch was removed and the slot was not advanced). Free space there (the apply removes "
+            "applied batches after their retention), or give the pipeline a staging_root with more room; the "
+            "next run stages the same changes"
+        )

@@ -33,10 +33,11 @@ prepare()  # spark-submit beside this interpreter, Spark on loopback
 
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
-from tests.support.spark_jobs import run_job, submit_command  # noqa: E402
+from tests.support.spark_jobs import apply_args, run_job, submit_command  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes as job  # noqa: E402
 from airflow_provider_pglogical.spark.apply import keyed  # noqa: E402
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse  # noqa: E402
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 from tests.support.accounts_batches import SNAPSHOT_LSN, SOURCE, stage  # noqa: E402
 
 SECTION = "## Apply (Spark → Iceberg)"
@@ -64,7 +65,7 @@ class Table:
     def __init__(self, spark, root: Path, pipeline: str, namespace: str, bucket_count: int | None):
         self.spark, self.root, self.pipeline, self.namespace = spark, root, pipeline, namespace
         self.bucket_count = bucket_count
-        first = job.run(spark, root.as_uri(), pipeline, "lake", namespace, bucket_count=bucket_count)
+        first = job.run(spark, ApplyOptions(root.as_uri(), pipeline, "lake", namespace, bucket_count=bucket_count))
         self.snapshot_seconds = first["steps"][0]["seconds"]
         self.first_apply = first["steps"][1]["seconds"]
         self.changes = first["steps"][1]["rows"]
@@ -79,8 +80,8 @@ class Table:
         states = self.lakehouse.read_state(self.pipeline)
         states[SOURCE].position = SNAPSHOT_LSN
         self.lakehouse.write_state(self.pipeline, states)
-        again = job.run(self.spark, self.root.as_uri(), self.pipeline, "lake", self.namespace,
-                        bucket_count=self.bucket_count)
+        again = job.run(self.spark, ApplyOptions(self.root.as_uri(), self.pipeline, "lake", self.namespace,
+                        bucket_count=self.bucket_count))
         assert [s["kind"] for s in again["steps"]] == ["changes"], again
         return again["steps"][0]["seconds"]
 
@@ -104,7 +105,7 @@ def pruning(layout: str):
 
 def submit_seconds(warehouse: Path, root: Path, pipeline: str, namespace: str, repeats: int = 3) -> tuple[float, str]:
     """Median wall time of the last 3 spark-submits of the job (which find nothing to apply)."""
-    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", pipeline, "--namespace", namespace],
+    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), pipeline, namespace=namespace),
                              IcebergConfig(warehouse=warehouse.as_uri()), conf={"spark.driver.extraJavaOptions": ""})
     times = []
     for _ in range(repeats):

@@ -37,6 +37,7 @@ from bench import bench_tick  # noqa: E402  (prepares the environment, as bench_
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.embedded import demo  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 
 RESULT = "BENCH_HOUSEKEEPING "
 VARIANTS = {
@@ -97,11 +98,11 @@ def main() -> None:
         pipeline.sync()
         warehouse = tmp_path / "warehouse-shop"
         spark = spark_session(warehouse, "2g")
-        apply_changes.run(spark, pipeline.staging, "p", namespace="bench")
+        apply_changes.run(spark, ApplyOptions(pipeline.staging, "p", namespace="bench"))
         for tick in range(1, args.ticks + 1):
             demo.workload(pg, "shop", rng, tick)
             pipeline.pull()
-            apply_changes.run(spark, pipeline.staging, "p", namespace="bench")
+            apply_changes.run(spark, ApplyOptions(pipeline.staging, "p", namespace="bench"))
         spark.stop()
         print(f"warehouse: 5 tables after a snapshot and {args.ticks} ticks (load {bench_tick.load()})", flush=True)
         times: dict[str, list[float]] = {name: [] for name in variants}

@@ -36,6 +36,7 @@ from bench.bench_mixed_tick import create_source, differences, finish, steps_lin
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 from airflow_provider_pglogical.spark.apply import keyed, multisets  # noqa: E402
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -93,7 +94,7 @@ def main() -> None:
         def apply(name: str) -> tuple[float, list[dict]]:
             db = dbs[name]
             with variant(name):
-                result = apply_changes.run(spark, (tmp_path / f"staging-{db}").as_uri(), "p", namespace=db)
+                result = apply_changes.run(spark, ApplyOptions((tmp_path / f"staging-{db}").as_uri(), "p", namespace=db))
             return result["seconds"], result["steps"]
 
         for name in names:

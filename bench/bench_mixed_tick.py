@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from bench import bench_tick  # noqa: E402  (prepares the environment, as bench_tick does)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 
 PER_TABLE = 400
 SCHEMA = """
@@ -188,7 +189,7 @@ def main() -> None:
         staging = tmp_path / "staging-inproc"
 
         def apply_in_process() -> tuple[float, list[dict]]:
-            result = apply_changes.run(spark, staging.as_uri(), "p", namespace="bench")
+            result = apply_changes.run(spark, ApplyOptions(staging.as_uri(), "p", namespace="bench"))
             return result["seconds"], result["steps"]
 
         apply_in_process()  # the snapshot, and the session's first queries

@@ -222,6 +222,17 @@ def timeline(output: str, launched: float, wall: float, in_job: float) -> dict:
     return {}
 
 
+def snapshot_apply_args(staging: str, checkout: str | None) -> list[str]:
+    """The apply job's command line for this checkout's job or another's (one written before the
+    job took its options as one JSON argument takes them as flags)."""
+    from tests.support.spark_jobs import apply_args
+
+    job = Path(checkout or Path(__file__).resolve().parent.parent) / "airflow_provider_pglogical" / "spark" / "jobs" / "apply_changes.py"
+    if "--options" not in job.read_text():
+        return ["--staging-root", staging, "--pipeline", "bench", "--namespace", "bench", "--keep-staging"]
+    return apply_args(staging, "bench", namespace="bench", retention_hours=None)
+
+
 def checkout_job(checkout: str) -> tuple[str, str]:
     """Another checkout's apply job and its ``--py-files`` bundle (built by that checkout's code)."""
     code = ("from airflow_provider_pglogical.spark.launch import APPLY_JOB, job_bundle; "
@@ -247,8 +258,7 @@ def to_iceberg(hook: PgLogicalHook, applied: list[dict], variants: list[tuple[st
                          pipeline="bench", parallelism=1, report=lambda m: None)
         copied = round(time.perf_counter() - started, 2)
         for index, (label, checkout, java_options) in enumerate(variants):
-            command = submit_command(APPLY_JOB, ["--staging-root", (base / "staging").as_uri(), "--pipeline", "bench",
-                                                 "--namespace", "bench", "--keep-staging"],
+            command = submit_command(APPLY_JOB, snapshot_apply_args((base / "staging").as_uri(), checkout),
                                      IcebergConfig(warehouse=(base / f"warehouse{index}").as_uri()), driver_memory="2g",
                                      conf={"spark.driver.extraJavaOptions": java_options})
             if checkout:
@@ -287,12 +297,12 @@ def beside(hook: PgLogicalHook, runs: list[dict], label: str, java_options: str)
 
     from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
     from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
-    from tests.support.spark_jobs import job_result, start_job, submit_command
+    from tests.support.spark_jobs import apply_args, job_result, start_job, submit_command
 
     slot, base = f"bench_{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp(prefix="bench-beside-"))
-    command = submit_command(APPLY_JOB, ["--staging-root", (base / "staging").as_uri(), "--pipeline", "bench",
-                                         "--namespace", "bench", "--keep-staging", "--keep-running", "600",
-                                         "--poll-interval", "0.2", "--until-loaded"],
+    command = submit_command(APPLY_JOB, apply_args((base / "staging").as_uri(), "bench", namespace="bench",
+                                                   retention_hours=None, keep_running=600, poll_interval=0.2,
+                                                   until_loaded=True),
                              IcebergConfig(warehouse=(base / "warehouse").as_uri()), driver_memory="2g",
                              conf={"spark.driver.extraJavaOptions": java_options})
     try:

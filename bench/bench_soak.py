@@ -69,6 +69,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  #
 from airflow_provider_pglogical.spark.jobs import apply_changes, maintenance  # noqa: E402
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping  # noqa: E402
 from airflow_provider_pglogical.staging.contract import default_target_name  # noqa: E402
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 
 PIPELINE, SLOT, PUBLICATION, NAMESPACE, DATABASE = "soak", "soak_slot", "soak_pub", "soak", "soak"
 #: a fresh 8 kB value (256 md5 digests): with STORAGE EXTERNAL it is stored out of line, uncompressed
@@ -307,8 +308,8 @@ class Soak:
                         report=lambda message: None)
 
     def apply(self) -> dict:
-        return apply_changes.run(self.spark, self.staging.as_uri(), PIPELINE, namespace=NAMESPACE,
-                                 retention_hours=self.retention_hours())
+        return apply_changes.run(self.spark, ApplyOptions(self.staging.as_uri(), PIPELINE, namespace=NAMESPACE,
+                                 retention_hours=self.retention_hours()))
 
     def maintain(self) -> dict:
         """Iceberg housekeeping, with its snapshot cut-off in compressed time."""

@@ -41,6 +41,7 @@ from airflow_provider_pglogical.spark.common import hadoop_files  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
 from airflow_provider_pglogical.spark.row_delta import driver_commits, row_deltas  # noqa: E402
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
@@ -187,7 +188,7 @@ def main() -> None:
         spark = session(tmp_path / "warehouse-profile", conf, pipeline if s3 else None)
         staging = spark_uri(pipeline.staging)
         lake = {"catalog": pipeline.iceberg.catalog, "namespace": pipeline.iceberg.namespace}
-        apply_changes.run(spark, staging, "p", **lake)  # the snapshot
+        apply_changes.run(spark, ApplyOptions(staging, "p", **lake))  # the snapshot
         for tick in range(1, args.ticks + 1):
             bench_tick.change_tables(pg, "profile", names, tick, args.updates)
             pipeline.pull()
@@ -198,7 +199,7 @@ def main() -> None:
                 cpu_before = (sum(jvm.cpu_times()[:2]), time.process_time(), thread_cpu(jvm.pid))
             server_cpu, requests = s3_server_cpu(s3), s3a_requests(spark, pipeline)
             started = time.perf_counter()
-            result = apply_changes.run(spark, staging, "p", **lake, concurrency=args.concurrency)
+            result = apply_changes.run(spark, ApplyOptions(staging, "p", **lake, concurrency=args.concurrency))
             wall = time.perf_counter() - started
             print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}"
                   + (f"; the S3 server's CPU {s3_server_cpu(s3) - server_cpu:.2f} s" if s3 else ""), flush=True)

@@ -52,7 +52,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  #
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
 from airflow_provider_pglogical.staging.contract import history_name  # noqa: E402
 from tests.support.processes import kill_tree  # noqa: E402
-from tests.support.spark_jobs import run_job, submit_command, subprocess_env  # noqa: E402
+from tests.support.spark_jobs import apply_args, run_job, submit_command, subprocess_env  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -139,10 +139,10 @@ class Window:
         self.log = base / "no-window.log"  # the output of the window started last (start())
         self.root = ObjectStoragePath((base / "staging").as_uri())
 
-    def command(self, pipeline: str, extra: list[str], java_options: str | None = None) -> list[str]:
+    def command(self, pipeline: str, extra: dict, java_options: str | None = None) -> list[str]:
         options = self.java_options if java_options is None else java_options
-        return submit_command(APPLY_JOB, ["--staging-root", str(self.root), "--pipeline", pipeline, "--namespace",
-                                          pipeline, "--keep-staging", *extra],
+        return submit_command(APPLY_JOB, apply_args(str(self.root), pipeline, namespace=pipeline, retention_hours=None,
+                                                    **extra),
                               IcebergConfig(warehouse=(self.base / "warehouse").as_uri()), driver_memory="2g",
                               conf={"spark.driver.extraJavaOptions": options})
 
@@ -150,7 +150,7 @@ class Window:
         """spark-submit a window of ``pipeline``; return once its first round is recorded and, unless
         ``--at-first-round``, once it has warmed up (spark/jobs/warm_up.py): a window that is up and
         waiting, as the streaming DAG's is by the time its sync task has started."""
-        extra = ["--keep-running", "3600", "--poll-interval", "0.2"] + (["--until-loaded"] if until_loaded else [])
+        extra = {"keep_running": 3600, "poll_interval": 0.2, "until_loaded": until_loaded}
         options = self.java_options
         if self.archive and not Path(self.archive).exists():  # this first window writes the archive at its exit
             options = options.replace("SharedArchiveFile=", "ArchiveClassesAtExit=")
@@ -223,7 +223,7 @@ class Window:
         run_backfill(hook, tables=["public.bench"], publications=["pub"], root=self.root, pipeline=pipeline,
                      parallelism=1, report=lambda m: None)
         committed = time.time() - started
-        code, output = run_job(self.command(pipeline, []))
+        code, output = run_job(self.command(pipeline, {}))
         if code != 0:
             raise RuntimeError(f"the apply failed:\n{output[-5000:]}")
         ended = time.time() - started

@@ -61,6 +61,7 @@ EVERY_SERVER = (
     "tests/integration/test_server_versions.py",
     "tests/integration/test_streaming.py",
     "tests/integration/test_generated_columns.py",
+    "tests/integration/test_published_set.py",
 )
 
 

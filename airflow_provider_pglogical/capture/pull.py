@@ -36,12 +36,13 @@ from airflow_provider_pglogical.staging.pipeline_record import (
     write_record,
 )
 from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable
-from airflow_provider_pglogical.staging import values
+from airflow_provider_pglogical.staging import private_files, values
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.staging.change_facts import change_facts
 from airflow_provider_pglogical.management.validation import check_count
+from airflow_provider_pglogical.management.published import require_publications
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ def run_pull(
     with hook.autocommit_cursor() as cursor:
         require_logical_wal(cursor)
     record = require_streaming(root, pipeline, publications, "pull", slot=slot)
+    with hook.autocommit_cursor() as cursor:
+        require_publications(cursor, publications, slot, pipeline)
     with slot_consumer_lock(hook.connect_kwargs(), slot, "pull", lock_wait_seconds):
         lost = _lost(hook, record)
         if lost is not None:
@@ -124,8 +127,13 @@ def run_pull(
             return {"batch": result["batch"], "start_lsn": result["lsn"], "end_lsn": result["lsn"],
                     "advanced_to": result["lsn"], "tables": result["tables"], "transactions": 0, "changes": 0,
                     "recovered": False, "resynced": True}
-        return _pull_locked(hook, record, publications, root, pipeline, max_changes, max_bytes, report,
-                            before_advance, new_tables, type_overrides, on_ddl, streaming)
+        try:
+            return _pull_locked(hook, record, publications, root, pipeline, max_changes, max_bytes, report,
+                                before_advance, new_tables, type_overrides, on_ddl, streaming)
+        except OSError as err:
+            if private_files.out_of_space(err):
+                raise private_files.staging_full(root / pipeline, f"pull {slot} staged a batch") from err
+            raise
 
 
 SLOT_LOST_POLICIES = ("fail", "resync")
@@ -174,7 +182,15 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
         cursor.execute("SELECT pg_current_wal_flush_lsn()::text")
         upto = Lsn.parse(cursor.fetchone()[0])
 
-    window = peek_window(hook.connect_kwargs(), slot, publications, upto, max_changes, max_bytes, streaming=streaming)
+    try:
+        window = peek_window(hook.connect_kwargs(), slot, publications, upto, max_changes, max_bytes,
+                             streaming=streaming)
+    except psycopg2.errors.UndefinedObject:
+        with hook.autocommit_cursor() as cursor:  # dropped after the check: say so, not the driver's words
+            require_publications(cursor, publications, slot, pipeline)
+        raise
+    with hook.autocommit_cursor() as cursor:  # PostgreSQL 18 skips a dropped one: refuse before staging
+        require_publications(cursor, publications, slot, pipeline)
     if window.limited or window.held_back:
         end = Lsn(window.last_end_lsn) if window.transaction_count else position
     else:

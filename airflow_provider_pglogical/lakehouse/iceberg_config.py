@@ -25,6 +25,8 @@ from airflow_provider_pglogical.lakehouse.catalog_kinds import (
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.9.2.jar"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 WRITE_MODES = ("merge-on-read", "copy-on-write")
+#: Iceberg format versions of the tables the apply writes (``spark/apply/format_versions.py``)
+FORMAT_VERSIONS = (2, 3)
 #: warehouse schemes of object stores: no atomic rename, so no Hadoop catalog there
 OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos", "r2")
 #: the S3A file system's jars (Hadoop 3.3.1's build of it and the AWS SDK it was built with), which
@@ -140,6 +142,11 @@ class IcebergConfig:
     :param extra_conf: more Spark conf (``spark.sql.catalog.lake.uri``, S3 credentials provider, ...).
     :param write_mode: ``merge-on-read`` (default) or ``copy-on-write`` for tables the job creates.
     :param bucket_count: partition tables the job creates by ``bucket(N, first key column)``.
+    :param format_version: Iceberg format version of the tables the job creates: 2 (default; every
+        engine reads it, Athena and older readers included) or 3 (deletion vectors, row lineage,
+        default values). An existing table of another version is refused before anything is written.
+    :param upgrade_format_version: upgrade existing tables of an older version to ``format_version``
+        (a metadata commit; it cannot be undone, and readers of the old version may no longer read them).
     """
 
     catalog: str = "lake"
@@ -155,6 +162,8 @@ class IcebergConfig:
     extra_conf: dict[str, str] = field(default_factory=dict)
     write_mode: str = "merge-on-read"
     bucket_count: int | None = None
+    format_version: int = 2
+    upgrade_format_version: bool = False
 
     #: rendered when an operator holding this config renders its templates
     template_fields = ("catalog", "catalog_uri", "warehouse", "namespace", "extra_conf")
@@ -162,6 +171,10 @@ class IcebergConfig:
     def __post_init__(self) -> None:
         if self.write_mode not in WRITE_MODES:
             raise ValueError(f"write_mode must be one of {WRITE_MODES}, not {self.write_mode!r}")
+        if self.format_version not in FORMAT_VERSIONS:
+            raise InvalidInputError(
+                f"IcebergConfig(format_version={self.format_version!r}): Iceberg tables are written as format "
+                f"version {' or '.join(map(str, FORMAT_VERSIONS))}; use 2 (the default, read by every engine) or 3")
 
     @property
     def kind(self) -> CatalogKind | None:
@@ -245,10 +258,3 @@ class IcebergConfig:
             conf["spark.jars"] = ",".join(jars)
         conf.update(self.extra_conf)
         return conf
-
-    def job_args(self) -> list[str]:
-        """The lakehouse arguments of the apply job's command line."""
-        args = ["--catalog", self.catalog, "--namespace", self.namespace, "--write-mode", self.write_mode]
-        if self.bucket_count:
-            args += ["--bucket-count", str(self.bucket_count)]
-        return args

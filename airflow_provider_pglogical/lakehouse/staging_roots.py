@@ -6,17 +6,20 @@ write through ``ObjectStoragePath`` with that connection; the apply job reads th
 through Hadoop's S3A as ``s3a://<bucket>/<prefix>`` (:func:`spark_uri`, the one place ``s3://``
 becomes ``s3a://``), with the connection's keys in the private properties file, never on a command
 line. A root whose file system is not installed, or an S3 root without a connection, is refused
-before anything is written (:func:`check_staging_store`).
+before anything is written (:func:`check_staging_store`). A Spark job's result file under the
+root is read here too (:func:`read_result`; the file's format is ``staging/seam/job_result.py``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from urllib.parse import urlsplit
 
-from airflow_provider_pglogical.exceptions import InvalidInputError
+from airflow_provider_pglogical.exceptions import InvalidInputError, JobResultMissing
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, s3a_jars, scheme_of
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, storage_properties
+from airflow_provider_pglogical.staging.seam.job_result import JobError
 
 #: the schemes of S3 on both sides: Airflow's Amazon provider reads all three, Spark reads them as S3A
 S3_SCHEMES = ("s3", "s3a", "s3n")
@@ -125,3 +128,45 @@ def staging_access(root: str, iceberg: IcebergConfig, conf: dict[str, str]) -> L
         )
     storage_properties(str(conn_id), access, prefix=f"spark.hadoop.fs.s3a.bucket.{bucket}.")
     return access
+
+
+#: Hadoop FileSystem schemes and the fsspec protocol that reads the same objects
+_HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+
+
+def storage_path(uri: str):
+    """The ObjectStoragePath of a Hadoop URI (``s3a://b/k`` is ``s3://b/k``): a job's result file."""
+    from airflow.sdk import ObjectStoragePath
+
+    scheme, sep, rest = uri.partition("://")
+    if sep and scheme in _HADOOP_SCHEMES:
+        uri = f"{_HADOOP_SCHEMES[scheme]}://{rest}"
+    return ObjectStoragePath(uri)
+
+
+def read_result(uri: str, *, job: str, remove: bool = True) -> dict:
+    """Read (and by default remove) the result file a Spark job wrote at ``uri``
+    (``staging/seam/job_result.py``).
+
+    :raises JobResultMissing: the job finished without writing it (it died, or is an older job).
+    """
+    path = storage_path(uri)
+    if not path.exists():
+        raise JobResultMissing(
+            f"the {job} job ended without writing its result to {uri}: see the spark-submit log above "
+            "(the job may have been killed, or the driver cannot write to the staging root)"
+        )
+    with path.open("rb") as fh:
+        result = json.loads(fh.read().decode())
+    if remove:
+        path.unlink()
+    return result
+
+
+def read_job_error(uri: str) -> JobError | None:
+    """The :class:`JobError` a failed job left in its result file at ``uri``; None when it left no
+    result, or one without an error. The file is removed either way."""
+    if not storage_path(uri).exists():
+        return None
+    error = read_result(uri, job="failed").get("error")
+    return JobError.from_json(error) if error else None

@@ -19,7 +19,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.capture import source_projection
-from airflow_provider_pglogical.exceptions import PgLogicalError
+from airflow_provider_pglogical.exceptions import PgLogicalError, SparkJobError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.lakehouse_access import (
     LakehouseAccess,
@@ -28,9 +28,15 @@ from airflow_provider_pglogical.lakehouse.lakehouse_access import (
     spark_environment,
 )
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path as staging_path_of
+from airflow_provider_pglogical.lakehouse.staging_roots import (
+    read_job_error,
+    read_result,
+    spark_uri,
+    staging_access,
+    staging_path as staging_path_of,
+    storage_path,
+)
 from airflow_provider_pglogical.staging.contract import RESULT_CONF, STAGING_FILE_MODE_CONF, default_target_name, table_key
-from airflow_provider_pglogical.staging.job_result import read_result, storage_path
 from airflow_provider_pglogical.staging.pipeline_record import read_record
 from airflow_provider_pglogical.staging.private_files import file_mode, make_dirs
 from airflow_provider_pglogical.spark.launch import VERIFY_JOB, with_job_bundle
@@ -66,7 +72,13 @@ def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spa
             env_vars=spark_environment(access, None, conn_id),
             application_args=["--plan", spark_uri(plan_uri)],
         )
-        hook.submit(application=str(VERIFY_JOB))
+        try:
+            hook.submit(application=str(VERIFY_JOB))
+        except Exception:
+            error = read_job_error(result_at)  # the job's own error, not the spark-submit command line
+            if error is None:
+                raise
+            raise SparkJobError.of("verify", error) from None
     return read_result(result_at, job="verify")
 
 

@@ -7,7 +7,11 @@ table-sync worker does (PostgreSQL 15):
 - row filters of several publications are OR-ed; one publication without a filter (or FOR ALL
   TABLES / TABLES IN SCHEMA) makes the table unfiltered;
 - the ``publish`` operations are ignored for the initial copy, as the native subscriber does;
-- column lists must agree (no list = every column); differing lists are an error.
+- column lists must agree (no list = every column); differing lists are an error;
+- a partition one publication publishes directly while another publishes its root with
+  ``publish_via_partition_root``: on PostgreSQL 16+ it is left out, as
+  ``pg_get_publication_tables`` of the publications together does (its rows travel under the
+  root); 15 lists both, and so do we there (:func:`_follow_server_partitions`).
 
 Generated columns: PostgreSQL 15-17 never publish them, and a column list cannot name one. On 18 a
 publication with ``publish_generated_columns = stored`` publishes the stored ones, and a column
@@ -64,6 +68,9 @@ class ResolvedTable:
     publications: list[str] = field(default_factory=list)
     #: operations published by at least one of the publications
     publish: set[str] = field(default_factory=set)
+    #: a publication publishing it has ``publish_via_partition_root`` (its partitions' changes
+    #: arrive under its name)
+    via_root: bool = False
 
     @property
     def qualified_name(self) -> str:
@@ -90,7 +97,7 @@ _MISSING_PUBLICATIONS = "SELECT unnest(%s::text[]) EXCEPT SELECT pubname FROM pg
 _PUBLISHED = """
 SELECT p.pubname, gpt.relid, n.nspname, c.relname, c.relkind, c.relreplident,
        gpt.attrs::int2[], pg_get_expr(gpt.qual, gpt.relid),
-       p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate
+       p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot
   FROM pg_publication p
  CROSS JOIN LATERAL pg_get_publication_tables(p.pubname) gpt
   JOIN pg_class c ON c.oid = gpt.relid
@@ -120,7 +127,9 @@ SELECT a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod, t.typname,
  ORDER BY a.attrelid, a.attnum
 """
 
-_ANCESTORS = "SELECT relid FROM pg_partition_ancestors(%s) WHERE relid <> %s::regclass"
+# PostgreSQL 16+: the tables a subscriber of all the publications at once copies (a partition
+# whose root another of them publishes via the root is left out, so it is published once)
+_SERVER_SET = "SELECT DISTINCT relid FROM pg_get_publication_tables(VARIADIC %s::text[])"
 
 
 def table_columns(cursor, oids: Sequence[int], *, generated: bool = False) -> dict[int, list[ColumnInfo]]:
@@ -137,11 +146,30 @@ def table_columns(cursor, oids: Sequence[int], *, generated: bool = False) -> di
     return columns
 
 
+def require_publications(cursor, publications: Sequence[str], slot: str, pipeline: str) -> None:
+    """Refuse a pull whose publications are gone, before and after its peek.
+
+    pgoutput looks publications up by name as of each change it decodes: after a ``DROP
+    PUBLICATION`` PostgreSQL 15-17 fail every decode of a later change (``UndefinedObject``), and 18
+    skips the publication, so its tables' changes would be passed over. Either way retrying cannot
+    help, and the changes made since the drop are not in the slot for the pipeline any more.
+    """
+    cursor.execute(_MISSING_PUBLICATIONS, (list(publications),))
+    missing = sorted(r[0] for r in cursor.fetchall())
+    if missing:
+        raise PublicationError(
+            f"publication(s) {', '.join(missing)} of pipeline {pipeline!r} no longer exist on the publisher (dropped): "
+            f"slot {slot!r} cannot decode the changes made since, and retrying cannot bring them back. Re-create "
+            f"{'it' if len(missing) == 1 else 'them'} with the same tables (PgCreatePublicationOperator, or CREATE "
+            f"PUBLICATION … FOR TABLE …), then resync: drop slot {slot!r} (PgLogicalHook.drop_slot) and pull with "
+            "on_slot_lost='resync', which re-snapshots every table. Nothing was changed"
+        )
+
+
 def resolve_published_tables(cursor, publications: Sequence[str]) -> list[ResolvedTable]:
     """Resolve what ``publications`` publish, combined by PostgreSQL's rules.
 
-    :raises PublicationError: a publication does not exist, or a partition root and one of its
-        partitions are both published (publications disagree on ``publish_via_partition_root``).
+    :raises PublicationError: a publication does not exist.
     :raises ColumnListConflict: publications give one table different column lists.
     """
     if not publications:
@@ -156,12 +184,13 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
     cursor.execute(_PUBLISHED, (list(publications),))
     rows = cursor.fetchall()
     by_oid: dict[int, dict] = {}
-    for pubname, relid, schema, name, relkind, replident, attrs, qual, ins, upd, dele, trunc in rows:
+    for pubname, relid, schema, name, relkind, replident, attrs, qual, ins, upd, dele, trunc, viaroot in rows:
         entry = by_oid.setdefault(
             relid,
             {"schema": schema, "name": name, "relkind": relkind, "replident": replident,
-             "lists": {}, "filters": [], "unfiltered": False, "pubs": [], "publish": set()},
+             "lists": {}, "filters": [], "unfiltered": False, "pubs": [], "publish": set(), "via_root": False},
         )
+        entry["via_root"] |= bool(viaroot)
         entry["pubs"].append(pubname)
         entry["lists"][pubname] = tuple(attrs) if attrs else None
         if qual is None:
@@ -170,7 +199,7 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
             entry["filters"].append(qual)
         entry["publish"] |= {op for op, on in zip(("insert", "update", "delete", "truncate"), (ins, upd, dele, trunc)) if on}
 
-    _reject_root_and_leaf(cursor, by_oid)
+    _follow_server_partitions(cursor, by_oid)
     columns = table_columns(cursor, list(by_oid), generated=True)
     resolved = []
     for oid, entry in by_oid.items():
@@ -196,7 +225,7 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
                 oid=oid, schema=entry["schema"], name=entry["name"], relkind=entry["relkind"],
                 replica_identity=entry["replident"], columns=published,
                 has_column_list=chosen is not None, row_filter=row_filter,
-                publications=entry["pubs"], publish=entry["publish"],
+                publications=entry["pubs"], publish=entry["publish"], via_root=entry["via_root"],
             )
         )
     return sorted(resolved, key=lambda t: (t.schema, t.name))
@@ -218,16 +247,20 @@ def _describe_list(attrs: tuple[int, ...] | None, columns: list[ColumnInfo]) -> 
     return "(" + ", ".join(names) + ")"
 
 
-def _reject_root_and_leaf(cursor, by_oid: dict[int, dict]) -> None:
-    for oid, entry in by_oid.items():
-        cursor.execute(_ANCESTORS, (oid, oid))
-        for (ancestor,) in cursor.fetchall():
-            if ancestor in by_oid:
-                root = by_oid[ancestor]
-                raise PublicationError(
-                    f"both the partitioned table {root['schema']}.{root['name']} and its partition "
-                    f"{entry['schema']}.{entry['name']} are published (publications "
-                    f"{', '.join(sorted(set(root['pubs'] + entry['pubs'])))} disagree on "
-                    "publish_via_partition_root), so rows would be copied twice: give them the same "
-                    "publish_via_partition_root"
-                )
+def _follow_server_partitions(cursor, by_oid: dict[int, dict]) -> None:
+    """Keep the tables the server's own subscriber would copy for these publications together.
+
+    A partition published directly by one publication whose root another publishes with
+    ``publish_via_partition_root``: pgoutput sends its changes once, under the root, on every
+    version; PostgreSQL 16+ also leaves the partition out of ``pg_get_publication_tables`` of the
+    publications together (so its subscriber copies it once, into the root's table), while 15 lists
+    both (its subscriber copies the partition's rows twice). We follow the server of each version.
+    """
+    cursor.execute("SELECT current_setting('server_version_num')::int")
+    if cursor.fetchone()[0] < 160000 or not by_oid:
+        return
+    publications = sorted({pub for entry in by_oid.values() for pub in entry["pubs"]})
+    cursor.execute(_SERVER_SET, (publications,))
+    kept = {int(relid) for (relid,) in cursor.fetchall()}
+    for oid in [oid for oid in by_oid if oid not in kept]:
+        del by_oid[oid]

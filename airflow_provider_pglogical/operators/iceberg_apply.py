@@ -28,10 +28,10 @@ from airflow_provider_pglogical.lakehouse.lakehouse_access import (
     private_properties,
     spark_environment,
 )
-from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri, staging_access, staging_path
-from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError
+from airflow_provider_pglogical.lakehouse.staging_roots import read_job_error, read_result, spark_uri, staging_access
+from airflow_provider_pglogical.lakehouse.staging_roots import staging_path, storage_path
+from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, SparkJobError
 from airflow_provider_pglogical.staging.contract import (
-    APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
     DEFAULT_COMPACT_DELETES_AT,
     DEFAULT_CONCURRENCY,
@@ -40,7 +40,8 @@ from airflow_provider_pglogical.staging.contract import (
     RESULT_CONF,
     STAGING_FILE_MODE_CONF,
 )
-from airflow_provider_pglogical.staging.job_result import job_error, read_result, result_uri, storage_path
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
+from airflow_provider_pglogical.staging.seam.job_result import LEASE_HELD, result_uri
 from airflow_provider_pglogical.staging.apply_marker import (
     pending_batches,
     recorded_targets,
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
 
 #: the job also prints its summary after this prefix, for people reading the log (the operator
-#: reads the result file, see :mod:`airflow_provider_pglogical.staging.job_result`)
+#: reads the result file, see :mod:`airflow_provider_pglogical.staging.seam.job_result`)
 RESULT_PREFIX = APPLY_RESULT_PREFIX
 _DEFAULT_ALIAS = "<pipeline>"
 
@@ -200,32 +201,27 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.until_loaded = until_loaded
         self.application_args = self.job_args()
 
-    def job_args(self) -> list[str]:
-        args = ["--staging-root", spark_uri(str(self.staging_root)), "--pipeline", str(self.pipeline),
-                *self.iceberg.job_args()]
-        if self.table_map:
-            args += ["--table-map", json.dumps(self.table_map)]
-        if self.concurrency != DEFAULT_CONCURRENCY:
-            args += ["--concurrency", str(self.concurrency)]
-        if not self.row_deltas:
-            args.append("--no-row-deltas")
-        if self.staging_retention is None:
-            args.append("--keep-staging")
-        elif self.staging_retention != timedelta(hours=DEFAULT_RETENTION_HOURS):
-            args += ["--retention-hours", f"{self.staging_retention.total_seconds() / 3600:g}"]
-        if self.archive_staging:
-            args.append("--archive")
-        if self.compact_deletes_at != DEFAULT_COMPACT_DELETES_AT:
-            args += ["--compact-deletes-at", str(self.compact_deletes_at)]
-        # at parse time a templated window is not rendered yet: execute() builds the arguments again
+    def apply_options(self, lease_holder: str | None = None) -> ApplyOptions:
+        """What the job does, as one value (the job's ``--options``): the one place the operator's
+        keywords become the job's options."""
+        # at parse time a templated window is not rendered yet: execute() builds the options again
         unrendered = isinstance(self.keep_running, str) and "{{" in self.keep_running
         window = None if unrendered else check_seconds(self.keep_running, "keep_running", optional=True)
-        if window is not None:
-            args += ["--keep-running", f"{window:g}",
-                     "--poll-interval", f"{check_seconds(self.poll_interval, 'poll_interval'):g}"]
-        if self.until_loaded:
-            args.append("--until-loaded")
-        return args
+        retention = self.staging_retention
+        return ApplyOptions(
+            staging_root=spark_uri(str(self.staging_root)), pipeline=str(self.pipeline),
+            catalog=self.iceberg.catalog, namespace=self.iceberg.namespace, table_map=self.table_map or None,
+            write_mode=self.iceberg.write_mode, bucket_count=self.iceberg.bucket_count, concurrency=self.concurrency,
+            format_version=self.iceberg.format_version, upgrade_format_version=self.iceberg.upgrade_format_version,
+            retention_hours=None if retention is None else retention.total_seconds() / 3600,
+            archive=self.archive_staging, row_deltas=self.row_deltas, lease_holder=lease_holder,
+            keep_running=window or 0.0,
+            poll_interval=check_seconds(self.poll_interval, "poll_interval") if window else DEFAULT_POLL_INTERVAL,
+            compact_deletes_at=self.compact_deletes_at, until_loaded=self.until_loaded)
+
+    def job_args(self, lease_holder: str | None = None) -> list[str]:
+        """The job's command line: its options as one JSON argument."""
+        return ["--options", self.apply_options(lease_holder).to_json()]
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Run the job; returns the pipeline, the state table and how many steps and rows were applied."""
@@ -277,21 +273,25 @@ class IcebergApplyOperator(SparkSubmitOperator):
         access = job_access(self.iceberg, staging)  # credentials: never on the command line
         self.conf = {**access.public, **(self.conf or {}),
                      RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
-        self.application_args = [*self.job_args(), *lease_holder_args(context)]
+        self.application_args = self.job_args(lease_holder(context))
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
         given_env = self.env_vars
         self.env_vars = spark_environment(access, given_env, self._conn_id)
         with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
-            except Exception as failure:
-                error = job_error(result_at)
-                if error and error.get("kind") == APPLY_LEASE_HELD:  # wrote nothing
-                    applying = None if self.keep_running else window_applies(error.get("lease"), str(self.pipeline))
+            except Exception:
+                # the job's own error, not the Spark provider's "Cannot execute: spark-submit …" (a
+                # command line, which says nothing of why): a permanent one fails without retries
+                error = read_job_error(result_at)
+                if error is None:  # killed before it could say: the provider's error stands
+                    raise
+                if error.kind == LEASE_HELD:  # wrote nothing
+                    applying = None if self.keep_running else window_applies(error.lease, str(self.pipeline))
                     if applying:  # a window that runs on applies this task's batches: nothing to do here
                         raise AirflowSkipException(applying) from None
-                    raise ConcurrentApplyError(error["message"], error.get("lease")) from failure  # retried
-                raise
+                    raise ConcurrentApplyError(error.message, error.lease) from None  # retried
+                raise SparkJobError.of("apply", error) from None
             finally:
                 self.properties_file, self.env_vars = given, given_env
         return read_result(result_at, job="apply")
@@ -363,12 +363,12 @@ def window_applies(lease: dict | None, pipeline: str, now: float | None = None) 
             "applies them")
 
 
-def lease_holder_args(context) -> list[str]:
-    """``--lease-holder`` naming the task instance, which a second apply of the pipeline shows."""
+def lease_holder(context) -> str | None:
+    """The task instance, which a second apply of the pipeline shows as the lease's holder."""
     ti = context.get("ti") if context else None
     if ti is None:
-        return []
-    return ["--lease-holder", f"task {ti.dag_id}.{ti.task_id}, run {ti.run_id}, try {ti.try_number}"]
+        return None
+    return f"task {ti.dag_id}.{ti.task_id}, run {ti.run_id}, try {ti.try_number}"
 
 
 def iceberg_table_asset(catalog: str, namespace: str, table: str) -> Asset:

@@ -25,9 +25,11 @@ VERIFY_JOB = PACKAGE / "spark" / "jobs" / "verify_tables.py"
 COPY_JOB = PACKAGE / "capture" / "copy_job.py"
 #: what the jobs import, relative to the package's parent directory
 _MEMBERS = ("__init__.py", "staging/__init__.py", "staging/contract.py", "staging/column_types.py",
+            "staging/seam/*.py",
             "spark/**/*.py")
 #: what the copy job imports: the capture's copy and the staging writer (no Airflow)
-COPY_MEMBERS = ("__init__.py", "lsn.py", "exceptions.py", "capture/*.py", "management/*.py", "staging/*.py")
+COPY_MEMBERS = ("__init__.py", "lsn.py", "exceptions.py", "capture/*.py", "management/*.py", "staging/*.py",
+                "staging/seam/*.py")
 #: a fixed timestamp, so the same code gives the same zip (and the same name)
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 

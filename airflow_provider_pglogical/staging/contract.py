@@ -135,6 +135,15 @@ def facts_decide(details: dict, position: int) -> dict | None:
 STATE_TABLE = "_pglogical_state"
 #: table property holding the replica-identity key (JSON list) of every table the job creates
 KEY_PROPERTY = "pglogical.replica-identity-key"
+#: what every snapshot the apply commits to a target table records in its summary: the pipeline,
+#: the batch, the position the table holds after the commit (16 hex digits; absent when the commit
+#: leaves the table at no one source position: a ranged backfill catching up) and the position from
+#: which the commit applied changes, so a reader can take one cut across tables
+#: (``lakehouse/consistent_cut.py``)
+SNAPSHOT_PIPELINE = "pglogical.pipeline"
+SNAPSHOT_BATCH = "pglogical.batch"
+SNAPSHOT_LSN = "pglogical.lsn"
+SNAPSHOT_FROM_LSN = "pglogical.from-lsn"
 #: metadata columns of a keyless (REPLICA IDENTITY FULL) table, kept as a multiset: which copy of
 #: identical rows this row is (1..n), and the batch that last changed how many copies there are
 OCCURRENCE = "_pglogical_occurrence"

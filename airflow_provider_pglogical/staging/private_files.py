@@ -8,10 +8,12 @@ bucket's policy, and these helpers write there as ``ObjectStoragePath`` always d
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from typing import IO, Any
 
-from airflow_provider_pglogical.exceptions import InvalidInputError
+from airflow_provider_pglogical.exceptions import InvalidInputError, StagingFullError
 from airflow_provider_pglogical.staging import contract
 
 
@@ -66,3 +68,25 @@ def open_new(path: Any) -> IO[bytes]:
         return fd
 
     return open(local, "wb", opener=opener)
+
+
+def out_of_space(err: BaseException) -> bool:
+    """Whether ``err`` is a full file system (``ENOSPC``), however the writer wrapped it (pyarrow
+    re-raises the OS's error as an ``OSError`` that may carry only its text)."""
+    while err is not None:
+        if isinstance(err, OSError) and (err.errno == errno.ENOSPC or "No space left on device" in str(err)):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def staging_full(path: Any, what: str) -> StagingFullError:
+    """The error that names where the staging ran out of space and how much its file system has left."""
+    local = local_path(path)
+    free = None
+    if local is not None:
+        current = os.path.abspath(local)
+        while not os.path.isdir(current) and current != os.path.dirname(current):
+            current = os.path.dirname(current)
+        free = shutil.disk_usage(current).free
+    return StagingFullError(str(local or path), free, what)

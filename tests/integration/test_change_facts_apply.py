@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.sync_helpers import pull, synced
 from tests.support.spark_jobs import reading_session
 
@@ -78,7 +79,7 @@ def test_pulled_facts_spare_the_batch_read_and_change_nothing(publisher, publish
         apply_changes.tune_session(spark)
         # every step MERGEd: the facts' effect on the MERGE path is what is measured (row deltas:
         # tests/integration/test_row_deltas.py)
-        runs = {namespace: apply_changes.run(spark, staging.as_uri(), "p", "lake", namespace, row_deltas=False)
+        runs = {namespace: apply_changes.run(spark, ApplyOptions(staging.as_uri(), "p", "lake", namespace, row_deltas=False))
                 for namespace, staging in (("facts", root), ("aggregated", tmp_path / "staging-without"))}
         jobs = {namespace: {(s["batch"], s["table"]): s["spark_jobs"] for s in result["steps"] if s["kind"] == "changes"}
                 for namespace, result in runs.items()}

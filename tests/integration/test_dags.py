@@ -50,8 +50,8 @@ def test_stream_dag_runs_a_pull_window_beside_an_apply_window_and_the_housekeepi
     assert pull.poll_interval == settings.STREAM_PULL_INTERVAL and apply.poll_interval == settings.STREAM_POLL_INTERVAL
     assert pull.max_unapplied_batches == settings.STREAM_MAX_UNAPPLIED  # paced to the apply
     window = f"{settings.STREAM_WINDOW.total_seconds():g}"
-    args = apply.job_args()
-    assert args[args.index("--keep-running") + 1] == window and "--poll-interval" in args
+    options = apply.apply_options()
+    assert f"{options.keep_running:g}" == window and options.poll_interval == settings.STREAM_POLL_INTERVAL
     assert apply.iceberg == stream.get_task("maintenance").iceberg
     assert apply.staging_retention == settings.STREAM_RETENTION  # a batch per poll: kept for less than a week
     # a snapshot per round: an hour of them kept, housekeeping every hour (the metadata stays small)

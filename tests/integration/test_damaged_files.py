@@ -13,6 +13,7 @@ from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.spark_jobs import reading_session
 
 pytestmark = pytest.mark.spark
@@ -54,7 +55,7 @@ def test_a_truncated_staged_file_and_a_deleted_metadata_file_are_named_with_thei
     run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
 
     def apply(**kwargs) -> dict:
-        return apply_changes.run(spark, root.as_uri(), "p", "lake", "dmg", retention_hours=None, **kwargs)
+        return apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "dmg", retention_hours=None, **kwargs))
 
     apply()
     publisher.execute("UPDATE t SET v = 'changed' WHERE id <= 10; DELETE FROM t WHERE id = 30")

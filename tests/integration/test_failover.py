@@ -24,7 +24,7 @@ from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB
-from tests.support.spark_jobs import reading_session, run_job, submit_command
+from tests.support.spark_jobs import apply_args, reading_session, run_job, submit_command
 
 SETUP = """
 CREATE TABLE orders(id int PRIMARY KEY, region text NOT NULL, n int);
@@ -169,7 +169,7 @@ def test_a_failover_slot_carries_the_pipeline_onto_the_promoted_standby(tmp_path
         assert pulled["changes"] == 6 + 6 + 1 + 5 + 1  # region EU -> US leaves the filter: deletes
         assert run_pull(hook, **failover)["changes"] == 0
 
-        command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", "p", "--namespace", "fo"],
+        command = submit_command(APPLY_JOB, apply_args(root.as_uri(), "p", namespace="fo"),
                                  IcebergConfig(warehouse=warehouse.as_uri(), namespace="fo"))
         code, output = run_job(command)
         assert code == 0, output[-5000:]

@@ -20,7 +20,8 @@ from airflow_provider_pglogical.exceptions import PublicationError
 from airflow_provider_pglogical.lakehouse.verification import verify_tables
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.staging import layout
-from airflow_provider_pglogical.staging.job_result import storage_path
+from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.replay import replay, table_rows
 
 
@@ -96,7 +97,7 @@ def test_stored_generated_columns_reach_iceberg_and_verify_on_18_also_when_added
 
     spark = applying_session(tmp_path / "warehouse", "test-generated-columns")
     try:
-        apply_changes.run(spark, str(root), "p", catalog="lake", namespace="gen")
+        apply_changes.run(spark, ApplyOptions(str(root), "p", catalog="lake", namespace="gen"))
         for table, columns in expected.items():
             name = table.split(".")[1]
             frame = spark.table(f"lake.gen.public__{name}")
@@ -114,7 +115,7 @@ def test_stored_generated_columns_reach_iceberg_and_verify_on_18_also_when_added
                           "UPDATE g SET note = 'after' WHERE id = 3")
         run_pull(publisher_hook, slot="s1", publications=publications, root=root, pipeline="p")
         assert staged_columns(root)["snapshot"]["public.g"] == ["id", "a", "s", "note", "d"]
-        apply_changes.run(spark, str(root), "p", catalog="lake", namespace="gen")
+        apply_changes.run(spark, ApplyOptions(str(root), "p", catalog="lake", namespace="gen"))
         columns = ["id", "a", "s", "note", "d"]
         lake = sorted(tuple(r) for r in spark.table("lake.gen.public__g").select(*columns).collect())
         assert lake == sorted(publisher.query(f"SELECT {', '.join(columns)} FROM g"))

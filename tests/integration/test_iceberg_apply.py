@@ -40,7 +40,7 @@ from airflow_provider_pglogical.spark.jobs import maintenance
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping
 from tests.support.processes import kill_tree
 from tests.support.spark_cluster import standalone_cluster
-from tests.support.spark_jobs import driver_java_conf, job_result, run_job, session_jars, start_job, submit_command
+from tests.support.spark_jobs import apply_args, driver_java_conf, job_result, run_job, session_jars, start_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -259,9 +259,9 @@ EXPECTED_TAGS = [{"name": name, "value": value, "_pglogical_occurrence": 1,
 
 
 def spark_submit(warehouse: Path, namespace: str, root: Path, *, env: dict | None = None,
-                 extra: list[str] | None = None, wait: bool = True):
-    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", PIPELINE, "--namespace", namespace,
-                                         "--table-map", json.dumps({"public.items": "items"}), *(extra or [])],
+                 options: dict | None = None, wait: bool = True):
+    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), PIPELINE, namespace=namespace,
+                                                   table_map={"public.items": "items"}, **(options or {})),
                              IcebergConfig(warehouse=warehouse.as_uri(), namespace=namespace))
     if not wait:
         return start_job(command, env=env)
@@ -387,7 +387,7 @@ def test_apply_every_change_kind_type_and_schema_change_then_reapply_exactly(lak
 def test_bucketed_tables_merge_through_a_bucketed_batch_table_exactly(lake):
     """With --bucket-count the targets are bucketed by key, each batch MERGEs from an Iceberg table
     bucketed alike (a storage-partitioned join), and the result is the same as unbucketed."""
-    first = applied(lake.warehouse, "shop_bucketed", lake.root, extra=["--bucket-count", "4"])
+    first = applied(lake.warehouse, "shop_bucketed", lake.root, options={"bucket_count": 4})
     assert [s["kind"] for s in first["steps"]].count("changes") == 8
     assert_shop(lake, "shop_bucketed")
     spec = [r.data_type for r in lake.spark.sql("DESCRIBE TABLE lake.shop_bucketed.public__orders").collect()
@@ -400,7 +400,7 @@ def test_bucketed_tables_merge_through_a_bucketed_batch_table_exactly(lake):
                    "WHERE source_table = 'public.orders'")
     # a batch table a killed run left behind is dropped by the next run
     lake.spark.sql("CREATE TABLE lake.shop_bucketed._pglogical_batch__public__orders__dead (id bigint) USING iceberg")
-    applied(lake.warehouse, "shop_bucketed", lake.root, extra=["--bucket-count", "4"])
+    applied(lake.warehouse, "shop_bucketed", lake.root, options={"bucket_count": 4})
     assert lake.everything("shop_bucketed") == before
     tables = {r.tableName for r in lake.spark.sql("SHOW TABLES IN lake.shop_bucketed").collect()}
     assert not [t for t in tables if t.startswith("_pglogical_batch")], tables

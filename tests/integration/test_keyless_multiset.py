@@ -27,7 +27,7 @@ from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
-from tests.support.spark_jobs import job_result, reading_session, run_job, submit_command
+from tests.support.spark_jobs import apply_args, job_result, reading_session, run_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -73,8 +73,8 @@ class Pipeline:
                         max_changes=max_changes)
 
     def apply(self, env: dict | None = None) -> tuple[int, str]:
-        command = submit_command(APPLY_JOB, ["--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace",
-                                             self.namespace, "--write-mode", self.write_mode],
+        command = submit_command(APPLY_JOB, apply_args(self.root.as_uri(), "p", namespace=self.namespace,
+                                                       write_mode=self.write_mode),
                                  IcebergConfig(warehouse=self.warehouse.as_uri(), namespace=self.namespace),
                                  driver_memory="1g")
         return run_job(command, env=env)

@@ -24,8 +24,9 @@ from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, RESULT_PREFIX
 from airflow_provider_pglogical.staging.contract import APPLY_LEASE_HELD, APPLY_LEASE_PROPERTY_PREFIX
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.sync_helpers import synced
-from tests.support.spark_jobs import job_result, reading_session, start_job, submit_command
+from tests.support.spark_jobs import apply_args, job_result, reading_session, start_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -67,16 +68,15 @@ class Lake:
             if run_pull(self.hook, slot="s1", publications=["p"], root=self.storage, pipeline="p")["batch"] is None:
                 return
 
-    def command(self, *extra: str) -> list[str]:
-        return submit_command(APPLY_JOB, ["--staging-root", self.root.as_uri(), "--pipeline", "p", "--namespace",
-                                          self.namespace, *extra],
+    def command(self, **options) -> list[str]:
+        return submit_command(APPLY_JOB, apply_args(self.root.as_uri(), "p", namespace=self.namespace, **options),
                               IcebergConfig(warehouse=self.warehouse.as_uri(), namespace=self.namespace),
                               driver_memory="1g")
 
     def run_in_process(self, **kwargs) -> dict:
         from airflow_provider_pglogical.spark.jobs import apply_changes
 
-        return apply_changes.run(self.spark, self.root.as_uri(), "p", "lake", self.namespace, **kwargs)
+        return apply_changes.run(self.spark, ApplyOptions(self.root.as_uri(), "p", "lake", self.namespace, **kwargs))
 
     def table(self, name: str) -> str:
         return f"lake.{self.namespace}.{name}"
@@ -147,7 +147,7 @@ def test_two_applies_at_once_every_round_end_equal_to_the_source(publisher, publ
             lake.pull_all()
         # two applies of the pipeline at the same moment: one applies small batches as row deltas
         # the driver commits, the other MERGEs every batch
-        processes = [start_job(lake.command()), start_job(lake.command("--no-row-deltas"))]
+        processes = [start_job(lake.command()), start_job(lake.command(row_deltas=False))]
         with ThreadPoolExecutor(max_workers=2) as pool:
             ended = list(pool.map(_finish, processes))
         succeeded = 0
@@ -252,7 +252,7 @@ def test_a_pull_window_and_an_apply_window_side_by_side_apply_each_commit_in_rou
     from airflow_provider_pglogical.spark.apply.lease import ApplyLeaseHeld
     from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
     from airflow_provider_pglogical.embedded.postgres import wait_until
-    from airflow_provider_pglogical.staging.job_result import storage_path
+    from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
     from airflow_provider_pglogical.ui.history import read_history
 
     lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "window", spark)
@@ -318,8 +318,8 @@ def test_an_initial_loads_window_started_before_the_sync_applies_the_snapshot_an
     lake.publisher, lake.spark, lake.root, lake.namespace = publisher, spark, root, namespace
 
     def window(seconds: float) -> dict:
-        return apply_changes.run(spark, root.as_uri(), "p", "lake", namespace, keep_running=seconds,
-                                 poll_interval=0.2, until_loaded=True)
+        return apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", namespace, keep_running=seconds,
+                                 poll_interval=0.2, until_loaded=True))
 
     started = time.monotonic()
     with pytest.raises(ApplyError, match=r"no snapshot batch was committed in the 1 s .*initial sync started "

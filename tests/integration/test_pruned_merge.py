@@ -14,6 +14,7 @@ import pytest
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.apply.keyed import PRUNED_MERGE_ROWS
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.accounts_batches import expected_rows, stage
 from tests.support.spark_jobs import applying_session
 
@@ -38,7 +39,7 @@ def executed_plans(spark) -> list[str]:
 def test_a_batch_into_a_large_table_scans_only_the_rows_its_keys_may_hit(spark, tmp_path):
     root = tmp_path / "staging"
     stage(root, "big", ROWS, CHANGES)
-    result = apply_changes.run(spark, root.as_uri(), "big", "lake", "pruned")
+    result = apply_changes.run(spark, ApplyOptions(root.as_uri(), "big", "lake", "pruned"))
     assert [(s["kind"], s["rows"]) for s in result["steps"]] == [("snapshot", ROWS), ("changes", CHANGES)]
 
     merges = [plan for plan in executed_plans(spark) if "WriteDelta" in plan and "public__accounts" in plan]

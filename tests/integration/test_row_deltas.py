@@ -34,6 +34,7 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import delete_file_count
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.embedded.postgres import available_servers
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.sync_helpers import pull, synced
 from tests.support.databases import Database, drop_database, new_database
 from tests.support.spark_jobs import reading_session
@@ -201,7 +202,7 @@ class Lake:
         return pull(self.hook, self.storage)
 
     def apply(self, namespace: str = "delta", **options) -> dict:
-        return apply_changes.run(self.spark, self.root.as_uri(), "p", "lake", namespace, **options)
+        return apply_changes.run(self.spark, ApplyOptions(self.root.as_uri(), "p", "lake", namespace, **options))
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +230,7 @@ def lake(cluster_pool, tmp_path_factory):
     spark = reading_session(tmp_path / "warehouse", "test-row-deltas")
     try:
         apply_changes.tune_session(spark)
-        runs = {namespace: apply_changes.run(spark, root.as_uri(), "p", "lake", namespace, row_deltas=deltas)
+        runs = {namespace: apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", namespace, row_deltas=deltas))
                 for namespace, deltas in (("delta", True), ("merge", False))}
         yield Lake(publisher, hook, root, storage, partial, batches, expected, spark, runs)
     finally:
@@ -361,7 +362,7 @@ def test_a_step_applied_again_after_a_crash_before_its_state_commit_writes_each_
     # and writes its files with Python (a file: location); the second through Hadoop's
     # FileSystem and Iceberg's FileIO, as on any other location
     spark, first = lake.spark, lake.batches[0]
-    apply_changes.run(spark, lake.partial.as_uri(), "p", "lake", "again", row_deltas=True)
+    apply_changes.run(spark, ApplyOptions(lake.partial.as_uri(), "p", "lake", "again", row_deltas=True))
     monkeypatch.setattr(hadoop_files, "local_path", lambda spark, uri: None)
     monkeypatch.setattr(driver_commits, "local_path", lambda spark, uri: None)
     staging = Staging(spark, lake.partial.as_uri(), "p")

@@ -23,6 +23,7 @@ from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging.contract import REPLACE_TABLE
 from airflow_provider_pglogical.staging.pipeline_record import read_record
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.spark_jobs import reading_session
 
 TABLES = ("renamed_col", "drop_add", "renamed_tbl", "moved", "recreated", "enum_label", "retyped")
@@ -100,7 +101,7 @@ def test_ddl_is_followed_or_resnapshotted_and_the_lakehouse_equals_the_source(pu
     spark = reading_session(tmp_path / "warehouse", "test-source-ddl")
     try:
         apply_changes.tune_session(spark)
-        apply_changes.run(spark, storage.as_uri(), "p", "lake", "ddl")
+        apply_changes.run(spark, ApplyOptions(storage.as_uri(), "p", "lake", "ddl"))
         publisher.execute(DDL)
 
         run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p")
@@ -140,7 +141,7 @@ def test_ddl_is_followed_or_resnapshotted_and_the_lakehouse_equals_the_source(pu
         run_pull(publisher_hook, slot="s1", publications=["p"], root=storage, pipeline="p", on_ddl="fail")
 
         # one apply of the four pulls' batches: renames b -> c -> d, drops, replaced tables, a backfill
-        apply_changes.run(spark, storage.as_uri(), "p", "lake", "ddl")
+        apply_changes.run(spark, ApplyOptions(storage.as_uri(), "p", "lake", "ddl"))
         assert_lakehouse_equals_source(spark, publisher)
         tables = {r.tableName for r in spark.sql("SHOW TABLES IN lake.ddl").collect()}
         assert not tables & {"public__renamed_tbl2", "other__moved"}, tables

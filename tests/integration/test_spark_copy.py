@@ -19,6 +19,7 @@ from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.spark_copy import SparkCopy
 from airflow_provider_pglogical.operators.sync import PgBackfillOperator, PgInitialSyncOperator
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.integration.sync_helpers import staged_rows
 from tests.support.spark_cluster import standalone_cluster
 
@@ -154,7 +155,7 @@ def applied_to_iceberg(publisher, root, warehouse, orders_units: int) -> None:
 
     spark = applying_session(warehouse, "test-spark-copy-apply")
     try:
-        summary = apply_changes.run(spark, root.as_uri(), "p", "lake", "copied", retention_hours=None)
+        summary = apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "copied", retention_hours=None))
         kinds = [(step["table"], step["kind"], step["adopted_files"]) for step in summary["steps"]]
         assert ("public.orders", "snapshot", orders_units) in kinds and ("public.events", "snapshot", 0) in kinds
         adopted = list((warehouse / "copied" / "public__orders" / "data").glob("*-adopted.parquet"))

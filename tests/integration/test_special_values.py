@@ -35,7 +35,8 @@ from airflow_provider_pglogical.capture.pull import run_pull, stage_batch
 from airflow_provider_pglogical.lakehouse.verification import verify_tables
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
-from airflow_provider_pglogical.staging.job_result import storage_path
+from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.spark_jobs import reading_session
 
 
@@ -181,8 +182,8 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     assert same(as_numbers(assembled_rows.drop_columns(["_commit_ts"])), as_numbers(pulled_rows.drop_columns(["_commit_ts"])))
     assert pulled_rows.filter(pc.equal(pulled_rows["id"], 5))["arr_b"].to_pylist() == ["[-3:-2]={1,2}"]
 
-    summary = apply_changes.run(spark, str(root), "p", catalog="lake", namespace="special",
-                                table_map={"public.special": "special"})
+    summary = apply_changes.run(spark, ApplyOptions(str(root), "p", catalog="lake", namespace="special",
+                                table_map={"public.special": "special"}))
     assert [step["batch"] for step in summary["steps"]] == [staged_name(snapshot), staged_name(pulled)]
     # the snapshot's staged file is adopted as the table's data file, not rewritten by a Spark job
     assert (summary["steps"][0]["adopted_files"], summary["steps"][0]["spark_jobs"]) == (1, 0)
@@ -346,8 +347,8 @@ def test_byte_order_marks_and_empty_rows_land_exactly(publisher, publisher_hook,
         DELETE FROM one WHERE ctid = (SELECT min(ctid) FROM one WHERE v = '');
     """)
     run_pull(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
-    apply_changes.run(spark, str(root), "p", catalog="lake", namespace="text",
-                      table_map={"public.words": "words", "public.one": "one"})
+    apply_changes.run(spark, ApplyOptions(str(root), "p", catalog="lake", namespace="text",
+                      table_map={"public.words": "words", "public.one": "one"}))
     for table, columns in (("words", ["k", "v"]), ("one", ["v"])):
         lake = sorted((tuple(r) for r in spark.table(f"lake.text.{table}").select(*columns).collect()), key=repr)
         source = sorted(publisher.query(f"SELECT {', '.join(columns)} FROM {table}"), key=repr)

@@ -25,6 +25,7 @@ from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.spark_jobs import reading_session
 
 pytestmark = pytest.mark.spark
@@ -59,7 +60,7 @@ class Pipeline:
         return batch and batch.rsplit("/", 1)[1]
 
     def apply(self, retention_hours: float | None = None) -> dict:
-        return apply_changes.run(self.spark, self.root.as_uri(), "p", "lake", "chain", retention_hours=retention_hours)
+        return apply_changes.run(self.spark, ApplyOptions(self.root.as_uri(), "p", "lake", "chain", retention_hours=retention_hours))
 
     def lakehouse(self) -> tuple:
         rows = {table: sorted(tuple(r) for r in self.spark.table(f"lake.chain.public__{table}").collect())

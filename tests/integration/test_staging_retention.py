@@ -20,7 +20,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB
 from airflow_provider_pglogical.staging import layout
-from tests.support.spark_jobs import reading_session, run_job, submit_command
+from tests.support.spark_jobs import apply_args, reading_session, run_job, submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -35,20 +35,18 @@ class Pipeline:
     def pull(self) -> dict:
         return run_pull(self.hook, slot="s1", publications=["pub"], root=self.storage, pipeline="p")
 
-    def apply(self, *args: str, env: dict | None = None) -> tuple[int, str]:
-        command = submit_command(APPLY_JOB, ["--staging-root", self.root.as_uri(), "--pipeline", "p",
-                                             "--namespace", "ret", *args],
+    def apply(self, env: dict | None = None, **options) -> tuple[int, str]:
+        command = submit_command(APPLY_JOB, apply_args(self.root.as_uri(), "p", namespace="ret", **options),
                                  IcebergConfig(warehouse=self.warehouse.as_uri(), namespace="ret"), driver_memory="1g")
         return run_job(command, env=env)
 
-    def applied(self, *args: str) -> dict:
+    def applied(self, **options) -> dict:
         """An apply nobody kills, run in the test's own session (the killed ones are spark-submits:
         their process is what dies)."""
         from airflow_provider_pglogical.spark.jobs import apply_changes
 
-        job_args = apply_changes.parse_args(["--staging-root", self.root.as_uri(), "--pipeline", "p",
-                                             "--namespace", "ret", *args])
-        return json.loads(json.dumps(apply_changes.run_with_args(self.spark, job_args)))
+        job_args = apply_changes.parse_args(apply_args(self.root.as_uri(), "p", namespace="ret", **options))
+        return json.loads(json.dumps(apply_changes.run(self.spark, job_args)))
 
     def batches(self) -> list[tuple[str, int, int]]:
         return [(kind, int(start), int(end)) for _name, start, end, kind in layout.committed_batches(self.storage, "p")]
@@ -85,7 +83,7 @@ def test_retention_removes_applied_batches_only_and_survives_kills(publisher, pu
         publisher.execute(f"UPDATE t SET v = 'round {n}' WHERE id <= {10 * (n + 1)}; DELETE FROM t WHERE id = {40 + n};"
                           f"INSERT INTO u VALUES ({100 + n}, 'new')")
         pipeline.pull()
-    assert pipeline.applied("--keep-staging")["steps"] and pipeline.equal()
+    assert pipeline.applied(retention_hours=None)["steps"] and pipeline.equal()
     assert [kind for kind, _s, _e in pipeline.batches()] == ["snapshot", "changes", "changes", "changes"]
     publisher.execute("UPDATE u SET v = 'pending' WHERE id = 1")
     pipeline.pull()
@@ -93,13 +91,13 @@ def test_retention_removes_applied_batches_only_and_survives_kills(publisher, pu
 
     # the fifth batch is applied, then retention decides to remove the four older ones and is
     # killed after removing one: the record names what it was removing
-    code, output = pipeline.apply("--retention-hours", "0", env={"PGLOGICAL_RETENTION_CRASH_AFTER": "1"})
+    code, output = pipeline.apply(retention_hours=0, env={"PGLOGICAL_RETENTION_CRASH_AFTER": "1"})
     assert code != 0 and "crash point reached after removing 1 batch" in output, output[-3000:]
     assert len(pipeline.record()["removing"]) == 4 and len(pipeline.batches()) == 4
     assert pipeline.equal()
 
     # the next run finishes the removal; the newest change batch stays (a dead pull looks for it)
-    result = pipeline.applied("--retention-hours", "0")
+    result = pipeline.applied(retention_hours=0)
     assert result["steps"] == [] and pipeline.batches() == [newest] and pipeline.equal()
     record = pipeline.record()
     assert record["removing"] == [] and record["removed_batches"] == 4
@@ -108,13 +106,13 @@ def test_retention_removes_applied_batches_only_and_survives_kills(publisher, pu
     # an apply that dies before its state commit leaves its batch pending: retention never runs
     publisher.execute("UPDATE t SET v = 'six' WHERE id = 1")
     pipeline.pull()
-    code, output = pipeline.apply("--retention-hours", "0", env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"})
+    code, output = pipeline.apply(retention_hours=0, env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"})
     assert code != 0 and len(pipeline.batches()) == 2
     # killed after recording its decision, before removing anything: the re-run removes the fifth
-    code, output = pipeline.apply("--retention-hours", "0", env={"PGLOGICAL_RETENTION_CRASH_AFTER": "0"})
+    code, output = pipeline.apply(retention_hours=0, env={"PGLOGICAL_RETENTION_CRASH_AFTER": "0"})
     assert code != 0 and "crash point reached after removing 0 batch" in output, output[-3000:]
     assert len(pipeline.batches()) == 2 and pipeline.record()["removing"] == [newest_name(pipeline, newest)]
-    result = pipeline.applied("--retention-hours", "0", "--archive")
+    result = pipeline.applied(retention_hours=0, archive=True)
     assert result["steps"] == [] and len(pipeline.batches()) == 1 and pipeline.equal()
     assert (pipeline.root / "p" / "_archive").is_dir()  # the archive holds what the last run moved
 
@@ -128,14 +126,14 @@ def test_retention_removes_applied_batches_only_and_survives_kills(publisher, pu
     publisher.execute("UPDATE u SET v = 'after drop' WHERE id = 2; UPDATE t SET v = 'after drop' WHERE id = 2")
     pipeline.pull()
     staged = pipeline.batches()
-    code, output = pipeline.apply("--retention-hours", "0")
+    code, output = pipeline.apply(retention_hours=0)
     assert code != 0, output[-3000:]
     assert "table public.t: the lakehouse needs its changes from LSN 0/0" in output
     assert "PgBackfillOperator(tables=['public.t'])" in output and "Nothing was applied" in output
     assert pipeline.batches() == staged and pipeline.position("u") == position_u
     # … until the backfill it names
     run_backfill(publisher_hook, tables=["public.t"], publications=["pub"], root=pipeline.storage, pipeline="p")
-    pipeline.applied("--retention-hours", "0")
+    pipeline.applied(retention_hours=0)
     assert pipeline.equal()
 
 

@@ -23,6 +23,7 @@ from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging.contract import OWNER_PROPERTY, STATE_TABLE, default_target_name
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.spark_jobs import applying_session
 
 pytestmark = pytest.mark.spark
@@ -81,7 +82,7 @@ def test_names_that_folded_together_land_in_tables_of_their_own(publisher, publi
     for name, *_ in committed_batches(storage, "p"):
         assert set(read_manifest(storage, "p", name).tables) == keys
 
-    summary = apply_changes.run(spark, root.as_uri(), "p", "lake", "names")
+    summary = apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "names"))
 
     targets = {step["table"]: step["target"] for step in summary["steps"]}
     assert targets == {key: default_target_name(key) for key in keys} and len(set(targets.values())) == 6
@@ -104,10 +105,10 @@ def test_two_sources_mapped_onto_one_target_are_refused_before_anything_is_writt
     with pytest.raises(ApplyError, match=r"source tables public.a and public.b both map to Iceberg table t: give "
                                          r"each source its own target with table_map=\{source: target\} .*"
                                          r"Nothing was applied"):
-        apply_changes.run(spark, root.as_uri(), "p", "lake", "onto", {"public.a": "t", "public.b": "t"})
+        apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "onto", {"public.a": "t", "public.b": "t"}))
     with pytest.raises(ApplyError, match=r"table_map: table name 'x.y.z' is 3 dot-separated names, not 2: a name "
                                          r"that holds a dot must be written in double quotes"):
-        apply_changes.run(spark, root.as_uri(), "p", "lake", "onto", {"x.y.z": "t"})
+        apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "onto", {"x.y.z": "t"}))
     assert tables_in(spark, "onto") == set() and state_rows(spark, "onto") == [] and staged(root) == before
 
 
@@ -120,7 +121,7 @@ def test_a_second_pipeline_writing_another_ones_tables_is_refused(
     storage = sync(publisher_hook, first, [PublishedTable("t")])
     sync(subscriber_hook, second, [PublishedTable("t")])  # the same pipeline name "p", another database
     sync(subscriber_hook, third, [PublishedTable("t")], pipeline="q", slot="s2")
-    apply_changes.run(spark, first.as_uri(), "p", "lake", "shared")
+    apply_changes.run(spark, ApplyOptions(first.as_uri(), "p", "lake", "shared"))
     mine = owner(spark, "shared", "public__t")
     assert mine["pipeline"] == "p" and mine["table"] == "public.t" and mine["source"]["system_identifier"]
 
@@ -129,10 +130,10 @@ def test_a_second_pipeline_writing_another_ones_tables_is_refused(
     spark.sql(f"ALTER TABLE lake.shared.public__t UNSET TBLPROPERTIES ('{OWNER_PROPERTY}')")
     with pytest.raises(ApplyError, match=r"Iceberg table `lake`.`shared`.`public__t` exists but no pipeline owns it "
                                          r".* pipeline 'q' never applied public.t into it"):
-        apply_changes.run(spark, third.as_uri(), "q", "lake", "shared")
+        apply_changes.run(spark, ApplyOptions(third.as_uri(), "q", "lake", "shared"))
     publisher.execute("UPDATE t SET v = 'first, changed'")
     run_pull(publisher_hook, slot="s1", publications=["pub_p"], root=storage, pipeline="p")
-    apply_changes.run(spark, first.as_uri(), "p", "lake", "shared")
+    apply_changes.run(spark, ApplyOptions(first.as_uri(), "p", "lake", "shared"))
     assert owner(spark, "shared", "public__t") == mine
     assert lake_rows(spark, "shared", "public__t") == publisher.query("SELECT id, v FROM t") == [(1, "first, changed")]
     snapshot = spark.sql("SELECT snapshot_id FROM lake.shared.public__t.snapshots").collect()
@@ -140,7 +141,7 @@ def test_a_second_pipeline_writing_another_ones_tables_is_refused(
 
     # another pipeline name: the table's owner refuses it
     with pytest.raises(ApplyError) as refused:
-        apply_changes.run(spark, third.as_uri(), "q", "lake", "shared")
+        apply_changes.run(spark, ApplyOptions(third.as_uri(), "q", "lake", "shared"))
     message = str(refused.value)
     assert f"Iceberg table `lake`.`shared`.`public__t` is owned by {json.dumps(mine, sort_keys=True)}" in message
     assert '"pipeline": "q"' in message and "table_map={source: target}" in message
@@ -149,7 +150,7 @@ def test_a_second_pipeline_writing_another_ones_tables_is_refused(
     with pytest.raises(ApplyError, match=r"pipeline 'p' of namespace shared applies database \{.*\}, but this "
                                          r"staging's pipeline 'p' reads database \{.*subscriber.*\}: two pipelines "
                                          r"share one name .* Give this one another pipeline name"):
-        apply_changes.run(spark, second.as_uri(), "p", "lake", "shared")
+        apply_changes.run(spark, ApplyOptions(second.as_uri(), "p", "lake", "shared"))
     assert spark.sql("SELECT snapshot_id FROM lake.shared.public__t.snapshots").collect() == snapshot
     assert lake_rows(spark, "shared", "public__t") == [(1, "first, changed")]
     assert state_rows(spark, "shared") == state and staged(tmp_path) == before
@@ -177,7 +178,7 @@ def test_columns_iceberg_reserves_or_that_differ_only_in_case_are_refused(
 
     # added after the slot exists: the apply refuses before it writes anything
     storage = sync(publisher_hook, root, [PublishedTable("ok")])
-    apply_changes.run(spark, root.as_uri(), "p", "lake", "cols")
+    apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "cols"))
     snapshot = spark.sql("SELECT snapshot_id FROM lake.cols.public__ok.snapshots").collect()
     publisher.execute("""ALTER TABLE ok ADD COLUMN "_pos" int, ADD COLUMN "ID" int;
                          INSERT INTO ok VALUES (2, 'two', 2, 2)""")
@@ -186,7 +187,7 @@ def test_columns_iceberg_reserves_or_that_differ_only_in_case_are_refused(
     with pytest.raises(ApplyError, match=r"table public.ok: column '_pos' has a name Iceberg .*; table public.ok: "
                                          r"columns 'id' and 'ID' differ only in case.*; fix for public.ok: rename .*"
                                          r"Nothing was applied"):
-        apply_changes.run(spark, root.as_uri(), "p", "lake", "cols")
+        apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "cols"))
     assert spark.sql("SELECT snapshot_id FROM lake.cols.public__ok.snapshots").collect() == snapshot
     assert spark.table("lake.cols.public__ok").columns == ["id", "v"]
     assert state_rows(spark, "cols") == state and staged(root) == before

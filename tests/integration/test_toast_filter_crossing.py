@@ -18,6 +18,7 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.spark.jobs import apply_changes
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.spark_jobs import applying_session
 
 DDL = """
@@ -71,7 +72,7 @@ def test_rows_entering_the_filter_keep_their_toast_values(
     # Row 3 changes again later: the later value wins over the fetched one.
     publisher.execute("UPDATE orders SET note = 'changed later' WHERE id = 3")
     run_pull(publisher_hook, slot="s1", publications=["pub"], root=storage, pipeline="p")
-    apply_changes.run(spark, root.as_uri(), "p", "lake", "toast")
+    apply_changes.run(spark, ApplyOptions(root.as_uri(), "p", "lake", "toast"))
 
     wait_until(lambda: subscriber.query("SELECT note FROM orders WHERE id = 3") == [("changed later",)],
                timeout=30, message="the native subscriber to catch up")

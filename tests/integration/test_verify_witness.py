@@ -24,7 +24,8 @@ from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.lakehouse.verification import verify_tables
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
-from airflow_provider_pglogical.staging.job_result import storage_path
+from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.spark_jobs import reading_session
 
 pytestmark = pytest.mark.spark
@@ -89,8 +90,8 @@ def test_verify_sees_what_the_capture_lost(publisher, publisher_hook, spark, tmp
     publisher.execute(SOURCE)
     root = ObjectStoragePath(f"file://{tmp_path}/staging")
     run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p")
-    apply_changes.run(spark, str(root), "p", catalog="lake", namespace=NAMESPACE,
-                      table_map=TABLE_MAP)
+    apply_changes.run(spark, ApplyOptions(str(root), "p", catalog="lake", namespace=NAMESPACE,
+                      table_map=TABLE_MAP))
     # What the capture staged is not the witness: whatever it did with '', the lakehouse must
     # hold the source's rows, read here by PostgreSQL and Spark only.
     spark.sql("INSERT OVERWRITE lake.witness.words SELECT w, row_number() OVER (PARTITION BY w ORDER BY w), 'x' "

@@ -41,6 +41,7 @@ from tests.support.spark_jobs import job_result, start_job, submit_command  # no
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
 from airflow_provider_pglogical.lakehouse.lakehouse_access import private_properties  # noqa: E402
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = "rel"
@@ -352,13 +353,15 @@ class Harness:
             from airflow_provider_pglogical.spark.jobs import apply_changes
 
             self.figures.in_session += 1
-            return apply_changes.run(self.spark, spark_uri(self.staging), PIPELINE, "lake", NAMESPACE,
-                                     retention_hours=0)
+            return apply_changes.run(self.spark, ApplyOptions(spark_uri(self.staging), PIPELINE, "lake", NAMESPACE,
+                                     retention_hours=0))
         env = SELF_KILLS[kill][0] if kill in SELF_KILLS else {}
         # retention at its most eager: every batch applied by every table goes at once (but the
         # newest change batch), so every kill point also meets a staging with its history removed
-        args = ["--staging-root", spark_uri(self.staging), "--pipeline", PIPELINE, *self.iceberg().job_args(),
-                "--retention-hours", "0"]
+        iceberg = self.iceberg()
+        args = ["--options", ApplyOptions(spark_uri(self.staging), PIPELINE, iceberg.catalog, iceberg.namespace,
+                                          write_mode=iceberg.write_mode, bucket_count=iceberg.bucket_count,
+                                          retention_hours=0).to_json()]
         self.figures.spark_submits += 1
         log_path = self.workdir / "logs" / f"apply-{self.figures.spark_submits:04d}.log"
         access = self.access()

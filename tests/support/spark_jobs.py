@@ -57,13 +57,19 @@ def run_job(command: list[str], *, env: dict[str, str] | None = None, timeout: f
     return proc.returncode, proc.stdout
 
 
+def apply_args(staging_root: str, pipeline: str, **options) -> list[str]:
+    """The apply job's command line, as the operator writes it: one ``ApplyOptions`` as JSON."""
+    from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
+
+    return ["--options", ApplyOptions(str(staging_root), pipeline, **options).to_json()]
+
+
 def submit_apply(root: Path, warehouse: Path, *, pipeline: str = "p", namespace: str = "toast") -> None:
     """spark-submit the apply job of ``pipeline`` staged under ``root`` into ``warehouse``, as the
     operator does, and fail the test with its log's end unless it succeeded."""
     from airflow_provider_pglogical.spark.launch import APPLY_JOB
 
-    command = submit_command(APPLY_JOB, ["--staging-root", root.as_uri(), "--pipeline", pipeline,
-                                         "--namespace", namespace],
+    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), pipeline, namespace=namespace),
                              IcebergConfig(warehouse=warehouse.as_uri(), namespace=namespace))
     code, output = run_job(command)
     assert code == 0, output[-5000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import (
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB, IcebergApplyOperator
 from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
 from airflow_provider_pglogical.spark.jobs import apply_changes, maintenance
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 
 
 def test_runtime_jar_is_the_pinned_one_from_the_wheel():
@@ -55,8 +58,6 @@ def test_cluster_config_uses_packages_and_a_catalog_impl():
     assert "spark.sql.catalog.prod.type" not in conf and "spark.jars" not in conf
     assert conf["spark.jars.packages"] == "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"
     assert conf["spark.sql.catalog.prod.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
-    assert config.job_args() == ["--catalog", "prod", "--namespace", "sales", "--write-mode", "copy-on-write",
-                                 "--bucket-count", "16"]
     with pytest.raises(ValueError, match="write_mode"):
         IcebergConfig(write_mode="sometimes")
 
@@ -73,12 +74,13 @@ def test_apply_operator_fills_the_job_and_its_arguments():
     op.render_template_fields({"ds": "2024-01-01", "params": {"env": "prod"}})
     assert op.staging_root == "file:///data/staging/2024-01-01"
     assert (op.iceberg.warehouse, op.iceberg.namespace) == ("file:///wh/2024-01-01", "sales_prod")
-    assert op.job_args() == ["--staging-root", "file:///data/staging/2024-01-01", "--pipeline", "orders",
-                             "--catalog", "lake", "--namespace", "sales_prod", "--write-mode", "merge-on-read",
-                             "--table-map", '{"public.orders": "orders_prod"}']
-    # the job accepts exactly what the operator passes
-    args = apply_changes.parse_args(op.job_args())
-    assert (args.staging_root, args.pipeline, args.namespace) == ("file:///data/staging/2024-01-01", "orders", "sales_prod")
+    # one JSON argument: the options, as the job reads them back
+    assert op.job_args() == ["--options", op.apply_options().to_json()]
+    assert apply_changes.parse_args(op.job_args()) == op.apply_options() == ApplyOptions(
+        "file:///data/staging/2024-01-01", "orders", "lake", "sales_prod", {"public.orders": "orders_prod"})
+    assert op.apply_options("task d.apply, run r, try 1").lease_holder == "task d.apply, run r, try 1"
+    with pytest.raises(SystemExit):  # an option the job does not know is refused, not ignored
+        apply_changes.parse_args(["--options", json.dumps({"staging_root": "/s", "pipeline": "p", "colour": 1})])
 
 
 def test_apply_operator_builds_a_spark_submit_command(monkeypatch):
@@ -106,10 +108,9 @@ def test_apply_operator_declares_its_asset_alias():
 
 def test_apply_concurrency_reaches_the_job_and_is_checked():
     op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p", concurrency=2)
-    assert op.job_args()[-2:] == ["--concurrency", "2"]
     assert apply_changes.parse_args(op.job_args()).concurrency == 2
     default = IcebergApplyOperator(task_id="a2", staging_root="/s", pipeline="p")
-    assert "--concurrency" not in default.job_args() and apply_changes.parse_args(default.job_args()).concurrency == 4
+    assert apply_changes.parse_args(default.job_args()).concurrency == 4
     with pytest.raises(ValueError, match=r"concurrency must be a whole number, 1 or more \(got 0\)"):
         IcebergApplyOperator(task_id="a3", staging_root="/s", pipeline="p", concurrency=0)
 
@@ -124,8 +125,8 @@ def test_an_initial_loads_apply_waits_at_most_keep_running_for_the_snapshot():
     with pytest.raises(ValueError, match=r"'load2': until_loaded waits for the initial snapshot, but keep_running "
                                          r"is unset: give keep_running"):
         IcebergApplyOperator(task_id="load2", staging_root="/s", pipeline="p", until_loaded=True)
-    with pytest.raises(apply_changes.ApplyError, match="--until-loaded waits for the initial snapshot"):
-        apply_changes.run(None, "/s", "p", until_loaded=True)
+    with pytest.raises(apply_changes.ApplyError, match="until_loaded waits for the initial snapshot"):
+        apply_changes.run(None, ApplyOptions("/s", "p", until_loaded=True))
 
 
 def test_maintenance_concurrency_reaches_the_job_and_is_checked():
@@ -146,20 +147,20 @@ def test_small_shuffles_for_the_apply_and_the_maintenance():
 
 def test_row_deltas_are_on_by_default_and_can_be_switched_off():
     default = apply_changes.parse_args(IcebergApplyOperator(task_id="a", staging_root="/s", pipeline="p").job_args())
-    assert not default.no_row_deltas
+    assert default.row_deltas
     off = IcebergApplyOperator(task_id="b", staging_root="/s", pipeline="p", row_deltas=False)
-    assert apply_changes.parse_args(off.job_args()).no_row_deltas
+    assert not apply_changes.parse_args(off.job_args()).row_deltas
 
 
 def test_staging_retention_reaches_the_job_and_is_checked():
     default = apply_changes.parse_args(IcebergApplyOperator(task_id="a", staging_root="/s", pipeline="p").job_args())
-    assert default.retention_hours == 168 and not default.keep_staging and not default.archive
+    assert default.retention_hours == 168 and not default.archive
     op = IcebergApplyOperator(task_id="b", staging_root="/s", pipeline="p", staging_retention=timedelta(hours=36),
                               archive_staging=True)
     parsed = apply_changes.parse_args(op.job_args())
     assert parsed.retention_hours == 36 and parsed.archive
     kept = IcebergApplyOperator(task_id="c", staging_root="/s", pipeline="p", staging_retention=None)
-    assert apply_changes.parse_args(kept.job_args()).keep_staging
+    assert apply_changes.parse_args(kept.job_args()).retention_hours is None
     with pytest.raises(ValueError, match="staging_retention must not be negative"):
         IcebergApplyOperator(task_id="d", staging_root="/s", pipeline="p", staging_retention=timedelta(hours=-1))
 
@@ -205,3 +206,18 @@ def test_an_apply_that_meets_a_running_windows_lease_leaves_its_batches_to_it(le
     if expected:
         assert reason.startswith("pipeline 'orders': the apply window of task stream.apply_window holds the lease")
         assert "runs until 1970-01-12 13:48:20 UTC at least" in reason and "nothing is applied here" in reason
+
+
+def test_the_format_version_reaches_the_job_and_only_2_or_3_is_taken():
+    from airflow_provider_pglogical.exceptions import InvalidInputError
+
+    op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p",
+                              iceberg=IcebergConfig(format_version=3, upgrade_format_version=True))
+    args = apply_changes.parse_args(op.job_args())
+    assert (args.format_version, args.upgrade_format_version) == (3, True)
+    default = apply_changes.parse_args(IcebergApplyOperator(task_id="a2", staging_root="/s", pipeline="p").job_args())
+    assert (default.format_version, default.upgrade_format_version) == (2, False)
+    with pytest.raises(InvalidInputError, match=r"IcebergConfig\(format_version=4\): .* use 2 \(the default"):
+        IcebergConfig(format_version=4)
+    assert ApplyOptions("/s", "p", format_version=1).problems() == [
+        "format_version must be 2 (the default, read by every engine) or 3, not 1"]

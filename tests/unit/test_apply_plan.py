@@ -19,6 +19,7 @@ from airflow_provider_pglogical.spark.apply.plan import (
     snapshot_details,
 )
 from airflow_provider_pglogical.staging.contract import default_target_name, hex16, parse_batch_name
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 
 T = "public.orders"
 
@@ -156,12 +157,12 @@ def test_names_and_quoting():
 
 
 def test_command_line():
-    args = parse_args(["--staging-root", "s3a://b/s", "--pipeline", "p", "--namespace", "ns",
-                       "--table-map", '{"public.t": "t"}', "--bucket-count", "16"])
+    args = parse_args(["--options", ApplyOptions("s3a://b/s", "p", namespace="ns", table_map={"public.t": "t"},
+                                                 bucket_count=16).to_json()])
     assert (args.catalog, args.write_mode, args.bucket_count, args.table_map) == ("lake", "merge-on-read", 16,
-                                                                                  '{"public.t": "t"}')
+                                                                                  {"public.t": "t"})
     with pytest.raises(SystemExit):
-        parse_args(["--staging-root", "x", "--pipeline", "p", "--namespace", "n", "--write-mode", "eventually"])
+        parse_args(["--options", ApplyOptions("x", "p", namespace="n", write_mode="eventually").to_json()])
 
 
 def test_chain_depth_counts_key_changes_that_follow_each_other():

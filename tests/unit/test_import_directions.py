@@ -31,7 +31,7 @@ RULES = [
      ["psycopg2", "airflow"], "decoding is pure: bytes in, Arrow tables out, no database and no Airflow"),
     (modules_of("management"),
      ["pyarrow", "airflow"], "management speaks SQL only: no Arrow, no Airflow"),
-    (["staging.contract", "staging.column_types"],
+    (["staging.contract", "staging.column_types", *modules_of("staging/seam")],
      ["pyarrow", "psycopg2", "airflow", "pyspark"], "the staging contract ships with the Spark job: stdlib only"),
     (modules_of("spark"),
      ["airflow", "psycopg2", "pyarrow"],

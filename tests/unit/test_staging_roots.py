@@ -55,7 +55,7 @@ def test_the_connection_is_the_roots_user_part():
 
 def test_the_apply_job_gets_the_s3a_root_and_the_result_location_on_it(lake_s3):
     operator = IcebergApplyOperator(task_id="apply", staging_root="s3://lake_s3@bucket/staging", pipeline="p")
-    assert operator.application_args[:2] == ["--staging-root", "s3a://bucket/staging"]
+    assert operator.apply_options().staging_root == "s3a://bucket/staging"
 
 
 @pytest.mark.parametrize("root, fix", [

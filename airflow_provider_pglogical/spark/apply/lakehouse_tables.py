@@ -11,6 +11,7 @@ from airflow_provider_pglogical.spark.common.hadoop_files import unreadable_tabl
 from airflow_provider_pglogical.spark.common.identifiers import col, qualified, quote, sql_string
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.format_versions import DEFAULT_FORMAT_VERSION, FORMAT_VERSIONS
 from airflow_provider_pglogical.spark.apply.state_table import METADATA_PROPERTIES, StateTable, metadata_properties
 from airflow_provider_pglogical.staging.contract import (
     COLUMN_EVOLUTION,
@@ -43,12 +44,18 @@ _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 class Lakehouse(StateTable):
     """One Iceberg namespace: its target tables and this job's state table."""
 
-    def __init__(self, spark, catalog: str, namespace: str, write_mode: str, bucket_count: int | None):
+    def __init__(self, spark, catalog: str, namespace: str, write_mode: str, bucket_count: int | None,
+                 format_version: int = DEFAULT_FORMAT_VERSION, upgrade_format_version: bool = False):
         self.spark = spark
         self.catalog = catalog
         self.namespace = namespace
         self.write_mode = write_mode
         self.bucket_count = bucket_count
+        #: the format version of the tables it creates, and whether older ones are upgraded (``format_versions.py``)
+        if format_version not in FORMAT_VERSIONS:
+            raise ApplyError(f"Iceberg format version must be one of {FORMAT_VERSIONS}, not {format_version!r}")
+        self.format_version = format_version
+        self.upgrade_format_version = upgrade_format_version
         #: target -> the :data:`OWNER_PROPERTY` value a table created by this run records (``table_identity.py``)
         self.owners: dict[str, str] = {}
         #: per pipeline, the state table's snapshot its rows were last read or written at
@@ -270,13 +277,13 @@ class Lakehouse(StateTable):
             partitioning = f" PARTITIONED BY (bucket({int(self.bucket_count)}, {quote(key[0])}))"
         by_catalog = {name: (kind, not (not_null and name in key)) for name, kind in wanted.items()}
         if not self.create_by_catalog(
-                table, by_catalog, {"format-version": "2", "write.merge.mode": self.write_mode,
+                table, by_catalog, {"format-version": str(self.format_version), "write.merge.mode": self.write_mode,
                                     "write.update.mode": self.write_mode, "write.delete.mode": self.write_mode,
                                     **properties, **METADATA_PROPERTIES},
                 [("bucket", key[0], int(self.bucket_count))] if partitioning else []):
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg{partitioning} "
-                f"TBLPROPERTIES ('format-version'='2', 'write.merge.mode'={mode}, "
+                f"TBLPROPERTIES ('format-version'='{int(self.format_version)}', 'write.merge.mode'={mode}, "
                 f"'write.update.mode'={mode}, 'write.delete.mode'={mode}"
                 + "".join(f", {sql_string(name)}={sql_string(value)}" for name, value in properties.items())
                 + metadata_properties() + ")"

@@ -24,6 +24,8 @@ log = logging.getLogger("pglogical.apply")
 class ApplyLeaseHeld(ApplyError):
     """Another apply of the pipeline holds its lease: nothing was applied; retry later."""
 
+    permanent = False
+
     def __init__(self, message: str, lease: dict) -> None:
         super().__init__(message)
         self.lease = lease
@@ -84,7 +86,7 @@ class ApplyLease:
             raise ApplyError(
                 f"pipeline {self.pipeline!r}: this apply's lease expired at {_utc(self.expires_at)} (the driver "
                 "stalled, or could not renew it), so another apply may run now; stopped before writing more. "
-                "Every step committed so far is exact and recorded or re-applied by the next apply.")
+                "Every step committed so far is exact and recorded or re-applied by the next apply.", permanent=False)
 
     def release(self) -> None:
         """Stop renewing and remove the lease (if still ours); a failure only leaves it to expire."""
@@ -136,7 +138,8 @@ class ApplyLease:
                 self.expires_at = wanted["expires_at"]
             return
         raise ApplyError(f"pipeline {self.pipeline!r}: could not {what} the apply lease: the state table "
-                         f"{self.lakehouse.name('_pglogical_state')} changed under each of {attempts} attempts")
+                         f"{self.lakehouse.name('_pglogical_state')} changed under each of {attempts} attempts",
+                         permanent=False)
 
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 3):

@@ -14,7 +14,12 @@ from airflow_provider_pglogical.spark.common.identifiers import quote, sql_liter
 from airflow_provider_pglogical.staging.contract import (
     MANIFEST,
     PREVIOUS_END,
+    SNAPSHOT_BATCH,
+    SNAPSHOT_FROM_LSN,
+    SNAPSHOT_LSN,
+    SNAPSHOT_PIPELINE,
     format_lsn,
+    hex16,
     is_multiset,
     parse_batch_name,
     parse_lsn,
@@ -58,6 +63,24 @@ class Step:
     #: position the step brings the table to
     window: list[Batch] | None = None
     through: int | None = None
+    #: the step leaves the table at one source position: False while a keyed table's ranged
+    #: snapshot catches up (the range is at the step's position, the other rows further on)
+    cut: bool = True
+
+    def end(self) -> int:
+        """The position the table holds once the step is applied."""
+        if self.kind == "changes":
+            return self.batch.end
+        return self.position if self.through is None else self.through
+
+    def commit_properties(self, pipeline: str) -> dict[str, str]:
+        """What each snapshot of the step records in its summary (``SNAPSHOT_*``)."""
+        properties = {SNAPSHOT_PIPELINE: pipeline, SNAPSHOT_BATCH: self.batch.name,
+                      SNAPSHOT_FROM_LSN: hex16(self.position if self.kind == "snapshot"
+                                               else max(self.position, self.batch.start))}
+        if self.cut:
+            properties[SNAPSHOT_LSN] = hex16(self.end())
+        return properties
 
 
 def snapshot_details(manifest: dict, source: str) -> dict:
@@ -113,12 +136,15 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
     superseded = [b.name for b in mine[:first] if b.kind == "snapshot" and b.name not in state.snapshots]
     steps: list[Step] = []
     position = state.position
+    mixed_until = 0  # a keyed ranged snapshot: the other rows are at the table's position before it
     for index in range(first, len(mine)):
         batch = mine[index]
         if batch.kind == "snapshot":
             if batch.name in state.snapshots:
                 continue
-            if is_ranged(batch, source) and is_multiset(batch.manifest["tables"][source]):
+            ranged = is_ranged(batch, source)
+            mixed_until = max(mixed_until, state.position) if ranged else 0
+            if ranged and is_multiset(batch.manifest["tables"][source]):
                 # Re-applying changes from the snapshot would count the rows outside the range
                 # twice (a multiset has no key to make it idempotent): the step folds the range's
                 # changes up to where the rest of the table is into the range, in one commit.
@@ -127,15 +153,15 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
                 steps.append(Step("snapshot", batch, batch.start, window=window, through=through))
                 position = through
                 continue
-            steps.append(Step("snapshot", batch, batch.start))
+            steps.append(Step("snapshot", batch, batch.start, cut=batch.start >= mixed_until))
             position = batch.start
             # change batches named before the snapshot that hold commits at or after it
             for earlier in mine[:index]:
                 if earlier.kind == "changes" and earlier.end > position:
-                    steps.append(Step("changes", earlier, position))
+                    steps.append(Step("changes", earlier, position, cut=earlier.end >= mixed_until))
                     position = earlier.end
         elif batch.end > position:
-            steps.append(Step("changes", batch, position))
+            steps.append(Step("changes", batch, position, cut=batch.end >= mixed_until))
             position = batch.end
     return steps, superseded
 

@@ -90,6 +90,11 @@ def missing_history(plans: dict[str, list[Step]], record: dict | None) -> list[s
     return problems
 
 
+#: what mends a staging the apply cannot prove (each problem names its batches and tables)
+STAGING_FIX = ("restore the missing or damaged batches if you have them, else run PgBackfillOperator for the "
+               "tables named: its snapshot supersedes what is missing")
+
+
 def prove_staging(staging, pipeline: str, batches: list[Batch], plans: dict[str, list[Step]],
                   states: dict[str, TableState], record: dict | None, pipeline_record: dict) -> None:
     """Invariant 12, before anything is written: staging holds every change each table needs (the
@@ -109,7 +114,7 @@ def prove_staging(staging, pipeline: str, batches: list[Batch], plans: dict[str,
             problems = chain_holes(pipeline, batches, needed, removed, end, staging.uncommitted(batches))
         problems += staging.damaged_files(files_read(plans))
     if problems:
-        raise ApplyError("; ".join(problems) + ". Nothing was applied")
+        raise ApplyError("; ".join(problems) + ". Nothing was applied", fix=STAGING_FIX)
 
 
 def apply_retention(staging, batches: list[Batch], states: dict[str, TableState], retention_hours: float,

@@ -29,6 +29,7 @@ class StateTable:
     """Reading and writing this job's state table (one partition per pipeline)."""
 
     _state_snapshots: dict[str, int | None]
+    format_version: int
 
     def read_state(self, pipeline: str) -> dict[str, TableState]:
         """This pipeline's rows of the state table (created when missing).
@@ -64,15 +65,15 @@ class StateTable:
         columns = {"pipeline": ("string", False), "source_table": ("string", False), "target_table": ("string", True),
                    "position": ("string", True), "applied_snapshots": ("array<string>", True),
                    "last_batch": ("string", True), "updated_at": ("timestamp", True)}
-        properties = {"format-version": "2", "write.update.mode": "copy-on-write", "write.delete.mode": "copy-on-write",
-                      "write.merge.mode": "copy-on-write", **METADATA_PROPERTIES}
+        properties = {"format-version": str(self.format_version), "write.update.mode": "copy-on-write",
+                      "write.delete.mode": "copy-on-write", "write.merge.mode": "copy-on-write", **METADATA_PROPERTIES}
         if self.create_by_catalog(STATE_TABLE, columns, properties, [("identity", "pipeline", None)]):
             return
         self.spark.sql(
             f"CREATE TABLE IF NOT EXISTS {self.name(STATE_TABLE)} (pipeline string NOT NULL, "
             "source_table string NOT NULL, target_table string, position string, applied_snapshots array<string>, "
             "last_batch string, updated_at timestamp) USING iceberg PARTITIONED BY (pipeline) "
-            "TBLPROPERTIES ('format-version'='2', 'write.update.mode'='copy-on-write', "
+            f"TBLPROPERTIES ('format-version'='{int(self.format_version)}', 'write.update.mode'='copy-on-write', "
             "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write'"
             + metadata_properties() + ")"
         )

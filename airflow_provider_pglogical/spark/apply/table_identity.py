@@ -19,6 +19,7 @@ import logging
 
 from airflow_provider_pglogical.spark.common.identifiers import sql_string
 from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.apply.format_versions import format_problem, format_version, upgrade
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState
 from airflow_provider_pglogical.staging.contract import (
     MULTISET_COLUMNS,
@@ -127,7 +128,7 @@ def check_run(lakehouse, pipeline: str, identity: dict | None, plans: dict[str, 
     """
     check_targets(states)
     source_property = check_pipeline_source(lakehouse, pipeline, identity)
-    problems, adopt = [], []
+    problems, adopt, upgrades = [], [], []
     for source, steps in sorted(plans.items()):
         if not steps:
             continue
@@ -146,6 +147,12 @@ def check_run(lakehouse, pipeline: str, identity: dict | None, plans: dict[str, 
         if table is None:
             lakehouse.owners[target] = json.dumps(wanted, sort_keys=True)
             continue
+        have = format_version(table)
+        found = format_problem(lakehouse.name(target), have, lakehouse.format_version, lakehouse.upgrade_format_version)
+        if found:
+            problems.append(found)
+        elif have < lakehouse.format_version:
+            upgrades.append((table, target))
         raw = table.properties().get(OWNER_PROPERTY)
         if raw is None:
             if source in known:
@@ -160,9 +167,13 @@ def check_run(lakehouse, pipeline: str, identity: dict | None, plans: dict[str, 
                 f"Iceberg table {lakehouse.name(target)} is owned by {raw}, and {json.dumps(wanted, sort_keys=True)} "
                 f"would write it too: {_MAP_FIX} (for instance another namespace or name for one pipeline)")
     if problems:
-        raise ApplyError("; ".join(problems) + ". Nothing was applied")
+        owners = [p for p in problems if p.startswith("Iceberg table ")]
+        raise ApplyError("; ".join(problems) + ". Nothing was applied",
+                         fix=_MAP_FIX if len(owners) == len(problems) else None)
     if source_property:
         lakehouse.iceberg_table(STATE_TABLE).updateProperties().set(*source_property).commit()
+    for table, target in upgrades:
+        upgrade(table, lakehouse.name(target), lakehouse.format_version)
     for target, wanted in adopt:
         log.warning("table %s has no owner (written before owners were recorded); pipeline %s applied it: "
                     "adopting it", lakehouse.name(target), pipeline)

@@ -4,9 +4,10 @@ Runs on Spark 3.5 and 4.x and imports nothing from Airflow: it ships to any clus
 plus a zip of ``spark/`` and ``staging/contract.py`` through ``py_files``
 (``spark/launch.py``; the operator passes it)::
 
-    spark-submit --py-files pglogical_job.zip apply_changes.py --staging-root s3a://bucket/staging --pipeline orders \\
-        --catalog lake --namespace sales [--table-map '{"public.orders": "orders"}'] \\
-        [--write-mode merge-on-read|copy-on-write] [--bucket-count 16]
+    spark-submit --py-files pglogical_job.zip apply_changes.py --options '{"staging_root": "s3a://bucket/staging",
+        "pipeline": "orders", "catalog": "lake", "namespace": "sales", "table_map": {"public.orders": "orders"}}'
+
+(the options are one :class:`ApplyOptions`, ``staging/seam/apply_options.py``, written by the operator).
 
 What it does, per source table, in batch-name (= LSN) order (the staging contract is
 ``staging/contract.py``; the modules beside this one do each part):
@@ -36,31 +37,26 @@ What it does, per source table, in batch-name (= LSN) order (the staging contrac
   keyless table's step marks the row values it changed and skips them when run again).
 
 Identity (``table_identity.py``): before anything is written, the run refuses two sources with one
-target, a target another pipeline, database or source table owns (``pglogical.owner``, set on every
-table it creates), and columns Iceberg reserves or that differ only in case.
+target, a target another pipeline, database or source table owns (``pglogical.owner``), columns
+Iceberg reserves or that differ only in case, and a table of another format version
+(``format_versions.py``: v2 by default, v3 on request, an upgrade only when asked, never a downgrade).
 
-Schema (``lakehouse_tables.py``): missing tables are created from the manifest: format-version 2, the write mode's
-``write.{merge,update,delete}.mode``, key columns NOT NULL and recorded in the table property
-``pglogical.replica-identity-key``; Iceberg identifier fields are set to the key only for
-copy-on-write tables, because Iceberg 1.6-1.9's Spark runtime fails every merge-on-read
-MERGE/UPDATE/DELETE on a table with identifier fields (apache/iceberg#11709). REPLICA IDENTITY FULL
-tables (key = every column) get neither, and two metadata columns (``_pglogical_occurrence``,
-``_pglogical_batch``) that make (row, occurrence) a key. Added columns are
-added; widening type changes (int -> bigint, float -> double, decimal precision) are applied, others
-refused with an error; columns the pull proved renamed or dropped at the source (its
-``column_evolution``) are renamed (same field id) or dropped, and a snapshot marked
-``replace_table`` (DDL the lakehouse cannot follow) drops and creates the table first. A target table that was dropped is
+Schema (``lakehouse_tables.py``): missing tables are created from the manifest (the write mode's
+``write.*.mode``, key columns NOT NULL and in ``pglogical.replica-identity-key``; keyless tables get
+``_pglogical_occurrence`` and ``_pglogical_batch``), added columns added, widening type changes
+applied, others refused, renamed and dropped columns followed, a snapshot marked ``replace_table``
+drops and creates the table first. A target table that was dropped is
 rebuilt from the staged batches (its state is reset), as far as staging retention kept them: after
 the run's last state commit, applied batches older than the retention are removed
 (``retention.py``), and a plan that needs a removed one fails naming the backfill to run.
 One apply per pipeline and lakehouse: the run holds a lease (a property of the state table,
 ``lease.ApplyLease``) from before its first write to its end; a second apply finds it and
 fails at once, writing nothing (its result says ``error.kind`` = ``apply-lease-held``, which the
-operator raises as a retryable error). A killed apply's lease expires after ``--lease-seconds``.
+operator raises as a retryable error). A killed apply's lease expires after ``lease_seconds``.
 Every commit validates against the snapshot its step read, so no retry applies a change twice.
 Before any step writes, the chain of change batches from each table's position is proven to
 have no hole and every file a step reads to match its manifest (``retention.prove_staging``).
-With ``--keep-running SECONDS`` the run keeps its session and lease after that, applying each
+With ``keep_running`` seconds the run keeps its session and lease after that, applying each
 newly committed batch in a round of its own until the window ends (``apply_window.py``).
 """
 
@@ -79,6 +75,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow_provider_pglogical.spark.apply.lease import ApplyLease, ApplyLeaseHeld
+from airflow_provider_pglogical.spark.common.commit_stamp import stamped
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging, damaged_file_error, write_result
 from airflow_provider_pglogical.spark.apply.keyed import KeyedTables
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
@@ -89,27 +86,21 @@ from airflow_provider_pglogical.spark.common.session import (  # noqa: F401 (tun
     small_shuffles,
     tune_session,
 )
-from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.common.errors import ApplyError, job_error
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
+from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from airflow_provider_pglogical.staging.contract import (
-    APPLY_LEASE_HELD,
     APPLY_RESULT_PREFIX,
-    DEFAULT_APPLY_LEASE_SECONDS,
-    DEFAULT_COMPACT_DELETES_AT,
-    DEFAULT_CONCURRENCY,
-    DEFAULT_POLL_INTERVAL,
-    DEFAULT_RETENTION_HOURS,
     OCCURRENCE,
     PIPELINE_RECORD,
     REPLACE_TABLE,
     RETENTION_RECORD,
     SOURCE_IDENTITY,
-    WRITE_MODES,
     default_target_name,
     format_lsn,
 )
@@ -119,62 +110,41 @@ log = logging.getLogger("pglogical.apply")
 EXIT_LEASE_HELD = 75
 
 
-def run(spark, staging_root: str, pipeline: str, catalog: str = "lake", namespace: str = "pglogical",
-        table_map: dict | None = None, write_mode: str = "merge-on-read", bucket_count: int | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY, retention_hours: float | None = DEFAULT_RETENTION_HOURS,
-        archive: bool = False, row_deltas: bool = True, lease_seconds: float = DEFAULT_APPLY_LEASE_SECONDS,
-        lease_holder: str | None = None, keep_running: float = 0.0, poll_interval: float = DEFAULT_POLL_INTERVAL,
-        compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT, until_loaded: bool = False) -> dict:
-    """Apply every pending batch of ``pipeline``; returns a summary (per step: table, batch, rows, seconds).
+def run(spark, options: ApplyOptions) -> dict:
+    """Apply every pending batch of ``options.pipeline``; returns a summary (per step: table, batch,
+    rows, seconds). What each option does: :class:`ApplyOptions`.
 
-    :param concurrency: how many tables apply their step of a round at once (Spark runs their jobs
-        side by side; each thread has its own FAIR scheduler pool).
-    :param retention_hours: then remove applied batches committed longer ago than this
-        (``retention.py``); None keeps every batch.
-    :param archive: move them under ``_archive/`` instead of deleting them.
-    :param row_deltas: apply small batches of keyed tables (``row_deltas.py``) and of keyless ones
-        (``multiset_row_deltas.py``) as Iceberg row deltas the driver commits; False MERGEs every batch.
-    :param lease_seconds: how long the run's lease lasts unless renewed (every third of it).
-    :param lease_holder: who runs it, for another apply's error (an Airflow task instance).
-    :param keep_running: seconds to keep the session and the lease after the first round, applying
-        each newly committed batch as it appears (``apply_window.py``); 0 applies once and ends.
-    :param poll_interval: in such a window, seconds between two listings of the staging area.
-    :param compact_deletes_at: after its state commits, compact each table it wrote that holds this
-        many delete files or more (``delete_compaction.py``); 0 leaves them to housekeeping.
-    :param until_loaded: end the window after the first round that leaves the pipeline's tables in
-        the lakehouse (an initial load started beside its sync); ``keep_running`` bounds the wait.
     :raises ApplyLeaseHeld: another apply of the pipeline holds the lease; nothing was written.
     """
-    if write_mode not in WRITE_MODES:
-        raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
-    if compact_deletes_at < 0:
-        raise ApplyError(f"--compact-deletes-at must be 0 (off) or a number of delete files, not {compact_deletes_at}")
-    if until_loaded and not keep_running:
-        raise ApplyError("--until-loaded waits for the initial snapshot: give --keep-running, the most seconds to wait")
+    problems = options.problems()
+    if problems:
+        raise ApplyError("; ".join(problems))
+    pipeline, keep_running = options.pipeline, options.keep_running
     started = time.monotonic()
     run_group = spark_job_group(spark, f"pglogical apply {pipeline}")
-    table_map = normal_table_map(table_map)
-    staging = Staging(spark, staging_root, pipeline)
+    table_map = normal_table_map(options.table_map)
+    staging = Staging(spark, options.staging_root, pipeline)
     if not staging.committed() and not keep_running:
         log.info("no committed batch under %s", staging.directory)
         return {"pipeline": pipeline, "batches": 0, "steps": [], "seen": [], "targets": {}}
     phases = Phases(started)  # where the job's time goes, for the log and the benchmarks
     phases.end("listing")
-    lakehouse = Lakehouse(spark, catalog, namespace, write_mode, bucket_count)
-    window = keep_running if keep_running and not until_loaded else None  # an initial load's may end early
-    with ApplyLease(spark, lakehouse, pipeline, lease_seconds, lease_holder, window) as lease:
+    lakehouse = Lakehouse(spark, options.catalog, options.namespace, options.write_mode, options.bucket_count,
+                          options.format_version, options.upgrade_format_version)
+    window = keep_running if keep_running and not options.until_loaded else None  # an initial load's may end early
+    with ApplyLease(spark, lakehouse, pipeline, options.lease_seconds, options.lease_holder, window) as lease:
         phases.end("lease")
-        if bucket_count:
+        if options.bucket_count:
             lakehouse.drop_batch_tables()
+        options = options.replace(table_map=table_map)
 
         def apply_round() -> dict:
-            return apply_pending(spark, staging, lakehouse, lease, pipeline, table_map, concurrency, retention_hours,
-                                 archive, row_deltas, phases, compact_deletes_at)
+            return apply_pending(spark, staging, lakehouse, lease, options, phases)
 
         if keep_running:
-            summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, poll_interval,
+            summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, options.poll_interval,
                                     record=lambda entry: record_round(staging, entry),
-                                    until=loaded if until_loaded else None, idle=lambda: warm_up(spark))
+                                    until=loaded if options.until_loaded else None, idle=lambda: warm_up(spark))
         else:
             summary = apply_round()
         summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded
@@ -192,10 +162,10 @@ def _listed(staging: Staging, lease: ApplyLease) -> list[str]:
     return [batch.name for batch in staging.committed()]
 
 
-def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLease, pipeline: str, table_map: dict,
-                  concurrency: int, retention_hours: float | None, archive: bool, row_deltas: bool,
-                  phases: Phases, compact_deletes_at: int = DEFAULT_COMPACT_DELETES_AT) -> dict:
+def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLease, options: ApplyOptions,
+                  phases: Phases) -> dict:
     """One round under the lease: every batch committed now, applied in order and recorded."""
+    pipeline, table_map, row_deltas = options.pipeline, options.table_map or {}, options.row_deltas
     before = phases.restart()  # a window's wait before this round is no phase's
     # the pipeline's record before the listing: a pull committing meanwhile (a pull window beside
     # this one) records its end only after its batch is committed, so the listing holds that batch
@@ -237,12 +207,12 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
     # Tables advance in rounds, one step each (the tables of a round side by side), then one state
     # commit: no table's recorded position ever lags its data by more than one step, so a crash
     # costs one exact re-apply per table.
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-apply") as pool:
+    with ThreadPoolExecutor(max_workers=max(1, options.concurrency), thread_name_prefix="pglogical-apply") as pool:
         for round_ in range(max((len(steps) for steps in plans.values()), default=0)):
             lease.check()
             due = [(source, steps[round_]) for source, steps in plans.items() if round_ < len(steps)]
             futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
-                                   states[source], step) for source, step in due]
+                                   states[source], step, pipeline) for source, step in due]
             wait(futures)  # every step of the round has ended (committed or failed) before anything else
             for future in futures:
                 summary["steps"].append(future.result())  # the first failure, in table order, is raised
@@ -252,14 +222,14 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
             lakehouse.write_state(pipeline, states)
             phases.end("state_commits")
     lease.check()
-    summary["compactions"] = compact_written(spark, lakehouse, summary["steps"], compact_deletes_at)
+    summary["compactions"] = compact_written(spark, lakehouse, summary["steps"], options.compact_deletes_at)
     phases.end("compaction")
     summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
     summary["end_lsn"] = format_lsn(max((b.end for b in batches), default=0))  # every commit before it is in
     summary["first_commits"] = first_commits(summary["steps"], {b.name: b.manifest for b in wanted})
-    if retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
+    if options.retention_hours is not None:  # after the last state commit: the states are what Iceberg holds
         lease.check()
-        summary["retention"] = apply_retention(staging, batches, states, retention_hours, archive)
+        summary["retention"] = apply_retention(staging, batches, states, options.retention_hours, options.archive)
         phases.end("retention")
     summary["round_phases"] = phases.since(before)
     return summary
@@ -272,19 +242,21 @@ def _in_own_pool(spark, function, *args):
 
 
 def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, source: str, state: TableState,
-                step: Step) -> dict:
+                step: Step, pipeline: str = "") -> dict:
     started = time.monotonic()
     group = spark_job_group(keyed.spark, f"{source} {step.kind} {step.batch.name}")
     manifest = step.batch.manifest["tables"][source]
     replace = (manifest.get("details") or {}).get(REPLACE_TABLE)
-    if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
-        lakehouse.replace(state.target, replace)
-    types = lakehouse.ensure_table(state.target, manifest)
-    applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
-    try:
-        rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
-    except Exception as error:  # a staged file damaged after its commit is named, with the fix
-        raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
+    # every snapshot the step commits records the position it holds (commit_stamp.py)
+    with stamped(keyed.spark, step.commit_properties(pipeline)):
+        if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
+            lakehouse.replace(state.target, replace)
+        types = lakehouse.ensure_table(state.target, manifest)
+        applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
+        try:
+            rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
+        except Exception as error:  # a staged file damaged after its commit is named, with the fix
+            raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
     if snapshot:
         state.snapshots.add(step.batch.name)
         state.position = step.position if step.through is None else step.through
@@ -324,67 +296,31 @@ def _crash_point(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> ApplyOptions:
+    """The job's command line: ``--options <ApplyOptions as JSON>`` (the operator writes it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--staging-root", required=True, help="staging root URI (file:///x, s3a://b/x, /x)")
-    parser.add_argument("--pipeline", required=True, help="pipeline name: batches live in <root>/<pipeline>/")
-    parser.add_argument("--catalog", default="lake", help="Spark catalog name of the Iceberg catalog")
-    parser.add_argument("--namespace", required=True, help="Iceberg namespace of the target tables")
-    parser.add_argument("--table-map", default=None,
-                        help='JSON: {"schema.table": "target_table"}; default <schema>__<table>')
-    parser.add_argument("--write-mode", choices=WRITE_MODES, default="merge-on-read")
-    parser.add_argument("--bucket-count", type=int, default=None,
-                        help="partition new tables by bucket(N, first key column)")
-    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
-                        help=f"tables applied at once (default {DEFAULT_CONCURRENCY}; 1 applies one after another)")
-    parser.add_argument("--retention-hours", type=float, default=DEFAULT_RETENTION_HOURS,
-                        help=f"remove applied batches committed longer ago (default {DEFAULT_RETENTION_HOURS})")
-    parser.add_argument("--keep-staging", action="store_true", help="remove no batch (no retention)")
-    parser.add_argument("--archive", action="store_true",
-                        help="move removed batches under <pipeline>/_archive/ instead of deleting them")
-    parser.add_argument("--no-row-deltas", action="store_true",
-                        help="MERGE every change batch (no Iceberg row deltas written by the driver)")
-    parser.add_argument("--lease-seconds", type=float, default=DEFAULT_APPLY_LEASE_SECONDS,
-                        help="how long the run's lease lasts unless renewed: a killed apply blocks the next "
-                             f"one this long at most (default {DEFAULT_APPLY_LEASE_SECONDS})")
-    parser.add_argument("--lease-holder", default=None, help="who runs the apply, shown to a second apply")
-    parser.add_argument("--keep-running", type=float, default=0.0, metavar="SECONDS",
-                        help="after applying what is staged, keep the session and the lease this long, applying "
-                             "each newly committed batch (a streaming window; default 0: apply once)")
-    parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
-                        help=f"in a window, seconds between listings of the staging area (default {DEFAULT_POLL_INTERVAL})")
-    parser.add_argument("--compact-deletes-at", type=int, default=DEFAULT_COMPACT_DELETES_AT, metavar="N",
-                        help="compact a table the run wrote once it holds N delete files (default "
-                             f"{DEFAULT_COMPACT_DELETES_AT}; 0: leave them to housekeeping)")
-    parser.add_argument("--until-loaded", action="store_true",
-                        help="with --keep-running: end after the first round that leaves the pipeline's tables in "
-                             "the lakehouse (an initial load started beside its sync; fails if none within the window)")
-    parser.add_argument("--log-level", default="WARN", help="Spark's log level inside the job (default WARN)")
-    return parser.parse_args(argv)
-
-
-def run_with_args(spark, args: argparse.Namespace) -> dict:
-    """:func:`run` with the job's command-line arguments (:func:`parse_args`)."""
-    return run(spark, args.staging_root, args.pipeline, args.catalog, args.namespace,
-               json.loads(args.table_map) if args.table_map else None, args.write_mode, args.bucket_count,
-               concurrency=args.concurrency, retention_hours=None if args.keep_staging else args.retention_hours,
-               archive=args.archive, row_deltas=not args.no_row_deltas, lease_seconds=args.lease_seconds,
-               lease_holder=args.lease_holder, keep_running=args.keep_running, poll_interval=args.poll_interval,
-               compact_deletes_at=args.compact_deletes_at, until_loaded=args.until_loaded)
+    parser.add_argument("--options", required=True, help="the apply's ApplyOptions as JSON (staging/seam/apply_options.py)")
+    try:
+        options = ApplyOptions.from_json(parser.parse_args(argv).options)
+    except (ValueError, TypeError) as error:
+        parser.error(f"--options: {error}")
+    if options.problems():
+        parser.error(f"--options: {'; '.join(options.problems())}")
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    options = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spark = create_session(f"pglogical-apply-{args.pipeline}", args.log_level)
+    spark = create_session(f"pglogical-apply-{options.pipeline}", options.log_level)
     code = 0
     try:
-        summary = run_with_args(spark, args)
-    except ApplyLeaseHeld as held:  # nothing was written: the task says so and is retried
-        log.error("%s", held)
-        summary = {"pipeline": args.pipeline, "steps": [],
-                   "error": {"kind": APPLY_LEASE_HELD, "message": str(held), "lease": held.lease}}
-        code = EXIT_LEASE_HELD
+        summary = run(spark, options)
+    except Exception as failure:  # the task raises the job's own error, not spark-submit's (errors.job_error)
+        log.exception("the apply of %s failed", options.pipeline)
+        error = job_error(failure)
+        summary = {"pipeline": options.pipeline, "steps": [], "error": error.to_json()}
+        code = EXIT_LEASE_HELD if isinstance(failure, ApplyLeaseHeld) else 1
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
     write_result(spark, summary)
     spark.stop()

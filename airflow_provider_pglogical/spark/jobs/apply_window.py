@@ -1,4 +1,4 @@
-"""The apply job's streaming window (``apply_changes.py --keep-running SECONDS``).
+"""The apply job's streaming window (``ApplyOptions.keep_running``).
 
 A tick that submits the job pays a JVM start and a session (5-10 s) for one apply. In a window
 the same session keeps the pipeline's apply lease (renewed by its thread) for ``--keep-running``
@@ -87,7 +87,7 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
                     f"no snapshot batch was committed in the {seconds:g} s this initial load waited "
                     "(--keep-running): the initial sync started beside it failed or is still copying; "
                     "see the sync task's log, then run the apply again (a longer keep_running if the copy "
-                    "takes longer)")
+                    "takes longer)", permanent=False)
             break
         wait(max(0.0, min(poll_interval, deadline - clock())))
     if warming is not None:

@@ -21,6 +21,7 @@ import json
 import re
 import sys
 
+from airflow_provider_pglogical.spark.common.errors import job_error
 from airflow_provider_pglogical.spark.common.hadoop_files import write_result
 from airflow_provider_pglogical.spark.common.identifiers import col, qualified
 
@@ -151,12 +152,16 @@ def main(argv: list[str]) -> int:
 
     args = parse_args(argv)
     spark = SparkSession.builder.appName("pglogical-verify").getOrCreate()
-    plan = json.loads(spark.read.text(args.plan, wholetext=True).first()[0])
-    summary = run(spark, plan)
+    code = 0
+    try:
+        plan = json.loads(spark.read.text(args.plan, wholetext=True).first()[0])
+        summary = run(spark, plan)
+    except Exception as failure:  # the task raises the job's own error (errors.job_error)
+        summary, code = {"equal": False, "tables": [], "error": job_error(failure).to_json()}, 1
     print(RESULT_PREFIX + json.dumps(summary, sort_keys=True), flush=True)  # for people reading the log
     write_result(spark, summary)
     spark.stop()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import logging
 import os
 import uuid
 
+from airflow_provider_pglogical.spark.common.commit_stamp import stamp
 from airflow_provider_pglogical.spark.common.hadoop_files import local_path
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
@@ -54,7 +55,10 @@ def same_thread_executor(spark):
 
 
 class ConcurrentCommit(ApplyError):
-    """Another commit changed a table after this step read it: nothing of the step was committed."""
+    """Another commit changed a table after this step read it: nothing of the step was committed;
+    a retry reads the table again."""
+
+    permanent = False
 
 
 def java_exception_class(error: BaseException) -> str | None:
@@ -66,6 +70,7 @@ def java_exception_class(error: BaseException) -> str | None:
 def validated_commit(update, table, read_at: int | None) -> None:
     """Commit an Iceberg update that validates against concurrent commits; a conflict is raised as
     :class:`ConcurrentCommit`, naming the table and the fix."""
+    stamp(update)  # the running step's position and batch, in the snapshot's summary
     try:
         update.commit()
     except Exception as error:

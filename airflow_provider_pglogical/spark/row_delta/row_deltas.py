@@ -20,7 +20,7 @@ same keys again, the first run's rows with them, and writes the same rows: exact
 
 It applies only where the result is the MERGE's by construction (:func:`ineligible` and
 :meth:`RowDeltas.table_ineligible` say why not): the pull's facts describe the batch (no
-TRUNCATE, nothing before the table's position), the table is unpartitioned, format 2,
+TRUNCATE, nothing before the table's position), the table is unpartitioned, format 2 (not 3: row lineage),
 merge-on-read, its columns are the batch's with the batch's types, none needs a cast, no key is a
 float (NaN), an array or binary (Iceberg 1.9 loses equality deletes on binary columns), and kept
 values sit under a one-column key that reads back exactly. The
@@ -204,8 +204,9 @@ class RowDeltas(DriverCommits):
         """Why the Iceberg table takes no row delta; None when it does."""
         if not table.spec().isUnpartitioned():
             return "the table is partitioned"
-        if table.operations().current().formatVersion() < 2:
-            return "the table is format version 1"
+        version = table.operations().current().formatVersion()
+        if version != 2:  # v3: a MERGE keeps an updated row's _row_id (row lineage), these would not yet
+            return f"the table is format version {version}"
         properties = table.properties()
         if any(properties.get(name) != "merge-on-read" for name in _WRITE_MODE_PROPERTIES):
             return "the table is copy-on-write"
