@@ -83,6 +83,7 @@ def rest_catalog(s3_server):
     rest = start_test_rest_catalog(s3_server, "lake-rest")
     yield rest
     rest.server.stop()
+    rest.server.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(params=[CatalogKind.JDBC, CatalogKind.REST, CatalogKind.GLUE], ids=lambda kind: kind.value)
