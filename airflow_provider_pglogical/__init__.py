@@ -113,7 +113,8 @@ def get_provider_info() -> dict:
         "triggers": [
             {
                 "integration-name": "PostgreSQL logical replication",
-                "python-modules": ["airflow_provider_pglogical.triggers.pglogical"],
+                "python-modules": ["airflow_provider_pglogical.triggers.pglogical",
+                                   "airflow_provider_pglogical.triggers.staged_batches"],
             }
         ],
         "cli": ["airflow_provider_pglogical.cli.definition.get_pglogical_cli_commands"],

@@ -33,6 +33,7 @@ prepare()  # spark-submit beside this interpreter, Spark on loopback
 
 from airflow_provider_pglogical.operators.iceberg_apply import APPLY_JOB  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
+from airflow_provider_pglogical.lakehouse.jar_sets import ICEBERG_VERSION  # noqa: E402
 from tests.support.spark_jobs import apply_args, run_job, submit_command  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes as job  # noqa: E402
 from airflow_provider_pglogical.spark.apply import keyed  # noqa: E402
@@ -197,7 +198,7 @@ def main() -> None:
     command = "python bench/bench_apply.py " + " ".join(sys.argv[1:])
     lines = [SECTION, "",
              f"Command: `{command.strip()}` (2 cores, local[2], driver memory {args.driver_memory}, "
-             "Iceberg 1.9.2 Hadoop catalog on local disk, pyspark "
+             f"Iceberg {ICEBERG_VERSION} Hadoop catalog on local disk, pyspark "
              f"{__import__('pyspark').__version__}).", "",
              f"One change batch of {args.changes:,} changes (60% updates, 20% inserts, 20% deletes, keys uniform "
              "over the table, 10 changes per transaction) applied to a table of each size, merge-on-read, in one "

@@ -24,6 +24,7 @@ import argparse
 import collections
 import functools
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
 from airflow_provider_pglogical.spark.row_delta import driver_commits, row_deltas  # noqa: E402
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
+from airflow_provider_pglogical.staging.contract import DEFAULT_CONCURRENCY  # noqa: E402
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
@@ -74,13 +76,14 @@ def instrument() -> None:
     timed(dataframe.DataFrame, "first", "DataFrame.first (the batch's aggregate)")
     timed(row_deltas.RowDeltas, "apply", "row delta: whole step")
     timed(row_deltas.RowDeltas, "_read_parquet", "row delta: read staged files")
-    timed(row_deltas.RowDeltas, "_lakehouse_values", "row delta: lakehouse lookup")
-    timed(row_deltas, "lookup_rows", "row delta: lookup through Iceberg's reader")
+    timed(row_deltas.RowDeltas, "_lakehouse_values", "row delta: kept values from the rows read")
+    timed(row_deltas, "lookup_rows", "row delta: the replaced rows read through Iceberg's reader")
     timed(hadoop_files.Staging, "read_bytes", "staging: read a file's bytes")
     timed(driver_commits.DriverCommits, "load", "row delta: load the table")
     timed(driver_commits.DriverCommits, "_write", "row delta: write a file")
     timed(driver_commits.DriverCommits, "row_delta", "row delta: write and commit")
     timed(driver_commits.DriverCommits, "_metrics", "row delta: read a written file's metrics")
+    timed(driver_commits.DriverCommits, "_position_deletes", "row delta: write the position delete file")
     timed(driver_commits, "validated_commit", "commit (Iceberg: manifests, metadata, catalog swap)")
     timed(lakehouse_tables.Lakehouse, "iceberg_table", "catalog: load a table")
     timed(lakehouse_tables.Lakehouse, "metadata_locations", "planning: the targets' metadata files")
@@ -164,7 +167,7 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=1)
     parser.add_argument("--ticks", type=int, default=4)
     parser.add_argument("--conf", action="append", default=[], help="a Spark property KEY=VALUE (repeatable)")
-    parser.add_argument("--concurrency", type=int, default=apply_changes.DEFAULT_CONCURRENCY,
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
                         help="tables applied at once (1: the parts' times add up to the step's)")
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="bench_tick's workload: the same rows updated every tick, or rows drawn anew")
@@ -189,6 +192,7 @@ def main() -> None:
         staging = spark_uri(pipeline.staging)
         lake = {"catalog": pipeline.iceberg.catalog, "namespace": pipeline.iceberg.namespace}
         apply_changes.run(spark, ApplyOptions(staging, "p", **lake))  # the snapshot
+        walls: list[float] = []
         for tick in range(1, args.ticks + 1):
             bench_tick.change_tables(pg, "profile", names, tick, args.updates)
             pipeline.pull()
@@ -201,6 +205,7 @@ def main() -> None:
             started = time.perf_counter()
             result = apply_changes.run(spark, ApplyOptions(staging, "p", **lake, concurrency=args.concurrency))
             wall = time.perf_counter() - started
+            walls.append(wall)
             print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}"
                   + (f"; the S3 server's CPU {s3_server_cpu(s3) - server_cpu:.2f} s" if s3 else ""), flush=True)
             if s3:
@@ -220,9 +225,28 @@ def main() -> None:
             for job in sorted((j for j in spark_jobs(spark) if j["jobId"] not in seen), key=lambda j: j["jobId"]):
                 print(f"   job {job['jobId']:4d} {seconds(job):6.3f} s, {len(job['stageIds'])} stage(s), "
                       f"{job['numTasks']:3d} tasks: {job['name'][:80]}")
+        print(f"rounds: {len(walls)}, median from round 3 on {statistics.median(walls[2:] or walls):.3f} s", flush=True)
+        print_delete_files(spark, lake)
         spark.stop()
         if s3 is not None:
             s3.close(False)
+
+
+def print_delete_files(spark, lake: dict) -> None:
+    """Each table's live delete files now, by kind (position, equality) and in all (the rounds'
+    row deltas add one each; the apply's own compaction folds them in at its threshold)."""
+    namespace = f"{lake['catalog']}.{lake['namespace']}"
+    counts = []
+    for row in spark.sql(f"SHOW TABLES IN {namespace}").collect():
+        if row.tableName.startswith("_"):
+            continue
+        kinds = {r.content: r.n for r in spark.sql(
+            f"SELECT content, count(*) AS n FROM {namespace}.{row.tableName}.delete_files GROUP BY content").collect()}
+        counts.append((row.tableName, kinds.get(1, 0), kinds.get(2, 0)))
+    print("delete files per table (position, equality): "
+          + ", ".join(f"{name} {position}/{equality}" for name, position, equality in counts), flush=True)
+    if counts:
+        print(f"   max {max(p + e for _, p, e in counts)}, equality in all {sum(e for _, _, e in counts)}", flush=True)
 
 
 def s3a_requests(spark, pipeline) -> collections.Counter:

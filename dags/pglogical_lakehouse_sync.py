@@ -65,6 +65,7 @@ with DAG(
         task_id="slot_lag",
         postgres_conn_id=settings.SOURCE_CONN_ID,
         slot=settings.SLOT,
+        pipeline=settings.PIPELINE,  # exports the slot's figures as metrics (docs/metrics.md)
         max_retained_wal_bytes=8 << 30,
         fail_on_breach=False,
         poke_interval=15,

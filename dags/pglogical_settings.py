@@ -23,6 +23,8 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_STREAM_MAINTENANCE_EVERY_HOURS`` / ``PGLOGICAL_STREAM_SNAPSHOT_HOURS``: how often the
   streaming DAG runs the housekeeping, and how old a snapshot it expires (default 1 and 1: a round
   a second adds a snapshot a second to each changed table's metadata)
+- ``PGLOGICAL_WATCH_SECONDS``: how often the event-driven apply's watcher lists the staging area for
+  new batches (default 30; ``pglogical_lakehouse_events.py``)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
   "Tuning the driver JVM"; set it empty to keep the JVM's defaults)
 - ``PGLOGICAL_TASK_RETRIES`` / ``PGLOGICAL_RETRY_DELAY_SECONDS``: how often and after how long
@@ -98,6 +100,10 @@ STREAM_RETENTION = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_STREAM_RET
 #: it to a few MB, and time travel works within that hour (docs/streaming.md, "What it costs")
 STREAM_MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_STREAM_MAINTENANCE_EVERY_HOURS", "1")))
 STREAM_SNAPSHOT_HOURS = float(os.environ.get("PGLOGICAL_STREAM_SNAPSHOT_HOURS", "1"))
+
+#: the event-driven apply (pglogical_lakehouse_events.py): seconds between two listings of the
+#: staging area by its asset watcher, in the triggerer (a listing, no JVM)
+WATCH_INTERVAL = float(os.environ.get("PGLOGICAL_WATCH_SECONDS", "30"))
 
 #: JVM options of the apply's Spark driver: a deployment's setting, kept here so the example's small
 #: ticks start quickly (docs/operators.md, "Tuning the driver JVM"); the operators set none themselves

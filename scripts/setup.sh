@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up of a fresh Debian 12 machine for this project:
-# PostgreSQL server binaries, Java 17 for Spark, and a Python 3.11 virtualenv with the package.
+# PostgreSQL server binaries, Java 17 for Spark, a Python 3.11 virtualenv with the package, and the
+# lakehouse's jars from Maven Central.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,12 +25,6 @@ fi
 if ! command -v java >/dev/null 2>&1; then
   echo "setup: installing Java 17"
   apt_install openjdk-17-jre-headless
-fi
-
-# The PostgreSQL JDBC driver (/usr/share/java/postgresql.jar) for Iceberg's JDBC catalog on PostgreSQL.
-if [ ! -f /usr/share/java/postgresql.jar ]; then
-  echo "setup: installing the PostgreSQL JDBC driver"
-  apt_install libpostgresql-jdbc-java
 fi
 
 # Chromium, headless, for the pipeline view's browser test (tests/integration/test_ui.py).
@@ -56,30 +51,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# Hadoop's S3A file system for a lakehouse on S3: hadoop-aws 3.3.1 and the AWS SDK bundle it was built
-# with. Maven is not reachable from here; the PyPI sdist sagemaker-pyspark==1.4.5 ships both jars
-# (its own package pins pyspark 3.3, so it is only downloaded, never installed). lakehouse/iceberg_config.py
-# finds them under the interpreter's prefix.
-jars=.venv/share/airflow-provider-pglogical/jars
-if ! sha256sum --quiet -c - >/dev/null 2>&1 <<SUMS
-6be50ad8a8b445d2802381b085b2a3ede5c29d353450a6a21f16b2fefa962b6e  $jars/hadoop-aws-3.3.1.jar
-b87175b32a16544cc1b37cf40390eb375833e62bed67f8ce6cde4b7ad6429ead  $jars/aws-java-sdk-bundle-1.11.901.jar
-SUMS
-then
-  echo "setup: taking the S3A jars from the PyPI sdist sagemaker-pyspark==1.4.5 (180 MB, once)"
-  tmp=$(mktemp -d)
-  .venv/bin/python -m pip download --disable-pip-version-check --no-deps --no-binary :all: -q -d "$tmp" \
-    sagemaker-pyspark==1.4.5
-  mkdir -p "$jars"
-  tar -xzf "$tmp"/sagemaker_pyspark-1.4.5.tar.gz -C "$tmp" sagemaker_pyspark-1.4.5/deps/jars/hadoop-aws-3.3.1.jar \
-    sagemaker_pyspark-1.4.5/deps/jars/aws-java-sdk-bundle-1.11.901.jar
-  mv "$tmp"/sagemaker_pyspark-1.4.5/deps/jars/*.jar "$jars"/
-  rm -rf "$tmp"
-  sha256sum --quiet -c - <<SUMS || { echo "setup: the S3A jars do not have the expected checksums"; exit 1; }
-6be50ad8a8b445d2802381b085b2a3ede5c29d353450a6a21f16b2fefa962b6e  $jars/hadoop-aws-3.3.1.jar
-b87175b32a16544cc1b37cf40390eb375833e62bed67f8ce6cde4b7ad6429ead  $jars/aws-java-sdk-bundle-1.11.901.jar
-SUMS
-fi
+# The lakehouse's jars, from their Maven Central coordinates: the Iceberg Spark runtime built for the
+# installed PySpark, iceberg-aws-bundle, hadoop-aws of PySpark's Hadoop with its AWS SDK, and the
+# PostgreSQL JDBC driver (lakehouse/jar_sets.py pins the versions and sha256 of each file). Resolved
+# once by a throw-away Spark session through spark.jars.packages (Spark's own Ivy) into
+# .venv/share/airflow-provider-pglogical/ivy; every file is checked against its pinned checksum, here
+# and on every later run. Tests and the demo then use the local paths (spark.jars): offline.
+echo "setup: checking the lakehouse's jars (resolved from Maven Central the first time)"
+SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1} .venv/bin/python -m airflow_provider_pglogical.lakehouse.jar_cache \
+  >.venv/jar-cache.log 2>&1 || { tail -n 30 .venv/jar-cache.log; echo "setup: the jars could not be resolved or checked (full log: .venv/jar-cache.log)"; exit 1; }
 
 # Iceberg's REST catalog fixture, for the tests and `demo.sh --lakehouse rest` (embedded/rest_catalog.py):
 # Maven resolves its artifacts from Maven Central once into .venv/share/airflow-provider-pglogical/rest-catalog,
@@ -88,14 +68,3 @@ command -v mvn >/dev/null 2>&1 || { echo "setup: installing Maven"; apt_install 
 command -v javac >/dev/null 2>&1 || { echo "setup: installing the JDK 17"; apt_install openjdk-17-jdk-headless; }
 .venv/bin/python -m airflow_provider_pglogical.embedded.rest_catalog >.venv/rest-catalog.log 2>&1 \
   || { tail -n 30 .venv/rest-catalog.log; echo "setup: the REST catalog's jars could not be resolved (full log: .venv/rest-catalog.log)"; exit 1; }
-# iceberg-aws-bundle of the Iceberg runtime (1.9.2): S3FileIO and the Glue catalog's AWS SDK v2
-if ! sha256sum --quiet -c - >/dev/null 2>&1 <<SUMS
-ea5b6fec1b547e2fe936f804c737943f5ee322d038560f63a8261deb766def1b  $jars/iceberg-aws-bundle-1.9.2.jar
-SUMS
-then
-  echo "setup: resolving iceberg-aws-bundle 1.9.2 from Maven Central"
-  mvn -q -B dependency:copy -Dartifact=org.apache.iceberg:iceberg-aws-bundle:1.9.2 -DoutputDirectory="$jars" >/dev/null
-  sha256sum --quiet -c - <<SUMS || { echo "setup: iceberg-aws-bundle does not have the expected checksum"; exit 1; }
-ea5b6fec1b547e2fe936f804c737943f5ee322d038560f63a8261deb766def1b  $jars/iceberg-aws-bundle-1.9.2.jar
-SUMS
-fi

@@ -4,7 +4,7 @@
     python scripts/smoke_test_install.py
 
 Imports every module the provider info names, loads the example DAGs (no import errors, also
-without the iceberg-jar extra), checks Airflow lists the provider and its ``airflow pglogical``
+without the resolved jars), checks Airflow lists the provider and its ``airflow pglogical``
 commands, then runs a publication, an initial sync and a pull against a throwaway PostgreSQL
 cluster. Prints the versions it ran with; exits non-zero on any failure.
 """

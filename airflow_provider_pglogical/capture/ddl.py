@@ -27,6 +27,7 @@ from typing import Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_pglogical.capture import published_changes
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.staging import contract
@@ -56,6 +57,13 @@ class Review:
     refused: list[str] = field(default_factory=list)
     #: record entries (``str(oid)`` -> entry) to keep once the batch is committed
     relations: dict[str, dict] = field(default_factory=dict)
+    #: re-snapshotted tables the pipeline never held (a root or partitions a via_root flip publishes)
+    fresh: set[int] = field(default_factory=set)
+    #: known table OID -> why no change reaches it any more (a via_root flip moved its rows)
+    orphaned: dict[int, str] = field(default_factory=dict)
+    #: what the pull did, for its result and the pipeline's history: ``resnapshotted`` (table -> why)
+    #: and ``orphaned`` (table OID -> why)
+    summary: dict = field(default_factory=dict)
 
 
 def shape_of(table: ResolvedTable) -> list[list]:
@@ -74,6 +82,7 @@ def relation_entry(table: ResolvedTable, enums: Mapping[str, Mapping[str, str]],
         "oid": table.oid, "identity": list(identity), "schema": table.schema, "name": table.name, "columns": shape_of(table),
         "key": list(table.key), "keyless": table.keyless, "shapes": shapes[:SHAPES_KEPT],
         "enums": {t: dict(labels) for t, labels in enums.items() if t in types}, "since": since,
+        **published_changes.recorded_fields(table),
     }
 
 
@@ -114,9 +123,11 @@ def promotes(old: Sequence, new: Sequence) -> bool:
 
 def review(record_tables: Mapping[str, int | None], relations: Mapping[str, dict],
            published: Mapping[int, ResolvedTable], defaults: set[tuple[int, int]],
-           enums: Mapping[str, Mapping[str, str]], window: Mapping[int, Sequence], start: Lsn, end: Lsn) -> Review:
+           enums: Mapping[str, Mapping[str, str]], window: Mapping[int, Sequence], start: Lsn, end: Lsn,
+           truncated: frozenset[int] | set[int] = frozenset()) -> Review:
     """Compare the record with the catalog and the window's column versions (``oid -> Relation
-    versions, newest first``); pure, so every DDL shape is unit-testable."""
+    versions, newest first``; ``truncated``: the tables the window truncates); pure, so every DDL
+    shape is unit-testable."""
     out = Review()
     for name, oid in record_tables.items():  # a pipeline recorded before relations were: adopt them
         if oid is not None and str(oid) not in relations and oid in published:
@@ -127,7 +138,7 @@ def review(record_tables: Mapping[str, int | None], relations: Mapping[str, dict
         table = published.get(oid)
         if table is None:
             continue  # dropped, or no longer published: the lakehouse keeps its last rows
-        _review_table(out, oid, entry, table, defaults, enums, window.get(oid), start, end)
+        _review_table(out, oid, entry, table, defaults, enums, window.get(oid), start, end, oid in truncated)
     by_identity = {tuple(e["identity"]): int(k) for k, e in known.items()}
     by_identity.update({contract.parse_table_key(n): o for n, o in record_tables.items() if o is not None})
     for oid, table in published.items():
@@ -145,11 +156,23 @@ def review(record_tables: Mapping[str, int | None], relations: Mapping[str, dict
             continue
         out.resnapshot[oid] = "it was dropped and created again (a new OID under its name)"
         out.superseded.update({oid, previous})
+    for oid, orphans in published_changes.via_root_flips(known, published).items():
+        table = published[oid]
+        names = ", ".join(".".join(known[str(o)]["identity"]) for o in orphans)
+        turned = "on" if table.relkind == "p" else "off"
+        out.resnapshot[oid] = (f"publish_via_partition_root was turned {turned}: the rows of {names} now arrive "
+                               f"under {table.qualified_name}")
+        out.superseded.add(oid)
+        out.fresh.add(oid)
+        for orphan in orphans:
+            out.orphaned[orphan] = (f"publish_via_partition_root was turned {turned}: its rows now arrive under "
+                                    f"{table.qualified_name}, no change reaches this table any more")
     return out
 
 
 def _review_table(out: Review, oid: int, entry: dict, table: ResolvedTable, defaults: set[tuple[int, int]],
-                  enums: Mapping[str, Mapping[str, str]], versions: Sequence | None, start: Lsn, end: Lsn) -> None:
+                  enums: Mapping[str, Mapping[str, str]], versions: Sequence | None, start: Lsn, end: Lsn,
+                  truncated: bool = False) -> None:
     identity = tuple(entry["identity"])
     if identity != (table.schema, table.name):
         out.identities[oid] = identity  # type: ignore[assignment]
@@ -174,6 +197,7 @@ def _review_table(out: Review, oid: int, entry: dict, table: ResolvedTable, defa
         why.append("its replica-identity key changed")
     if set(renamed.values()) & names:
         why.append("its columns swapped names")
+    why += published_changes.resnapshot_reasons(entry, table, truncated)
     for type_oid, labels in entry.get("enums", {}).items():
         now = enums.get(type_oid, {})
         moved = [f"{old!r} -> {now[o]!r}" for o, old in labels.items() if now.get(o, old) != old]
@@ -306,11 +330,12 @@ def record_snapshot(record: PipelineRecord, manifest: BatchManifest) -> None:
 
 
 def catalog_review(cursor, record: PipelineRecord, published: Sequence[ResolvedTable],
-                   window: Mapping[int, Sequence], start: Lsn, end: Lsn) -> Review:
+                   window: Mapping[int, Sequence], start: Lsn, end: Lsn,
+                   truncated: frozenset[int] | set[int] = frozenset()) -> Review:
     """:func:`review` of the catalog as it is now (the tables' defaults and enum labels looked up)."""
     tables = {t.oid: t for t in published}
     oids = set(tables) | {int(k) for k in record.relations}
     types = {c.type_oid for t in published for c in t.columns}
     types |= {int(t) for entry in record.relations.values() for t in entry.get("enums", {})}
     return review(record.tables, record.relations, tables, with_defaults(cursor, oids), enum_labels(cursor, types),
-                  window, start, end)
+                  window, start, end, truncated)

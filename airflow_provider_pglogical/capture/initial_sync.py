@@ -11,7 +11,7 @@ import json
 import logging
 from typing import Callable, Mapping, Sequence
 
-from airflow_provider_pglogical.capture import ddl
+from airflow_provider_pglogical.capture import ddl, published_changes
 from airflow_provider_pglogical.management import connector, slots
 from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import (
@@ -138,7 +138,7 @@ def _claim_existing_slot(hook, existing, record: PipelineRecord | None, slot: st
 def run_initial_sync(
     hook: Connector, *, slot: str, publications: Sequence[str], root: StagingPath, pipeline: str, parallelism: int = 2,
     type_overrides: Mapping[str, str] | None = None, report: Callable[[str], None] = log.info,
-    lock_wait_seconds: float = 60.0, failover: bool = False, copier: Copier | None = None,
+    lock_wait_seconds: float = 60.0, failover: bool = False, copier: Copier | None = None, append_only: bool = False,
 ) -> dict:
     """Create ``slot`` and stage a snapshot batch of everything ``publications`` publish.
 
@@ -152,6 +152,8 @@ def run_initial_sync(
     created is never dropped. All checks run before the slot is created, and a copy that fails
     drops the slot it made. ``copier`` runs the copy's work units elsewhere (on Spark:
     ``operators/spark_copy.py``) while this call holds the session that exported the snapshot.
+    A publication that does not publish updates and deletes is refused before the slot exists,
+    unless ``append_only`` (``capture/published_changes.py``).
     """
     publications = check_sync_arguments(slot, publications, root, pipeline)
     validation.check_count(parallelism, "parallelism")
@@ -180,6 +182,7 @@ def run_initial_sync(
             problems = health.find_publisher_problems(cursor, publications, replica_identity=False)
             if failover:
                 problems += health.failover_problems(cursor)
+        problems += published_changes.publish_problems(tables, append_only)
         if problems:
             raise PublisherCheckError(problems)
         if existing_slot is not None:

@@ -21,7 +21,7 @@ from airflow_provider_pglogical.exceptions import InvalidInputError, PipelineSta
 from airflow_provider_pglogical.decoding import staged_tables
 from airflow_provider_pglogical.decoding import columnar
 from airflow_provider_pglogical.staging import layout
-from airflow_provider_pglogical.capture import ddl, toast
+from airflow_provider_pglogical.capture import ddl, published_changes, toast
 from airflow_provider_pglogical.capture.backfill import published_by_name, snapshot_tables
 from airflow_provider_pglogical.management.consumer_lock import slot_consumer_lock
 from airflow_provider_pglogical.capture.initial_sync import check_sync_arguments, lost_slot_message, resync
@@ -35,7 +35,7 @@ from airflow_provider_pglogical.staging.pipeline_record import (
     require_streaming,
     write_record,
 )
-from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable
+from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable, require_logical_wal
 from airflow_provider_pglogical.staging import private_files, values
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
@@ -76,7 +76,7 @@ def run_pull(
     max_bytes: int | None = None, report: Callable[[str], None] = log.info,
     before_advance: Callable[[str], None] | None = None, lock_wait_seconds: float = 60.0,
     new_tables: str = "snapshot", on_slot_lost: str = "fail", type_overrides: Mapping[str, str] | None = None,
-    on_ddl: str = "snapshot", streaming: bool = False,
+    on_ddl: str = "snapshot", streaming: bool = False, append_only: bool = False, orphaned_tables: str = "mark",
 ) -> dict:
     """Stage the slot's next window of changes as one batch, then advance the slot past it.
 
@@ -103,13 +103,16 @@ def run_pull(
     :param streaming: have PostgreSQL stream transactions larger than ``logical_decoding_work_mem``
         while they run instead of spilling them to disk (``capture/peek.py``); the batch still holds
         exactly the committed changes.
+    :param append_only: accept publications that do not publish updates and deletes (the lakehouse
+        keeps rows the source updated or deleted); otherwise such a publication stops the pull.
+    :param orphaned_tables: a table whose rows a ``publish_via_partition_root`` flip moved to another
+        table: ``"mark"`` its Iceberg table (property ``pglogical.orphaned``) or ``"drop"`` it.
     """
     if on_slot_lost not in SLOT_LOST_POLICIES:
         raise InvalidInputError(f"on_slot_lost must be one of {SLOT_LOST_POLICIES}, not {on_slot_lost!r}")
     if new_tables not in NEW_TABLE_POLICIES:
         raise InvalidInputError(f"new_tables must be one of {NEW_TABLE_POLICIES}, not {new_tables!r}")
-    if on_ddl not in NEW_TABLE_POLICIES:
-        raise InvalidInputError(f"on_ddl must be one of {NEW_TABLE_POLICIES}, not {on_ddl!r}")
+    policy = published_changes.SourceChangePolicy(on_ddl, append_only, orphaned_tables)
     publications = check_sync_arguments(slot, publications, root, pipeline)
     max_changes = check_count(max_changes, "max_changes")
     max_bytes = check_count(max_bytes, "max_bytes", optional=True)
@@ -129,7 +132,7 @@ def run_pull(
                     "recovered": False, "resynced": True}
         try:
             return _pull_locked(hook, record, publications, root, pipeline, max_changes, max_bytes, report,
-                                before_advance, new_tables, type_overrides, on_ddl, streaming)
+                                before_advance, new_tables, type_overrides, policy, streaming)
         except OSError as err:
             if private_files.out_of_space(err):
                 raise private_files.staging_full(root / pipeline, f"pull {slot} staged a batch") from err
@@ -149,22 +152,11 @@ def _lost(hook, record: PipelineRecord) -> str | None:
     return None
 
 
-def require_logical_wal(cursor) -> None:
-    """Without ``wal_level = logical`` no slot can decode: say so, not "the slot does not exist"."""
-    cursor.execute("SELECT current_setting('wal_level')")
-    level = cursor.fetchone()[0]
-    if level != "logical":
-        raise SlotError(
-            f"the publisher runs with wal_level = {level}, so no logical slot can exist or decode: set "
-            "wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart the server, then run the "
-            "initial sync again. Nothing was changed", permanent=True,
-        )
-
-
 def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: StagingPath, pipeline: str,
                  max_changes: int, max_bytes: int | None, report: Callable[[str], None],
                  before_advance: Callable[[str], None] | None, new_tables: str,
-                 type_overrides: Mapping[str, str] | None, on_ddl: str = "snapshot", streaming: bool = False) -> dict:
+                 type_overrides: Mapping[str, str] | None, policy: published_changes.SourceChangePolicy,
+                 streaming: bool = False) -> dict:
     started = time.monotonic()
     slot = record.slot
     with hook.autocommit_cursor() as cursor:
@@ -196,14 +188,14 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
     else:
         end = max(upto, position)
 
-    followed = _follow_ddl(hook, record, window, publications, root, pipeline, position, end, on_ddl, report,
+    followed = _follow_ddl(hook, record, window, publications, root, pipeline, position, end, policy, report,
                            type_overrides)
     if not window.transaction_count:
         with hook.autocommit_cursor() as cursor:
             moved = advance_slot(cursor, slot, end) if end > position else position
         report(f"no changes in [{position}, {upto}); slot {slot} advanced to {moved}")
         return {"batch": None, "start_lsn": str(position), "end_lsn": str(moved), "advanced_to": str(moved),
-                "tables": {}, "transactions": 0, "changes": 0, "recovered": False}
+                "tables": {}, "transactions": 0, "changes": 0, "recovered": False, **followed.summary}
 
     _snapshot_new_tables(hook, record, window, publications, root, pipeline, new_tables, report, type_overrides)
     manifest = stage_batch(hook, root, pipeline, position, end, window, type_overrides, followed,
@@ -223,7 +215,7 @@ def _pull_locked(hook, record: PipelineRecord, publications: list[str], root: St
     seconds = time.monotonic() - started
     report(f"staged {sum(t.rows for t in manifest.tables.values()):,} change rows of {window.transaction_count:,} "
            f"transactions in {seconds:.1f}s as {manifest.name}; slot {slot} advanced to {advanced}")
-    return _pull_result(root, manifest, recovered=False, advanced_to=advanced)
+    return {**_pull_result(root, manifest, recovered=False, advanced_to=advanced), **followed.summary}
 
 
 NEW_TABLE_POLICIES = ("snapshot", "fail")
@@ -323,34 +315,43 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
 
 
 def _follow_ddl(hook, record: PipelineRecord, window: DecodedWindow, publications: list[str], root: StagingPath,
-                pipeline: str, start: Lsn, end: Lsn, policy: str, report: Callable[[str], None],
-                type_overrides: Mapping[str, str] | None) -> ddl.Review:
-    """Compare the window and the catalog with what the pipeline saw of its tables (``capture/ddl.py``).
+                pipeline: str, start: Lsn, end: Lsn, policy: published_changes.SourceChangePolicy,
+                report: Callable[[str], None], type_overrides: Mapping[str, str] | None) -> ddl.Review:
+    """Compare the window and the catalog with what the pipeline saw of its tables (``capture/ddl.py``,
+    ``capture/published_changes.py``).
 
-    Before anything is staged: a table whose DDL cannot be followed is snapshotted again (a batch
-    that replaces its Iceberg table, at an LSN past the window, whose changes of it are dropped), or,
-    with ``policy="fail"``, the pull stops naming the backfill, with the slot untouched.
+    Before anything is staged: a table whose DDL or publication change cannot be followed is
+    snapshotted again (a batch that replaces its Iceberg table, at an LSN past the window, whose
+    changes of it are dropped), or, with ``on_ddl="fail"``, the pull stops naming the backfill,
+    with the slot untouched. A publish set without update/delete stops it (unless append-only).
     """
     published = connector.published_tables(hook, publications)
+    published_changes.refuse_partial_publish(record, published, policy.append_only, pipeline,
+                                             lambda: write_record(root, pipeline, record))
     versions = {oid: table.versions for oid, table in window.tables.items()}
+    truncated = {oid for oid, table in window.tables.items() if table.truncated}
     with hook.autocommit_cursor() as cursor:
-        found = ddl.catalog_review(cursor, record, published, versions, start, end)
+        found = ddl.catalog_review(cursor, record, published, versions, start, end, truncated)
     if found.refused:
         raise PipelineStateError("; ".join(found.refused) + ". Nothing was changed")
     if found.resnapshot:
         by_oid = {t.oid: t for t in published}
         whys = "; ".join(f"{by_oid[oid].qualified_name}: {why}" for oid, why in sorted(found.resnapshot.items()))
         names = sorted(by_oid[oid].qualified_name for oid in found.resnapshot)
-        if policy == "fail":
+        if policy.on_ddl == "fail":
             raise PipelineStateError(
-                f"DDL at the source that pipeline {pipeline!r} cannot follow exactly ({whys}). Run a backfill of "
-                f"them (PgBackfillOperator(tables={names})), which replaces their Iceberg tables, or pull with "
-                "on_ddl='snapshot'. Nothing was changed"
+                f"DDL or a publication change at the source that pipeline {pipeline!r} cannot follow exactly "
+                f"({whys}). Run a backfill of them (PgBackfillOperator(tables={names})), which replaces their "
+                "Iceberg tables, or pull with on_ddl='snapshot'. Nothing was changed"
             )
-        report(f"DDL at the source ({whys}): snapshotting {', '.join(names)} again before staging the changes")
+        report(f"DDL or a publication change at the source ({whys}): snapshotting {', '.join(names)} again before "
+               "staging the changes")
+        orphans = published_changes.forget_orphans(record, found.orphaned, policy.orphaned_tables, report)
+        found.summary = {"resnapshotted": {by_oid[oid].qualified_name: why for oid, why in found.resnapshot.items()},
+                         "orphaned": orphans}
         snapshot_tables(hook, record, [by_oid[oid] for oid in sorted(found.resnapshot)], root, pipeline,
-                        parallelism=1, report=report, reason="DDL at the source", type_overrides=type_overrides,
-                        replace=found.resnapshot)
+                        parallelism=1, report=report, reason="DDL or a publication change at the source",
+                        type_overrides=type_overrides, replace=found.resnapshot)
     for oid in found.superseded:
         window.tables.pop(oid, None)
     return found

@@ -349,9 +349,15 @@ class PgLogicalHook(SubscriptionMethods, PostgresHook):
             )
 
     def slot_health(self, name: str, max_retained_wal_bytes: int | None = None,
-                    max_lag_bytes: int | None = None) -> dict:
-        """The slot classified (``missing``, ``invalidated``, ``breach``, ``busy``, ``ok``) with its metrics."""
-        return monitoring.slot_health(self.get_slot(name), name, max_retained_wal_bytes, max_lag_bytes)
+                    max_lag_bytes: int | None = None, until_next_pull: float | None = None) -> dict:
+        """The slot classified (``missing``, ``invalidated``, ``breach``, ``busy``, ``ok``) with its metrics,
+        its limits and the ``warnings`` that come before PostgreSQL invalidates it (:func:`monitoring.slot_status`).
+
+        :param until_next_pull: seconds until the pipeline's next scheduled pull, when known: the slot's
+            idle time is judged at that pull against ``idle_replication_slot_timeout``.
+        """
+        with self.autocommit_cursor() as cursor:
+            return monitoring.slot_status(cursor, name, max_retained_wal_bytes, max_lag_bytes, until_next_pull)
 
     # -- health ------------------------------------------------------------------------------
     def check_publisher(self, publications: Sequence[str], tables: Sequence[str] = (), failover: bool = False,

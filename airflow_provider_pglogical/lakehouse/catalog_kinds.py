@@ -62,6 +62,8 @@ class CatalogSpec:
     :param connection: the Airflow connection type of ``catalog_conn_id`` (``None``: the kind takes none).
     :param lists_tables_without_spark: the worker can ask the catalog which tables exist without a JVM
         (the idle tick's dropped-table check, :mod:`.catalog_tables`).
+    :param aws_module: the catalog's client uses Iceberg's AWS module (``iceberg-aws-bundle`` on the
+        classpath: Glue's client, a REST catalog's SigV4 signing and S3FileIO).
     """
 
     kind: CatalogKind
@@ -73,6 +75,7 @@ class CatalogSpec:
     file_io_on_s3: FileIOKind = FileIOKind.HADOOP
     connection: CatalogConnection | None = None
     lists_tables_without_spark: bool = False
+    aws_module: bool = False
 
 
 CATALOGS: dict[CatalogKind, CatalogSpec] = {
@@ -90,13 +93,13 @@ CATALOGS: dict[CatalogKind, CatalogSpec] = {
                    "s3.path-style-access", "s3.access-key-id", "s3.secret-access-key", "s3.session-token",
                    "client.region"),
         private_keys=("credential", "token", "s3.access-key-id", "s3.secret-access-key", "s3.session-token"),
-        file_io_on_s3=FileIOKind.S3, connection=CatalogConnection.ICEBERG),
+        file_io_on_s3=FileIOKind.S3, connection=CatalogConnection.ICEBERG, aws_module=True),
     CatalogKind.GLUE: CatalogSpec(
         CatalogKind.GLUE, "org.apache.iceberg.aws.glue.GlueCatalog", transactional=True,
         conf_keys=("glue.endpoint", "client.region", "io-impl", "s3.endpoint", "s3.path-style-access",
                    "s3.access-key-id", "s3.secret-access-key", "s3.session-token"),
         private_keys=("s3.access-key-id", "s3.secret-access-key", "s3.session-token"),
-        file_io_on_s3=FileIOKind.S3, connection=CatalogConnection.AWS),
+        file_io_on_s3=FileIOKind.S3, connection=CatalogConnection.AWS, aws_module=True),
     CatalogKind.HIVE: CatalogSpec(CatalogKind.HIVE, "org.apache.iceberg.hive.HiveCatalog", transactional=True,
                                   conf_keys=("uri",)),
     CatalogKind.NESSIE: CatalogSpec(CatalogKind.NESSIE, "org.apache.iceberg.nessie.NessieCatalog",

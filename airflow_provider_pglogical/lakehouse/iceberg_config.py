@@ -1,4 +1,4 @@
-"""Where the lakehouse is and how Spark reaches it: the Iceberg catalog, its jar and its warehouse.
+"""Where the lakehouse is and how Spark reaches it: the Iceberg catalog, its jars and its warehouse.
 
 Plain data (no Airflow import), used by the apply, verify and maintenance operators, the demo and
 the tests alike.
@@ -6,9 +6,7 @@ the tests alike.
 
 from __future__ import annotations
 
-import glob
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,86 +19,39 @@ from airflow_provider_pglogical.lakehouse.catalog_kinds import (
     UnknownCatalogKind,
     catalog_kind,
 )
+from airflow_provider_pglogical.lakehouse.jar_cache import IcebergJarNotFound, jar_paths, jars_directory
+from airflow_provider_pglogical.lakehouse.jar_sets import JarRole
 
-ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.9.2.jar"
+__all__ = ["IcebergConfig", "IcebergJarNotFound", "iceberg_aws_jars", "iceberg_runtime_jar", "jars_directory",
+           "postgresql_jdbc_jar", "s3a_jars"]
+
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 WRITE_MODES = ("merge-on-read", "copy-on-write")
 #: Iceberg format versions of the tables the apply writes (``spark/apply/format_versions.py``)
 FORMAT_VERSIONS = (2, 3)
 #: warehouse schemes of object stores: no atomic rename, so no Hadoop catalog there
 OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos", "r2")
-#: the S3A file system's jars (Hadoop 3.3.1's build of it and the AWS SDK it was built with), which
-#: ``scripts/setup.sh`` takes from the PyPI sdist ``sagemaker-pyspark==1.4.5``
-S3A_JAR_PATTERNS = ("hadoop-aws-3.3.*.jar", "aws-java-sdk-bundle-1.*.jar")
-#: where ``scripts/setup.sh`` puts them, under the interpreter's prefix (``$PGLOGICAL_JARS_DIR`` first)
-JARS_SUBDIR = ("share", "airflow-provider-pglogical", "jars")
-#: Debian's ``libpostgresql-jdbc-java``: the PostgreSQL JDBC driver of Iceberg's ``JdbcCatalog``
-DEBIAN_POSTGRESQL_JAR = "/usr/share/java/postgresql.jar"
-
-
-class IcebergJarNotFound(RuntimeError):
-    """The pinned Iceberg Spark runtime jar is not installed."""
 
 
 def iceberg_runtime_jar() -> str:
-    """Path of the pinned ``iceberg-spark-runtime-3.5_2.12-1.9.2.jar`` shipped by the ``iceberg-jar`` extra."""
-    try:
-        from importlib.resources import files
-
-        jar = files("snowpark_connect_deps_iceberg") / "jars" / ICEBERG_RUNTIME_JAR
-    except ModuleNotFoundError:
-        jar = None
-    if jar is None or not jar.is_file():
-        raise IcebergJarNotFound(
-            f"{ICEBERG_RUNTIME_JAR} was not found: install it with "
-            "`pip install airflow-provider-pglogical[iceberg-jar]` (the PyPI wheel "
-            "snowpark-connect-deps-iceberg==1.0.1), or pass IcebergConfig(jars=[...]) or "
-            "IcebergConfig(packages=['org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2'])"
-        )
-    return str(jar)
-
-
-def jars_directory() -> Path:
-    """Where the provider's extra jars are: ``$PGLOGICAL_JARS_DIR``, else ``<sys.prefix>/share/airflow-provider-pglogical/jars``."""
-    return Path(os.environ.get("PGLOGICAL_JARS_DIR") or Path(sys.prefix, *JARS_SUBDIR))
-
-
-def s3a_jars() -> list[str]:
-    """Paths of ``hadoop-aws`` and the AWS SDK bundle it needs, for a warehouse on ``s3a://``/``s3://``."""
-    found = [sorted(glob.glob(str(jars_directory() / pattern))) for pattern in S3A_JAR_PATTERNS]
-    if not all(found):
-        raise IcebergJarNotFound(
-            f"the S3A file system's jars ({', '.join(S3A_JAR_PATTERNS)}) were not found in {jars_directory()}: "
-            "run `bash scripts/setup.sh` (it takes them from the PyPI sdist sagemaker-pyspark==1.4.5), set "
-            "$PGLOGICAL_JARS_DIR to a folder holding them, or pass IcebergConfig(jars=[...]) or "
-            "IcebergConfig(packages=['org.apache.hadoop:hadoop-aws:3.3.4'])"
-        )
-    return [paths[-1] for paths in found]
+    """Path of the installed Spark's pinned ``iceberg-spark-runtime`` jar in the local jar cache."""
+    return jar_paths(JarRole.ICEBERG_RUNTIME)[0]
 
 
 def iceberg_aws_jars() -> list[str]:
-    """Path of ``iceberg-aws-bundle`` (the AWS SDK v2 that S3FileIO and the Glue catalog use)."""
-    found = sorted(glob.glob(str(jars_directory() / "iceberg-aws-bundle-*.jar")))
-    if not found:
-        raise IcebergJarNotFound(
-            f"iceberg-aws-bundle was not found in {jars_directory()}: run `bash scripts/setup.sh`, set "
-            "$PGLOGICAL_JARS_DIR to a folder holding it, or pass IcebergConfig(jars=[...]) or "
-            "IcebergConfig(packages=['org.apache.iceberg:iceberg-aws-bundle:<the runtime's version>'])"
-        )
-    return found[-1:]
+    """Path of ``iceberg-aws-bundle`` (S3FileIO, Glue, a REST catalog's AWS signing) in the jar cache."""
+    return jar_paths(JarRole.ICEBERG_AWS)
+
+
+def s3a_jars() -> list[str]:
+    """Paths of ``hadoop-aws`` of the Spark build's Hadoop and the AWS SDK it was built with, for a
+    warehouse on ``s3a://``/``s3://``."""
+    return jar_paths(JarRole.S3A)
 
 
 def postgresql_jdbc_jar() -> str:
     """Path of the PostgreSQL JDBC driver, for Iceberg's JDBC catalog on PostgreSQL."""
-    candidates = [*sorted(glob.glob(str(jars_directory() / "postgresql-*.jar"))), DEBIAN_POSTGRESQL_JAR]
-    for jar in candidates:
-        if os.path.isfile(jar):
-            return jar
-    raise IcebergJarNotFound(
-        f"the PostgreSQL JDBC driver was not found (looked for {', '.join(candidates)}): install Debian's "
-        "libpostgresql-jdbc-java (`bash scripts/setup.sh` does), put a postgresql-*.jar in "
-        f"{jars_directory()}, or pass IcebergConfig(jars=[...])"
-    )
+    return jar_paths(JarRole.POSTGRESQL_JDBC)[0]
 
 
 def scheme_of(uri: str) -> str:
@@ -137,8 +88,11 @@ class IcebergConfig:
         secret (password), extras ``endpoint_url``, ``region_name``, ``path_style_access`` (default
         true when an endpoint is given). The keys reach Spark through the private properties file.
     :param namespace: Iceberg namespace of the target tables and of ``_pglogical_state``.
-    :param jars: jar paths for ``spark.jars``; default the pinned runtime jar, unless ``packages`` is set.
-    :param packages: Maven coordinates for ``spark.jars.packages``.
+    :param jars: jar paths (or URLs) for ``spark.jars``, instead of the defaults: the installed Spark's
+        pinned jars from the local cache that ``scripts/setup.sh`` resolves (``lakehouse/jar_sets.py``).
+    :param packages: Maven coordinates for ``spark.jars.packages`` (resolved by Spark's Ivy at each
+        start, e.g. a cluster's own Iceberg version); with ``packages`` and no ``jars`` no default jar
+        is added.
     :param extra_conf: more Spark conf (``spark.sql.catalog.lake.uri``, S3 credentials provider, ...).
     :param write_mode: ``merge-on-read`` (default) or ``copy-on-write`` for tables the job creates.
     :param bucket_count: partition tables the job creates by ``bucket(N, first key column)``.
@@ -218,15 +172,22 @@ class IcebergConfig:
         """The warehouse is on S3 (through Hadoop's S3A file system)."""
         return scheme_of(self.warehouse or "") in ("s3", "s3a", "s3n")
 
+    def needs_aws(self) -> bool:
+        """The catalog or its FileIO uses Iceberg's AWS module: a kind whose entry says so (Glue, REST:
+        S3FileIO, SigV4), S3FileIO, or an ``org.apache.iceberg.aws`` class named in ``extra_conf``."""
+        spec = self.spec
+        return (spec is not None and spec.aws_module) or self.file_io() is FileIOKind.S3 or any(
+            "org.apache.iceberg.aws." in value for value in self.extra_conf.values())
+
     def default_jars(self) -> list[str]:
-        """The Iceberg runtime, plus S3A's jars on S3 and the PostgreSQL driver for a JDBC catalog."""
+        """The Iceberg runtime, plus S3A's jars on S3, ``iceberg-aws-bundle`` for AWS catalogs and
+        FileIO, and the PostgreSQL driver for a JDBC catalog: the local paths, so no run resolves."""
         jars = [iceberg_runtime_jar()]
         if self.on_s3():
             jars += s3a_jars()
-        kind = self.kind
-        if self.file_io() is FileIOKind.S3 or kind is CatalogKind.GLUE:
+        if self.needs_aws():
             jars += iceberg_aws_jars()
-        if kind is CatalogKind.JDBC and (self.catalog_conn_id or (self.catalog_uri or "").startswith("jdbc:postgresql:")):
+        if self.kind is CatalogKind.JDBC and (self.catalog_conn_id or (self.catalog_uri or "").startswith("jdbc:postgresql:")):
             jars.append(postgresql_jdbc_jar())
         return jars
 

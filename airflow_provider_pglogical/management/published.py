@@ -43,6 +43,9 @@ class ColumnInfo:
     key: bool
     #: ``pg_attribute.attgenerated``: ``''`` plain, ``'s'`` stored generated, ``'v'`` virtual (18)
     generated: str = ""
+    #: how PostgreSQL fills it without row changes: ``identity``, ``missing`` (a stored value for
+    #: rows older than the column), ``default``, or ``''``
+    fill: str = ""
 
     def manifest_entry(self) -> dict:
         return {
@@ -71,6 +74,13 @@ class ResolvedTable:
     #: a publication publishing it has ``publish_via_partition_root`` (its partitions' changes
     #: arrive under its name)
     via_root: bool = False
+    #: ``[[relation oid, relfilenode], …]`` of the table, or of each leaf of a partitioned one: a
+    #: rewrite (and TRUNCATE, VACUUM FULL, CLUSTER, a partition attached or detached) changes it
+    storage: list[list[int]] = field(default_factory=list)
+    #: ``[[publication, its row's xmin, its rows of the table (or an ancestor, or its schema) as
+    #: "oid:xmin"], …]``: every ``ALTER PUBLICATION`` that touches the table changes it, even one
+    #: changed back before the next pull
+    publication_rows: list[list] = field(default_factory=list)
 
     @property
     def qualified_name(self) -> str:
@@ -118,13 +128,38 @@ SELECT a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod, t.typname,
          ELSE a.attnum = ANY(SELECT unnest(i.indkey) FROM pg_index i
                               WHERE i.indrelid = c.oid AND i.indisprimary)
        END,
-       a.attgenerated::text
+       a.attgenerated::text,
+       CASE WHEN a.attidentity <> '' THEN 'identity' WHEN a.atthasmissing THEN 'missing'
+            WHEN a.atthasdef THEN 'default' ELSE '' END
   FROM pg_attribute a
   JOIN pg_class c ON c.oid = a.attrelid
   JOIN pg_type t ON t.oid = a.atttypid
   LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
  WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY a.attrelid, a.attnum
+"""
+
+# The storage of each table, or of each leaf of a partitioned table
+_STORAGE = """
+SELECT t.oid, array_agg(ARRAY[c.oid::int8, c.relfilenode::int8] ORDER BY c.oid)
+  FROM unnest(%s::oid[]) t(oid)
+ CROSS JOIN LATERAL (SELECT t.oid UNION SELECT relid FROM pg_partition_tree(t.oid) WHERE isleaf) l(relid)
+  JOIN pg_class c ON c.oid = l.relid AND c.relkind <> 'p'
+ GROUP BY t.oid
+"""
+
+# The catalog rows that say how each publication publishes each table (ALTER PUBLICATION writes them)
+_VERSIONS = """
+SELECT t.oid, p.pubname, p.xmin::text, ARRAY(
+       SELECT r.oid::text || ':' || r.xmin::text FROM pg_publication_rel r
+        WHERE r.prpubid = p.oid AND (r.prrelid = t.oid OR r.prrelid IN (SELECT relid FROM pg_partition_ancestors(t.oid)))
+       UNION ALL
+       SELECT n.oid::text || ':' || n.xmin::text FROM pg_publication_namespace n JOIN pg_class c ON c.oid = t.oid
+        WHERE n.pnpubid = p.oid AND n.pnnspid = c.relnamespace
+        ORDER BY 1)
+  FROM unnest(%s::oid[]) t(oid) CROSS JOIN pg_publication p
+ WHERE p.pubname = ANY(%s)
+ ORDER BY 1, 2
 """
 
 # PostgreSQL 16+: the tables a subscriber of all the publications at once copies (a partition
@@ -201,6 +236,13 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
 
     _follow_server_partitions(cursor, by_oid)
     columns = table_columns(cursor, list(by_oid), generated=True)
+    cursor.execute(_STORAGE, (list(by_oid),))
+    storage = {int(oid): [[int(a), int(b)] for a, b in leaves] for oid, leaves in cursor.fetchall()}
+    cursor.execute(_VERSIONS, (list(by_oid), sorted({p for e in by_oid.values() for p in e["pubs"]})))
+    versions: dict[int, list[list]] = {}
+    for oid, pubname, xmin, rows in cursor.fetchall():
+        if pubname in by_oid[oid]["pubs"]:
+            versions.setdefault(int(oid), []).append([pubname, xmin, list(rows)])
     resolved = []
     for oid, entry in by_oid.items():
         table_cols = columns.get(oid, [])
@@ -226,6 +268,7 @@ def resolve_published_tables(cursor, publications: Sequence[str]) -> list[Resolv
                 replica_identity=entry["replident"], columns=published,
                 has_column_list=chosen is not None, row_filter=row_filter,
                 publications=entry["pubs"], publish=entry["publish"], via_root=entry["via_root"],
+                storage=storage.get(oid, []), publication_rows=versions.get(oid, []),
             )
         )
     return sorted(resolved, key=lambda t: (t.schema, t.name))

@@ -266,3 +266,15 @@ def invalidation_cause(slot: SlotInfo) -> str:
         return ("wal_status = lost: the WAL it needed was removed, see max_slot_wal_keep_size; pull more often, "
                 "or raise max_slot_wal_keep_size (-1: no limit)")
     return f"invalidation_reason = {slot.invalidation_reason}"
+
+
+def require_logical_wal(cursor) -> None:
+    """Without ``wal_level = logical`` no slot can decode: say so, not "the slot does not exist"."""
+    cursor.execute("SELECT current_setting('wal_level')")
+    level = cursor.fetchone()[0]
+    if level != "logical":
+        raise SlotError(
+            f"the publisher runs with wal_level = {level}, so no logical slot can exist or decode: set "
+            "wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart the server, then run the "
+            "initial sync again. Nothing was changed", permanent=True,
+        )

@@ -2,9 +2,9 @@
 
 The embedded default needs nothing but the Airflow connection ``spark_default`` with host
 ``local[*]`` (``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'``), the
-``iceberg-jar`` extra (``pip install airflow-provider-pglogical[iceberg-jar]``) and a local
-warehouse directory: an Iceberg Hadoop catalog named ``lake``. On a cluster, pass the catalog and
-the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"]``,
+jars resolved once by ``python -m airflow_provider_pglogical.lakehouse.jar_cache`` (``scripts/setup.sh``
+runs it) and a local warehouse directory: an Iceberg Hadoop catalog named ``lake``. On a cluster, pass
+the catalog and the runtime as configuration (``packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.1"]``,
 ``catalog_type="rest"``, ``extra_conf={...}``).
 """
 
@@ -30,7 +30,7 @@ from airflow_provider_pglogical.lakehouse.lakehouse_access import (
 )
 from airflow_provider_pglogical.lakehouse.staging_roots import read_job_error, read_result, spark_uri, staging_access
 from airflow_provider_pglogical.lakehouse.staging_roots import staging_path, storage_path
-from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, SparkJobError
+from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, JobResultMissing, SparkJobError
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
     DEFAULT_COMPACT_DELETES_AT,
@@ -48,7 +48,8 @@ from airflow_provider_pglogical.staging.apply_marker import (
     write_marker,
 )
 from airflow_provider_pglogical.staging.applied_positions import record_applied
-from airflow_provider_pglogical.ui.history import apply_entry, errors_recorded, safely_record
+from airflow_provider_pglogical.ui.history import apply_entry, errors_recorded
+from airflow_provider_pglogical.ui.metrics import after_apply
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.staging.private_files import file_mode
 from airflow_provider_pglogical.management.validation import (
@@ -109,8 +110,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         overlaps one's planning and commit with another's work.
     :param row_deltas: apply a small change batch that sets whole rows of an unpartitioned
         merge-on-read table, or changes a keyless table's copies, as an Iceberg row delta written
-        by the driver (an equality delete file and a data file, one commit, at most one Spark
-        query; docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
+        by the driver (a position delete file and a data file, one commit, no Spark query;
+        docs/concepts.md, "Row deltas"); needs pyarrow where the driver runs, else the
         batch is MERGEd. ``False`` MERGEs every batch.
     :param staging_retention: after applying, remove the batches the lakehouse has applied that were
         committed longer ago than this (default a week), so staging and every listing stay bounded;
@@ -244,12 +245,13 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 result = self.run_spark_submit(context, staging)
             steps = result.get("steps", [])
             record_applied(root, str(self.pipeline), steps)
-            write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
-            # the UI's chart of freshness: commit to queryable, per table (a window's job recorded each round)
-            if window is None:
-                safely_record(root, str(self.pipeline), "apply",
-                              lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
-                              self.log.warning)
+            if "result_missing" not in result:  # else the old marker stays: the next tick starts Spark
+                write_marker(root, str(self.pipeline), lakehouse, result.get("seen", []), result.get("targets"))
+            # the UI's chart of freshness (commit to queryable, per table; a window's job recorded each
+            # round) and the metrics (docs/metrics.md)
+            after_apply(root, str(self.pipeline), None if window is not None else
+                        lambda: apply_entry(root, str(self.pipeline), steps, time.monotonic() - started),
+                        self.log.warning, seconds=time.monotonic() - started)
             self._applied_steps = steps
             self._job_seconds = result.get("seconds")
             self._job_phases = result.get("phases", {})
@@ -294,7 +296,12 @@ class IcebergApplyOperator(SparkSubmitOperator):
                 raise SparkJobError.of("apply", error) from None
             finally:
                 self.properties_file, self.env_vars = given, given_env
-        return read_result(result_at, job="apply")
+        try:
+            return read_result(result_at, job="apply")
+        except JobResultMissing as missing:  # the job ended well, so every commit landed (hadoop_files.write_result)
+            self.log.warning("%s. The job succeeded, so its commits landed: reported as applied, without its "
+                             "figures", missing)
+            return {"steps": [], "result_missing": str(missing)}
 
     def lakehouse_identity(self) -> dict:
         """What the apply writes into (no credentials): a marker for another lakehouse means nothing."""

@@ -11,11 +11,12 @@ from airflow_provider_pglogical.capture.pull_window import pull_window, unapplie
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging.contract import DEFAULT_POLL_INTERVAL
-from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.management.validation import check_count, check_seconds
 from airflow_provider_pglogical.operators._capture import CaptureOperator
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors
-from airflow_provider_pglogical.ui.history import errors_recorded, pull_entry, read_history, safely_record
+from airflow_provider_pglogical.operators.publication import schedule_interval_seconds
+from airflow_provider_pglogical.ui.history import errors_recorded, read_history
+from airflow_provider_pglogical.ui.metrics import after_pull
 
 
 if TYPE_CHECKING:
@@ -45,6 +46,11 @@ class PgSlotPullOperator(CaptureOperator):
         added with a default, a type change Iceberg cannot promote, a renamed enum label):
         ``"snapshot"`` the table again, replacing its Iceberg table (default), or ``"fail"`` naming the
         backfill to run. Renamed tables and columns, dropped and added columns are always followed.
+    :param append_only: accept publications that do not publish updates and deletes: the lakehouse
+        keeps every row ever inserted (docs/reliability.md); otherwise they stop the pull.
+    :param orphaned_tables: a table whose rows a ``publish_via_partition_root`` flip moved under
+        another table: ``"mark"`` its Iceberg table with the property ``pglogical.orphaned``
+        (default) or ``"drop"`` it (the apply does either).
     :param on_slot_lost: the slot was invalidated or dropped: ``"fail"`` (default; no retries help) or
         ``"resync"``: recreate it and re-snapshot every table, replacing the lakehouse tables.
     :param type_overrides: ``{"schema.table.column": "string"}``: stage these columns as
@@ -77,7 +83,8 @@ class PgSlotPullOperator(CaptureOperator):
         self, *, slot: str, max_changes: int = 200_000, max_bytes: int | None = None, new_tables: str = "snapshot",
         on_slot_lost: str = "fail", on_ddl: str = "snapshot", streaming: bool = False,
         keep_running: timedelta | float | str | None = None, poll_interval: float | str = DEFAULT_POLL_INTERVAL,
-        max_unapplied_batches: int | None = None, **kwargs: Any,
+        max_unapplied_batches: int | None = None, append_only: bool = False, orphaned_tables: str = "mark",
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
@@ -91,6 +98,8 @@ class PgSlotPullOperator(CaptureOperator):
         self.keep_running = keep_running
         self.poll_interval = poll_interval
         self.max_unapplied_batches = max_unapplied_batches
+        self.append_only = append_only
+        self.orphaned_tables = orphaned_tables
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -104,16 +113,17 @@ class PgSlotPullOperator(CaptureOperator):
                         hook, slot=self.slot, publications=self.publications, root=root,
                         pipeline=self.pipeline, max_changes=self.max_changes, max_bytes=self.max_bytes,
                         new_tables=self.new_tables, on_slot_lost=self.on_slot_lost, type_overrides=self.type_overrides,
-                        on_ddl=self.on_ddl, streaming=self.streaming, report=self.log.info if window is None else
+                        on_ddl=self.on_ddl, streaming=self.streaming, append_only=self.append_only,
+                        orphaned_tables=self.orphaned_tables, report=self.log.info if window is None else
                         self.log.debug,
                     )
 
             def pulled(result: dict, seconds: float) -> None:
-                # the UI's chart of slot lag: the slot as the pull left it (in a window: each pull that staged)
+                # the UI's chart of slot lag and the metrics: the slot as the pull left it (in a window:
+                # each pull that staged); the slot idles until the next scheduled run's pull
                 if window is None or result.get("batch"):
-                    safely_record(root, self.pipeline, "pull",
-                                  lambda: pull_entry(result, seconds, connector.get_slot(hook, self.slot)),
-                                  self.log.warning)
+                    after_pull(root, self.pipeline, hook, self.slot, result, seconds, self.log.warning,
+                               until_next_pull=schedule_interval_seconds(context) if window is None else None)
 
             if window is None:
                 started = time.monotonic()

@@ -68,6 +68,9 @@ class PgInitialSyncOperator(CaptureOperator):
         (``SparkCopy(conn_id="spark_cluster")``) instead of on this worker: each executor imports
         the exported snapshot and writes its units' files; ``parallelism`` units run at once. The
         batch is the same (docs/operators.md, "Copying on a Spark cluster").
+    :param append_only: accept publications that do not publish updates and deletes: the lakehouse
+        then keeps every row ever inserted (docs/reliability.md); otherwise they are refused before
+        the slot exists. Pass the same to the pull.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
@@ -77,13 +80,14 @@ class PgInitialSyncOperator(CaptureOperator):
     ui_color = "#cfe8fc"
 
     def __init__(self, *, slot: str, parallelism: int = 2, failover: bool = False,
-                 copy_on_spark: SparkCopy | None = None, **kwargs: Any) -> None:
+                 copy_on_spark: SparkCopy | None = None, append_only: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
         self.parallelism = parallelism
         self.failover = failover
         self.copy_on_spark = copy_on_spark
+        self.append_only = append_only
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
@@ -93,7 +97,7 @@ class PgInitialSyncOperator(CaptureOperator):
             return self.remember_lineage(hook, root, run_initial_sync(
                 hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
                 parallelism=parallelism, type_overrides=self.type_overrides, report=self.log.info,
-                failover=bool(self.failover), copier=copier,
+                failover=bool(self.failover), copier=copier, append_only=self.append_only,
             ))
 
 

@@ -103,6 +103,12 @@ def staged_name(column: str) -> str:
 #: key of a snapshot table's manifest ``details``: why the apply replaces the Iceberg table itself (drops
 #: and creates it) before writing the snapshot: DDL at the source that the lakehouse cannot follow
 REPLACE_TABLE = "replace_table"
+#: key of the pipeline record's ``extra``: source table -> ``{"why", "action"}`` of each table a
+#: ``publish_via_partition_root`` flip orphaned; the apply marks (``action`` "mark") or drops its
+#: Iceberg table (``capture/published_changes.py``)
+ORPHANED_TABLES = "orphaned"
+#: the Iceberg table property of an orphaned table: why no change reaches it any more
+ORPHANED_PROPERTY = "pglogical.orphaned"
 #: key of a change table's manifest ``details``: ``{"renamed": {old: new}, "dropped": [names]}``, the
 #: columns renamed (same attnum) or dropped at the source, which the apply renames (same field id)
 #: or drops in the Iceberg table before the batch

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from airflow_provider_pglogical.staging import private_files
 from airflow_provider_pglogical.staging.contract import HISTORY_KEEP, HISTORY_KINDS, history_name
@@ -56,18 +56,21 @@ def record_history(root: StagingPath, pipeline: str, kind: str, entry: dict, kee
     return entry
 
 
-def pull_entry(result: dict, seconds: float, slot) -> dict:
+def pull_entry(result: dict, seconds: float, slot: Mapping[str, Any] | None) -> dict:
     """A pull's entry: its batch, rows and time, and the slot's lag and retained WAL after it.
 
     :param result: what ``capture.pull.run_pull`` returned.
-    :param slot: the slot after the pull (``management.slots.SlotInfo``), or None.
+    :param slot: the slot's status after the pull (``management.monitoring.slot_status``), or None.
     """
+    slot = slot or {}
     batch = result.get("batch")
     return {
         "seconds": round(seconds, 3), "batch": batch.rsplit("/", 1)[-1] if batch else None,
         "rows": result.get("changes", 0), "transactions": result.get("transactions", 0),
         "end_lsn": result.get("advanced_to"),
-        "lag_bytes": getattr(slot, "lag_bytes", None), "retained_wal_bytes": getattr(slot, "retained_wal_bytes", None),
+        "lag_bytes": slot.get("lag_bytes"), "retained_wal_bytes": slot.get("retained_wal_bytes"),
+        # a change to what the source publishes: the tables snapshotted again, and why (issue 47)
+        **{key: result[key] for key in ("resnapshotted", "orphaned") if result.get(key)},
     }
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from airflow_provider_pglogical.embedded import demo
 from airflow_provider_pglogical.embedded.postgres import wait_until
+from tests.support.statsd import StatsdListener
 
 DAGS = Path(demo.DAGS)
 
@@ -24,7 +25,8 @@ def test_dagbag_loads_every_example_dag_without_errors(monkeypatch):
 
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_stream", "pglogical_lakehouse_sync",
+    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_apply", "pglogical_lakehouse_pull",
+                                   "pglogical_lakehouse_stream", "pglogical_lakehouse_sync",
                                    "pglogical_orders_downstream", "pglogical_pg_to_pg"]
     sync = bag.dags["pglogical_lakehouse_sync"]
     assert [t.task_id for t in sync.topological_sort()] == ["publication", "initial_sync", "slot_lag", "pull", "apply",
@@ -57,6 +59,26 @@ def test_stream_dag_runs_a_pull_window_beside_an_apply_window_and_the_housekeepi
     # a snapshot per round: an hour of them kept, housekeeping every hour (the metadata stays small)
     assert stream.get_task("maintenance").housekeeping.older_than_hours == settings.STREAM_SNAPSHOT_HOURS == 1
     assert settings.STREAM_MAINTENANCE_EVERY.total_seconds() == 3600
+
+
+def test_events_dags_pull_on_a_clock_and_apply_when_a_batch_lands(monkeypatch):
+    monkeypatch.syspath_prepend(str(DAGS))
+    from airflow.dag_processing.dagbag import DagBag
+
+    import pglogical_settings as settings
+    from airflow_provider_pglogical.triggers.staged_batches import StagedBatchTrigger
+
+    bag = DagBag(dag_folder=str(DAGS / "pglogical_lakehouse_events.py"))
+    pull, apply = bag.dags["pglogical_lakehouse_pull"], bag.dags["pglogical_lakehouse_apply"]
+    assert [t.task_id for t in pull.topological_sort()] == ["publication", "initial_sync", "slot_lag", "pull"]
+    assert pull.get_task("slot_lag").pipeline == settings.PIPELINE  # the sensor exports the slot's metrics
+    assert [t.task_id for t in apply.topological_sort()] == ["apply"] and apply.max_active_runs == 1
+    # the apply DAG runs on the staged-batches asset, watched in the triggerer by a listing of staging
+    [asset] = apply.timetable.asset_condition.objects
+    [watcher] = asset.watchers
+    assert isinstance(watcher.trigger, StagedBatchTrigger)
+    assert watcher.trigger.serialize()[1] == {"staging_root": settings.STAGING, "pipeline": settings.PIPELINE,
+                                              "poll_interval": settings.WATCH_INTERVAL}
 
 
 def test_sync_dag_runs_the_housekeeping_after_the_apply_every_six_hours(monkeypatch):
@@ -127,6 +149,30 @@ def _task_states(env: dict, dag_id: str, logical_date: str) -> dict[str, str]:
     return dict(rows)
 
 
+def assert_pull_and_apply_metrics(statsd: StatsdListener, env: dict) -> None:
+    """The metrics of the run's pull and apply are the figures their history (the view's) recorded."""
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_pglogical.ui.history import read_history
+
+    root, pipeline = ObjectStoragePath(env["PGLOGICAL_STAGING"]), "shop"
+    pull, apply = read_history(root, pipeline, "pull")[-1], read_history(root, pipeline, "apply")[-1]
+    received = {m.name for m in statsd.received() if m.name.startswith("airflow.pglogical.")}  # and Airflow's own
+
+    def newest(name: str, **tags: str) -> float:
+        found = statsd.named(f"airflow.pglogical.{name}", pipeline=pipeline, **tags)
+        assert found, f"no {name} {tags} among {sorted(received)}"
+        return found[-1].value
+
+    assert newest("pull.rows") == pull["rows"] > 0 and newest("apply.rows") == apply["rows"] > 0
+    assert newest("apply.duration") == pytest.approx(apply["seconds"] * 1000, abs=1)
+    assert newest("slot.lag_bytes") == pull["lag_bytes"] and newest("slot.at_risk") == 0
+    assert newest("pending.batches") == newest("pending.rows") == 0, "the apply applied every batch"
+    assert apply["tables"], apply
+    for table, seconds in apply["tables"].items():  # freshness per table: source commit to Iceberg commit
+        assert newest("table.freshness_seconds", table=table) == seconds > 0
+
+
 @pytest.fixture
 def airflow_home(tmp_path, publisher):
     rng = random.Random(7)
@@ -162,9 +208,12 @@ def test_lakehouse_sync_with_an_injected_apply_failure_then_the_next_run_verifie
     # interval (05:50, 06:00] holds a 6-hour boundary: it runs the housekeeping after the apply.
     demo.workload(publisher.cluster, publisher.name, rng, 1)
     demo.workload(publisher.cluster, publisher.name, rng, 2)
-    _run(env, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T06:00:00+00:00")
+    # Airflow's StatsD client sends to a socket of the test (docs/metrics.md): the pull's and the apply's metrics
+    with StatsdListener() as statsd:
+        _run({**env, **statsd.airflow_env()}, "dags", "test", "pglogical_lakehouse_sync", "2026-01-01T06:00:00+00:00")
     states = _task_states(env, "pglogical_lakehouse_sync", "2026-01-01T06:00:00+00:00")
     assert states["apply"] == states["maintenance_due"] == states["maintenance"] == "success", states
+    assert_pull_and_apply_metrics(statsd, env)
     for key, value in env.items():
         if key.startswith(("AIRFLOW_CONN", "PGLOGICAL", "SPARK")):
             monkeypatch.setenv(key, value)

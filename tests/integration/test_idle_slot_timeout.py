@@ -48,6 +48,19 @@ def test_an_idle_timeout_is_told_apart_from_removed_wal(tmp_path, monkeypatch):
         (daily,) = check.execute({"data_interval_start": start, "data_interval_end": start.add(days=1)})
         assert "under 3 of the DAG's pull intervals (1 day each)" in daily and "'3d'" in daily, daily
 
+        # an hour: the slot-lag sensor of a daily DAG warns (with the fix) while the slot is still valid,
+        # since it will idle a day until the next run's pull; a DAG pulling every 10 minutes is safe
+        cluster.execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1h'")
+        cluster.execute("SELECT pg_reload_conf()")
+        wait_until(lambda: cluster.query("SHOW idle_replication_slot_timeout")[0][0] == "1h", message="the reload")
+        sensor = PgSlotLagSensor(task_id="lag", slot="s1", postgres_conn_id="idle")
+        (warning,) = sensor.poke({"data_interval_start": start, "data_interval_end": start.add(days=1)}).xcom_value[
+            "warnings"]
+        assert "reaches idle_replication_slot_timeout (3600 s) before the next scheduled pull (in 86400 s)" in warning
+        assert "ALTER SYSTEM SET idle_replication_slot_timeout" in warning and not hook.get_slot("s1").invalidated
+        assert sensor.poke({"data_interval_start": start, "data_interval_end": start.add(minutes=10)}).xcom_value[
+            "warnings"] == []
+
         cluster.execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1s'")
         cluster.execute("SELECT pg_reload_conf()")
         wait_until(lambda: cluster.query("SHOW idle_replication_slot_timeout")[0][0] == "1s", message="the reload")

@@ -10,16 +10,22 @@ same publications, table by table; the pipeline's rows are those its batches sta
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections import Counter
 
 import pytest
 from airflow.sdk import ObjectStoragePath
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.exceptions import PublicationError, StagingFullError
+from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
+from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
+from airflow_provider_pglogical.operators.verify import PgVerifyOperator
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging.batches import read_table
 
@@ -114,5 +120,40 @@ def test_a_full_staging_names_its_path_and_free_space_and_loses_nothing(publishe
         subprocess.run(["mount", "-o", "remount,size=64m", str(mount)], check=True)
         result = run_pull(publisher_hook, slot="s1", publications=["pub"], root=storage, pipeline="p")
         assert result["tables"] == {"public.t": 1000}
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.one_server
+@pytest.mark.spark
+def test_an_apply_whose_result_cannot_be_written_is_reported_applied(publisher, publisher_hook, tmp_path, monkeypatch):
+    """Staging full when the apply job writes its result file: its commits landed, so the task
+    succeeds (without its figures), and verify, once there is room for its own result, finds the
+    lakehouse equal to the source."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        publisher.execute("CREATE TABLE t(id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM "
+                          "generate_series(1, 50) g; CREATE PUBLICATION pub FOR TABLE t")
+        staging = mount.as_uri()
+        iceberg = IcebergConfig(warehouse=(tmp_path / "warehouse").as_uri(), namespace="full")
+        common = {"postgres_conn_id": publisher.conn_id, "staging_root": staging, "pipeline": "p"}
+        PgInitialSyncOperator(task_id="sync", slot="s1", publications=["pub"], **common).execute({})
+        filler = mount / "filler"
+        with open(filler, "wb") as fh:  # every byte the file system has left
+            with pytest.raises(OSError):
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+        applied = IcebergApplyOperator(
+            task_id="apply", staging_root=staging, pipeline="p", iceberg=iceberg, staging_retention=None,
+            conf={"spark.ui.enabled": "false"}, env_vars={"SPARK_LOCAL_IP": "127.0.0.1"},
+        ).execute({"outlet_events": OutletEventAccessors()})
+        assert applied["steps"] == 0  # its figures were in the result file that could not be written
+        filler.unlink()
+        verified = PgVerifyOperator(task_id="verify", publications=["pub"], iceberg=iceberg, **common).execute({})
+        assert verified["equal"] is True and verified["tables"] == {"public.t": 50}
     finally:
         subprocess.run(["umount", str(mount)], check=True)

@@ -1,9 +1,10 @@
-"""Small change batches are applied as Iceberg row deltas (an equality delete file and a data file
-in one commit; no Spark query: the TOAST values a batch keeps and a keyless table's copies are
-read through Iceberg's own reader), and the lakehouse ends exactly as a MERGE leaves it: every supported type,
-composite keys, key-change chains, a key deleted and inserted again, kept TOAST values, a keyless
-table's duplicates and all-NULL rows, a step applied twice (a crash before its state commit), and
-maintenance folding the equality deletes in.
+"""Small change batches are applied as Iceberg row deltas (a position delete file and a data file
+in one commit; no Spark query: the rows a batch replaces, with their data file and position, the
+TOAST values it keeps and a keyless table's copies are read through Iceberg's own reader), and the
+lakehouse ends exactly as a MERGE leaves it: every supported type, composite keys, key-change
+chains, a key deleted and inserted again, kept TOAST values, a keyless table's duplicates and
+all-NULL rows, a step applied twice (a crash before its state commit), and maintenance folding the
+position deletes in. No commit writes an equality delete.
 
 A real pull stages the batches; the job runs in-process over them twice, with and without row
 deltas, into two namespaces of one warehouse (the module's ``lake`` fixture, shared by the tests
@@ -26,6 +27,7 @@ from airflow_provider_pglogical.spark.row_delta import driver_commits
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging, local_path
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import MultisetRowDeltas, _narrowing, count_copies
+from pyspark.sql import functions as F
 from airflow_provider_pglogical.staging.layout import parse_batch_name
 from airflow_provider_pglogical.spark.apply.plan import Batch, TableState
 from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, is_in, plain_value, readable
@@ -131,16 +133,12 @@ def lakehouse_rows(spark, namespace: str, table: str) -> Counter:
     return as_rows(tuple(row) for row in rows)
 
 
-def deletes_by_age(spark, namespace: str, table: str) -> dict[str, int]:
-    """Live equality delete files by their sequence number against the oldest live data file's:
-    ``applying`` (newer: a read applies them), ``older`` (they apply to nothing), and all of them."""
-    entries = f"lake.{namespace}.public__{table}.entries"
-    row = spark.sql(
-        f"SELECT count_if(sequence_number > oldest) AS applying, count_if(sequence_number < oldest) AS older, "
-        f"count(*) AS live "
-        f"FROM {entries}, (SELECT min(sequence_number) AS oldest FROM {entries} "
-        f"WHERE status < 2 AND data_file.content = 0) WHERE status < 2 AND data_file.content = 2").first()
-    return {"applying": row.applying, "older": row.older, "live": row.live}
+def delete_files(spark, namespace: str, table: str) -> dict[str, int]:
+    """The table's live delete files by kind: ``position`` and ``equality`` (which no apply writes)."""
+    rows = spark.sql(f"SELECT content, count(*) AS n FROM lake.{namespace}.public__{table}.delete_files "
+                     "GROUP BY content").collect()
+    found = {row.content: row.n for row in rows}
+    return {"position": found.get(1, 0), "equality": found.get(2, 0)}
 
 
 def source_rows(publisher, table: str) -> Counter:
@@ -174,8 +172,10 @@ def same_copies(spark, namespace: str, batch: str) -> int:
     assert set(narrowed) == {"big", "day", "amount", "note"}
     read = read_rows(spark, table, table.currentSnapshot().snapshotId(), [*values, contract.WRITTEN_BY], narrowed)
     copies = count_copies(read, touched, batch)
-    by_spark = MultisetRowDeltas(spark, None, lakehouse)._copies_by_spark("public__bag", values, types, touched,
-                                                                          batch, narrowed)
+    found = (spark.table(name).groupBy(*[readable(n, types[n]).alias(n) for n in values])
+             .agg(F.count(F.lit(1)).alias("copies"), F.max((F.col(contract.WRITTEN_BY) == batch).cast("int")).alias("done"))
+             .collect())
+    by_spark = {tuple(plain_value(v) for v in row[:len(values)]): (row.copies, bool(row.done)) for row in found}
     assert copies == by_spark and touched[-1] not in copies
     assert any(done for _, done in copies.values())  # the batch's copies carry its name
     return sum(count for count, _ in copies.values())
@@ -244,12 +244,9 @@ def test_small_batches_apply_as_row_deltas_and_end_as_a_merge_ends(lake):
     spark, runs = lake.spark, lake.runs
     ways = {namespace: {(s["table"], s["batch"]): s["row_delta"] for s in result["steps"] if s["kind"] == "changes"}
             for namespace, result in runs.items()}
-    # every change step (docs keeps TOAST values, looked up in the lakehouse by key) but the
-    # keyless table with a binary column: Iceberg 1.9 loses equality deletes on one
-    # (apache/iceberg#11239), so it is MERGEd, and ends exact all the same
-    blobs = {step: way for step, way in ways["delta"].items() if step[0] == "public.blobs"}
-    assert blobs and not any(blobs.values()), ways
-    assert all(way for step, way in ways["delta"].items() if step[0] != "public.blobs"), ways
+    # every change step (docs keeps TOAST values, looked up in the lakehouse by key; blobs, a
+    # keyless table with a binary column, compares its copies exactly: deletes are by position)
+    assert all(ways["delta"].values()), ways
     first = lake.batches[0]
     assert ("public.docs", first) in ways["delta"] and ("public.bag", first) in ways["delta"], ways
     assert not any(ways["merge"].values())
@@ -259,31 +256,40 @@ def test_small_batches_apply_as_row_deltas_and_end_as_a_merge_ends(lake):
     for table in COLUMNS:
         assert lakehouse_rows(spark, "delta", table) == lakehouse_rows(spark, "merge", table), table
         assert lakehouse_rows(spark, "delta", table) == lake.expected[1][table], table
+        # deletes by position, never by equality: the row deltas' and the MERGEs' alike
+        for namespace in ("delta", "merge"):
+            assert delete_files(spark, namespace, table)["equality"] == 0, (namespace, table)
+    assert all(delete_files(spark, "delta", table)["position"] > 0 for table in COLUMNS)
 
 
 @pytest.mark.spark
 def test_the_drivers_count_of_a_keyless_tables_copies_is_sparks(lake):
-    # over equality deletes on (values, copy number) with NULLs, and over a MERGE's position deletes
+    # over the row deltas' position deletes of copies with NULLs, and over a MERGE's
     bag_rows = sum(lake.expected[1]["bag"].values())
     batch = lake.batches[1]
     assert same_copies(lake.spark, "delta", batch) == same_copies(lake.spark, "merge", batch) == bag_rows
 
 
 @pytest.mark.spark
-def test_maintenance_removes_the_equality_deletes_it_folded_in_and_the_next_tick_applies(lake):
-    # maintenance rewrites the data files the equality deletes apply to, then removes the
-    # deletes that apply to nothing any more; the rows stay, and the next tick applies as before
+def test_maintenance_folds_the_position_deletes_in_and_the_next_tick_applies(lake):
+    # maintenance rewrites the data files the position deletes apply to, then the delete files
+    # of files that are gone; the rows stay, and the next tick applies as before
     spark, publisher = lake.spark, lake.publisher
-    assert deletes_by_age(spark, "delta", "kinds")["applying"] > 0
+    assert delete_files(spark, "delta", "kinds")["position"] > 0
+    kinds_table = Lakehouse(spark, "lake", "delta", "merge-on-read", None).iceberg_table("public__kinds")
+    before = kinds_table.currentSnapshot().snapshotId()
     done = maintenance.run(spark, "lake", "delta", ["public__kinds", "public__lines"])
-    assert done["tables"]["public__kinds"]["remove_dead_equality_deletes"]["removed_equality_delete_files_count"] > 0
+    # only compactions since: a row delta that read at `before` and lost to them reads again and commits
+    assert driver_commits.only_compacted_since(kinds_table, before)
+    assert done["tables"]["public__kinds"]["rewrite_data_files"]["rewritten_data_files_count"] > 0
     for table in ("kinds", "lines"):
-        assert deletes_by_age(spark, "delta", table) == {"applying": 0, "older": 0, "live": 0}, table
+        assert delete_files(spark, "delta", table) == {"position": 0, "equality": 0}, table
         assert lakehouse_rows(spark, "delta", table) == lake.expected[1][table], table
     publisher.execute(THIRD)
     lake.pull()
     third = lake.apply()
     assert lakehouse_rows(spark, "delta", "kinds") == source_rows(publisher, "kinds")
+    assert not driver_commits.only_compacted_since(kinds_table, before)  # the row delta changed rows
     # docs' kept values are read through Iceberg's reader: no Spark query, whichever commit
     # (the driver's row delta, a MERGE) wrote the rows they come from
     docs = [s for s in third["steps"] if s["table"] == "public.docs"]
@@ -310,8 +316,8 @@ def test_kept_values_are_read_through_icebergs_reader_after_row_deltas_and_a_mer
         docs = [s for s in steps if s["table"] == "public.docs"]
         assert [s["row_delta"] for s in docs] == [deltas], docs
         assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-        if not deltas:  # after the MERGE (position deletes) and the row deltas (equality
-            # deletes), the driver's read of the table's files is Spark's
+        if not deltas:  # after the MERGE's position deletes and the row deltas', the driver's
+            # read of the table's files is Spark's
             docs_table.refresh()
             ids = [*range(1, 12), 104, 205, 999]
             present = publisher.query(f"SELECT count(*) FROM docs WHERE id IN ({', '.join(map(str, ids))})")[0][0]
@@ -321,8 +327,7 @@ def test_kept_values_are_read_through_icebergs_reader_after_row_deltas_and_a_mer
 
 @pytest.mark.spark
 def test_the_drivers_reads_of_every_type_are_sparks(lake):
-    # every type a lookup reads, after maintenance and the row deltas; a keyless table's equality
-    # deletes on its values are not read by the driver
+    # every type a lookup reads, after maintenance and the row deltas
     spark = lake.spark
     lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
     kinds_table = lakehouse.iceberg_table("public__kinds")
@@ -378,7 +383,7 @@ def test_a_step_applied_again_after_a_crash_before_its_state_commit_writes_each_
         if source == "public.bag":
             copies.apply(table, target, files, manifest, types, first)
         else:
-            deltas.apply(table, target, files, manifest, types)
+            deltas.apply(table, target, files, manifest, types, first)
     for table in COLUMNS:
         assert lakehouse_rows(spark, "again", table) == lake.expected[0][table], table
 
@@ -424,9 +429,9 @@ def test_the_state_commit_by_the_driver_or_by_spark_replaces_the_pipelines_parti
 
 @pytest.mark.spark
 def test_an_apply_folds_a_tables_delete_files_into_its_data_once_they_reach_its_threshold(lake):
-    # each row delta adds an equality delete file, and every read of the table (the apply's own
-    # lookup of kept TOAST values too) opens them all: at the threshold the apply that wrote the
-    # table compacts it (Iceberg's rewrite_data_files), with no row changed
+    # each row delta adds a position delete file, and every read of the table (the apply's own
+    # read of the rows a batch replaces too) opens those of the files it reads: at the threshold
+    # the apply that wrote the table compacts it (Iceberg's rewrite_data_files), with no row changed
     spark, publisher = lake.spark, lake.publisher
     docs = Lakehouse(spark, "lake", "delta", "merge-on-read", None).iceberg_table("public__docs")
     docs.refresh()
@@ -444,7 +449,7 @@ def test_an_apply_folds_a_tables_delete_files_into_its_data_once_they_reach_its_
     [done] = second["compactions"]
     assert done["target"] == "public__docs" and done["delete_files_before"] == threshold, done
     assert done["rewritten_data_files"] > 0 and done["delete_files_after"] == 0, done
-    assert deletes_by_age(spark, "delta", "docs") == {"applying": 0, "older": 0, "live": 0}
+    assert delete_files(spark, "delta", "docs") == {"position": 0, "equality": 0}
     assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
     # 0 leaves them to housekeeping
     publisher.execute("UPDATE docs SET qty = qty + 1 WHERE id = (SELECT max(id) FROM docs)")

@@ -36,6 +36,7 @@ from tests.reliability.workload import (  # noqa: E402
     Counts, Workload,
 )
 from tests.reliability.shapes import PUBLICATION as SHAPES_PUBLICATION, Shapes  # noqa: E402
+from tests.reliability.publication_events import PUBLICATION as EVENTS_PUBLICATION, PublicationEvents  # noqa: E402
 from tests.support.processes import kill_tree  # noqa: E402
 from tests.support.spark_jobs import job_result, start_job, submit_command  # noqa: E402
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  # noqa: E402
@@ -198,8 +199,15 @@ class Harness:
         self.figures = Figures()
         self.report = report or (lambda message: print(message, flush=True))
         self.shapes = Shapes(publisher, subscriber, random.Random(seed * 31 + 5), SUBSCRIPTION) if shapes else None
-        self.publications = [*PUBLICATIONS, *([SHAPES_PUBLICATION] if shapes else [])]
+        # issue 47: changes to what the source publishes, judged against the publisher's projection
+        self.events = PublicationEvents(publisher, random.Random(seed * 47 + 3))
+        self.publications = [*PUBLICATIONS, *([SHAPES_PUBLICATION] if shapes else []), EVENTS_PUBLICATION]
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    @property
+    def subscribed(self) -> list[str]:
+        """The publications of the native subscriber: not issue 47's, which it cannot follow."""
+        return [p for p in self.publications if p != EVENTS_PUBLICATION]
 
     # --- plumbing --------------------------------------------------------------------------
     def fail(self, message: str) -> None:
@@ -285,13 +293,15 @@ class Harness:
         self.figures.counts.add(self.workload.load(initial_rows))
         if self.shapes:
             self.shapes.changes(10, self.figures.counts)
+        self.events.create()
+        self.events.changes(10, self.figures.counts)
         hook = self.hook()
         for name, (tables, via_root) in PUBLICATIONS.items():
             hook.create_publication(name, [PublishedTable.of("public", t, columns=c, where=w) for t, c, w in tables],
                                     publish_via_partition_root=via_root)
         if self.shapes:
             hook.create_publication(SHAPES_PUBLICATION, self.shapes.published())
-        self.hook(self.subscriber).create_subscription(SUBSCRIPTION, self.publications,
+        self.hook(self.subscriber).create_subscription(SUBSCRIPTION, self.subscribed,
                                                        publisher_conn_id=self.publisher.conn_id)
         if kill:
             self.killed_subprocess("initial_sync_mid_copy")
@@ -433,7 +443,7 @@ class Harness:
 
     def verify(self) -> None:
         self.wait_subscriber()
-        others = [p for p in self.publications if p != FILTERED_PUBLICATION]
+        others = [p for p in self.subscribed if p != FILTERED_PUBLICATION]
         # every table but the row-filtered one: the lakehouse must equal the native subscriber
         result = self.run_verify(others, source_conn_id=self.subscriber.conn_id)
         if not result["equal"]:
@@ -443,6 +453,11 @@ class Harness:
         result = self.run_verify([FILTERED_PUBLICATION])
         if not result["equal"]:
             self.fail("the lakehouse differs from the publisher's projection:\n" + self.explain(result))
+        # the tables whose publication and storage change at random: the publisher's projection
+        result = self.run_verify([EVENTS_PUBLICATION])
+        if not result["equal"]:
+            self.fail("the lakehouse differs from the publisher's projection after " + f"{self.events.done}:\n"
+                      + self.explain(result))
         self.figures.toast_cells = self.compare_filtered_with_subscriber()
         self.figures.verified_rounds += 1
 
@@ -516,6 +531,10 @@ class Harness:
             self.wait_subscriber()
             ddl = self.shapes.ddl(self.hook(), counts)
             self.shapes.changes(4, counts)
+        self.events.changes(3, counts)  # issue 47's events between changes of their tables
+        self.events.done = self.events.events()
+        self.events.changes(3, counts)
+        ddl = [*ddl, *self.events.done]
         self.figures.counts.add(counts)
         self.pull_all(kills, changes)
         if "backfill_mid_copy" in kills:

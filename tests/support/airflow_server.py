@@ -1,5 +1,6 @@
 """A real Airflow API server on loopback for the UI tests: a temporary AIRFLOW_HOME, SQLite, the
-simple auth manager with known users, and the DAGs of a folder serialized into the database."""
+simple auth manager with known users, and the DAGs of a folder serialized into the database; and a
+real scheduler and triggerer on such a home, for the asset watcher's test."""
 
 from __future__ import annotations
 
@@ -139,3 +140,46 @@ def start_api_server(home: Path, dags: Path, users: dict[str, tuple[str, str]], 
         process = subprocess.Popen([sys.executable, "-c", launcher], env=environ, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     return ApiServer(f"http://127.0.0.1:{port}", process, log)
+
+
+@dataclass
+class AirflowProcesses:
+    """Airflow's scheduler and triggerer (each its own process group), sharing a SQLite database."""
+
+    processes: list[subprocess.Popen]
+    logs: list[Path]
+
+    def check_running(self) -> None:
+        """Raise with the log's tail of a process that exited."""
+        for process, log in zip(self.processes, self.logs):
+            if process.poll() is not None:
+                raise AssertionError(f"{log.stem} exited ({process.returncode}): {log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+def start_scheduler(home: Path, dags: Path, **env: str) -> AirflowProcesses:
+    """Prepare ``home`` (SQLite, the DAGs of ``dags`` serialized, their asset watchers registered) and
+    start ``airflow scheduler`` and ``airflow triggerer`` (which runs the watchers' triggers)."""
+    home.mkdir(parents=True, exist_ok=True)
+    environ = subprocess_env(
+        AIRFLOW_HOME=str(home), AIRFLOW__CORE__DAGS_FOLDER=str(dags), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db", AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__CORE__PARALLELISM="1", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
+        AIRFLOW__API_AUTH__JWT_SECRET=os.urandom(32).hex(),
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **env,
+    )
+    environ.pop("AIRFLOW__CORE__UNIT_TEST_MODE", None)
+    subprocess.run([sys.executable, "-c", _PREPARE], env=environ, check=True, capture_output=True)
+    processes, logs = [], []
+    for command in ("scheduler", "triggerer"):
+        log = home / f"{command}.log"
+        with log.open("wb") as out:
+            processes.append(subprocess.Popen([AIRFLOW, command], env=environ, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+        logs.append(log)
+    return AirflowProcesses(processes, logs)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import (
-    IcebergConfig, iceberg_runtime_jar, postgresql_jdbc_jar, s3a_jars,
+    IcebergConfig, iceberg_aws_jars, iceberg_runtime_jar, postgresql_jdbc_jar, s3a_jars,
 )
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess
 from airflow_provider_pglogical.spark.launch import job_bundle
@@ -100,15 +100,15 @@ def bare_spark_submit_seconds(directory: Path, master: str = "local[2]") -> floa
 
 
 def session_jars() -> str:
-    """``spark.jars`` of every in-process test session: the Iceberg runtime, S3A with its AWS SDK and
-    the PostgreSQL JDBC driver, whatever the session's lakehouse.
+    """``spark.jars`` of every in-process test session: the Iceberg runtime, S3A with its AWS SDK,
+    Iceberg's AWS bundle (S3FileIO, Glue) and the PostgreSQL JDBC driver, whatever the session's lakehouse.
 
     A JVM's classpath is fixed by the first session of the process: a pytest worker keeps its JVM
     from test to test, so a session on S3 with a JDBC catalog (the reliability harness's) finds
     their classes only if the worker's first session, whichever test started it, brought them.
     Measured: no difference in session start or a first Iceberg write (docs/reliability.md).
     """
-    return ",".join([iceberg_runtime_jar(), *s3a_jars(), postgresql_jdbc_jar()])
+    return ",".join([iceberg_runtime_jar(), *s3a_jars(), *iceberg_aws_jars(), postgresql_jdbc_jar()])
 
 
 def _lakehouse_conf(warehouse: Path | None, access: LakehouseAccess | None, extra: dict[str, str] | None = None) -> dict:

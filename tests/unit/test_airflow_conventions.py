@@ -40,11 +40,10 @@ def _python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
 
 
-def test_example_dags_import_without_the_iceberg_jar_extra():
-    # The jar's wheel is made unimportable in a fresh interpreter: as if the extra were not installed.
+def test_example_dags_import_without_the_jars(tmp_path):
+    # The jar folder is an empty one in a fresh interpreter: as if set-up had not resolved the jars.
     code = f"""
 import json, sys
-sys.modules["snowpark_connect_deps_iceberg"] = None
 sys.path.insert(0, {str(DAGS)!r})
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergJarNotFound, iceberg_runtime_jar
 try:
@@ -57,7 +56,7 @@ bag = DagBag(dag_folder={str(DAGS)!r})
 print(json.dumps({{"missing": missing, "errors": {{k: str(v) for k, v in bag.import_errors.items()}},
                   "dags": sorted(bag.dag_ids)}}))
 """
-    proc = _python(code)
+    proc = _python(code, {"PGLOGICAL_JARS_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["missing"] is True  # the jar really was unavailable

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pglogical.operators import iceberg_apply
-from airflow_provider_pglogical.lakehouse import iceberg_config
 from airflow_provider_pglogical.lakehouse.iceberg_config import (
     ICEBERG_EXTENSIONS,
     IcebergConfig,
@@ -23,15 +22,20 @@ from airflow_provider_pglogical.spark.jobs import apply_changes, maintenance
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 
 
-def test_runtime_jar_is_the_pinned_one_from_the_wheel():
+def test_runtime_jar_is_the_one_spark_resolved_from_its_maven_coordinates():
+    import pyspark
+
     jar = Path(iceberg_runtime_jar())
-    assert jar.name == "iceberg-spark-runtime-3.5_2.12-1.9.2.jar" and jar.is_file()
-    assert jar.parent.parent.name == "snowpark_connect_deps_iceberg"
+    line = ".".join(pyspark.__version__.split(".")[:2])
+    scala = {"3.5": "2.12"}.get(line, "2.13")
+    assert jar.name == f"org.apache.iceberg_iceberg-spark-runtime-{line}_{scala}-1.10.1.jar" and jar.is_file()
+    assert jar.parent.parent.name == "ivy"  # Spark's Ivy retrieved it into <ivy>/jars
 
 
-def test_missing_jar_names_the_extra(monkeypatch):
-    monkeypatch.setattr(iceberg_config, "ICEBERG_RUNTIME_JAR", "no-such.jar")
-    with pytest.raises(IcebergJarNotFound, match=r"pip install airflow-provider-pglogical\[iceberg-jar\]"):
+def test_missing_jar_names_the_setup_step_and_the_coordinates(monkeypatch, tmp_path):
+    monkeypatch.setenv("PGLOGICAL_JARS_DIR", str(tmp_path))
+    with pytest.raises(IcebergJarNotFound, match=r"bash scripts/setup.sh.*IcebergConfig\(packages=\['org.apache.iceberg:"
+                                                 r"iceberg-spark-runtime-"):
         iceberg_runtime_jar()
 
 
@@ -50,13 +54,13 @@ def test_default_config_is_the_embedded_hadoop_catalog(monkeypatch, tmp_path):
 def test_cluster_config_uses_packages_and_a_catalog_impl():
     config = IcebergConfig(catalog="prod", catalog_impl="org.apache.iceberg.aws.glue.GlueCatalog",
                            warehouse="s3://bucket/wh", namespace="sales",
-                           packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"],
+                           packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.1"],
                            extra_conf={"spark.sql.catalog.prod.io-impl": "org.apache.iceberg.aws.s3.S3FileIO"},
                            write_mode="copy-on-write", bucket_count=16)
     conf = config.spark_conf()
     assert conf["spark.sql.catalog.prod.catalog-impl"] == "org.apache.iceberg.aws.glue.GlueCatalog"
     assert "spark.sql.catalog.prod.type" not in conf and "spark.jars" not in conf
-    assert conf["spark.jars.packages"] == "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"
+    assert conf["spark.jars.packages"] == "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.1"
     assert conf["spark.sql.catalog.prod.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
     with pytest.raises(ValueError, match="write_mode"):
         IcebergConfig(write_mode="sometimes")

@@ -60,7 +60,8 @@ def test_the_catalog_storage_and_warehouse_come_from_the_environment(monkeypatch
 
 @pytest.mark.parametrize("dag_file, tasks", [("pglogical_lakehouse_sync.py", ["apply", "maintenance"]),
                                              ("pglogical_lakehouse_stream.py", ["apply_window", "maintenance"]),
-                                             ("pglogical_backfill.py", ["apply"])])
+                                             ("pglogical_backfill.py", ["apply"]),
+                                             ("pglogical_lakehouse_events.py", ["apply"])])
 def test_every_example_dag_that_reaches_iceberg_uses_the_configured_lakehouse(monkeypatch, tmp_path, dag_file, tasks):
     from airflow.dag_processing.dagbag import DagBag
 
@@ -68,6 +69,6 @@ def test_every_example_dag_that_reaches_iceberg_uses_the_configured_lakehouse(mo
     settings = load_settings(monkeypatch, S3_LAKEHOUSE)
     bag = DagBag(dag_folder=str(DAGS / dag_file))
     assert bag.import_errors == {}
-    (dag,) = bag.dags.values()
+    dag = next(dag for dag in bag.dags.values() if dag.has_task(tasks[0]))  # the events file has two DAGs
     for task_id in tasks:
         assert dag.get_task(task_id).iceberg == settings.iceberg_config(), task_id

@@ -35,15 +35,22 @@ from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMain
 
 
 def test_the_jars_of_s3_and_of_the_jdbc_catalog_are_found_where_setup_put_them():
-    hadoop_aws, sdk = (Path(jar) for jar in s3a_jars())
-    assert hadoop_aws.name == "hadoop-aws-3.3.1.jar" and hadoop_aws.is_file()
-    assert sdk.name == "aws-java-sdk-bundle-1.11.901.jar" and sdk.is_file()
-    assert Path(postgresql_jdbc_jar()).is_file()
+    import pyspark
+
+    hadoop = next((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")).name
+    hadoop_version = hadoop.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    hadoop_aws, sdk, *_rest = (Path(jar) for jar in s3a_jars())
+    # hadoop-aws of the very Hadoop PySpark ships, and the AWS SDK bundle it was built with
+    assert hadoop_aws.name == f"org.apache.hadoop_hadoop-aws-{hadoop_version}.jar" and hadoop_aws.is_file()
+    assert sdk.name in ("com.amazonaws_aws-java-sdk-bundle-1.12.262.jar", "software.amazon.awssdk_bundle-2.24.6.jar")
+    assert sdk.is_file()
+    assert Path(postgresql_jdbc_jar()).name == "org.postgresql_postgresql-42.7.14.jar"
 
 
 def test_missing_s3_jars_name_the_setup_script(monkeypatch, tmp_path):
     monkeypatch.setenv("PGLOGICAL_JARS_DIR", str(tmp_path))
-    with pytest.raises(IcebergJarNotFound, match=r"bash scripts/setup.sh.*sagemaker-pyspark==1\.4\.5"):
+    with pytest.raises(IcebergJarNotFound, match=r"S3A file system's jars .*bash scripts/setup.sh.*"
+                                                 r"org.apache.hadoop:hadoop-aws:3\.[34]\.\d"):
         s3a_jars()
 
 

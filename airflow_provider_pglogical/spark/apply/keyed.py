@@ -1,6 +1,6 @@
 """Applying steps to a keyed table: a snapshot overwrites (or MERGEs a key range), a change batch
-is reduced to one row per key and applied with ONE ``MERGE INTO``, or, when small, committed by
-the driver as an Iceberg row delta (``row_deltas.py``)."""
+is reduced to one row per key and applied with ONE ``MERGE INTO`` (or, holding a TRUNCATE, replaces
+the table). Which path a step takes (adoption, row delta, …) is chosen in ``paths/choice.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from airflow_provider_pglogical.spark.apply.lakehouse_tables import BATCH_TABLE_
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.apply.reduction import reduce_changes
-from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, ineligible
+from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas
 from airflow_provider_pglogical.spark.apply.steps import StepApplier
 from airflow_provider_pglogical.staging.contract import facts_decide
 
@@ -66,9 +66,9 @@ def join_condition(manifest: dict) -> str:
 class KeyedTables(StepApplier):
     """Applies steps to tables with a replica-identity key (a primary key or USING INDEX).
 
-    :param row_deltas: apply the small change batches ``row_deltas.ineligible`` admits as Iceberg
-        row deltas (``row_deltas.py``) instead of a MERGE; ``row_delta_steps`` names the ``(source, batch)``
-        steps that were.
+    :param row_deltas: the small change batches ``paths/choice.py`` sends to a row delta are applied
+        as Iceberg row deltas (``row_deltas.py``) instead of a MERGE; ``row_delta_steps`` names the
+        ``(source, batch)`` steps that were.
     """
 
     def __init__(self, spark, staging, lakehouse, row_deltas: bool = True) -> None:
@@ -80,8 +80,6 @@ class KeyedTables(StepApplier):
 
         manifest = step.batch.manifest["tables"][source]
         predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
-        if self.adopted(step, source, target, types, ranged=predicate is not None):
-            return manifest.get("rows", 0)
         frame = self.read(step, source, types, changes=False)
         if predicate is None:
             self.replace_all(frame, target)
@@ -112,10 +110,6 @@ class KeyedTables(StepApplier):
         batch_types = {c: types[c] for c in batch_columns}
         if not manifest.get("files"):
             return 0
-        if self.row_deltas is not None:
-            rows = self.as_row_delta(step, source, target, manifest, types, ineligible(manifest, types, step.position))
-            if rows is not None:
-                return rows
         rows = self.read(step, source, batch_types, changes=True)
         reduced = reduce_changes(self.spark, rows, keys, values, step.position,
                                  facts_decide(manifest.get("details", {}), step.position))

@@ -6,7 +6,7 @@ import logging
 from functools import reduce
 
 from airflow_provider_pglogical.spark.common.identifiers import col, quote, sql_string, temporary_view_name
-from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import MultisetRowDeltas, multiset_ineligible
+from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import MultisetRowDeltas
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.apply.reduction import after_truncate, from_position_on, last_truncate
@@ -30,9 +30,9 @@ class Multisets(StepApplier):
     the state commit finds the row values the batch has changed already and skips them; a row
     value the batch removed entirely cannot go below zero copies.
 
-    :param row_deltas: apply the small change batches ``multiset_row_deltas.multiset_ineligible``
-        admits as Iceberg row deltas the driver commits (``multiset_row_deltas.py``), the same
-        copies written and deleted, instead of a MERGE.
+    :param row_deltas: the small change batches ``paths/choice.py`` sends to a row delta are applied
+        as Iceberg row deltas the driver commits (``multiset_row_deltas.py``), the same copies written
+        and deleted, instead of a MERGE.
     """
 
     def __init__(self, spark, staging, lakehouse, row_deltas: bool = True) -> None:
@@ -45,7 +45,6 @@ class Multisets(StepApplier):
 
         manifest = step.batch.manifest["tables"][source]
         predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
-        self.adopted(step, source, target, types, keyless=True)  # logs why a multiset is rewritten
         if predicate is not None:
             return self._ranged_snapshot(step, source, target, types, predicate)
         values = _value_types(types)
@@ -129,11 +128,6 @@ class Multisets(StepApplier):
         keys = list(manifest["key"])
         if not manifest.get("files"):
             return 0
-        if self.row_deltas is not None:
-            rows = self.as_row_delta(step, source, target, manifest, types,
-                                     multiset_ineligible(manifest, types, step.position), step.batch.name)
-            if rows is not None:
-                return rows
         values = _value_types(types)
         rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
         known = facts_decide(manifest.get("details", {}), step.position)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from airflow_provider_pglogical.spark.apply.plan import TableState
 from airflow_provider_pglogical.spark.common.identifiers import col, sql_string
-from airflow_provider_pglogical.staging.contract import STATE_TABLE, hex16
+from airflow_provider_pglogical.staging.contract import ORPHANED_PROPERTY, STATE_TABLE, hex16
 
 #: every commit writes a ``v<N>.metadata.json``: keep the last 100 and delete older ones at commit,
 #: so a table's metadata stays flat however often it is applied (the state table commits every round)
@@ -132,3 +132,29 @@ class StateTable:
         arrays.append(pa.array([now] * len(rows), type=pa.timestamp("us", "UTC")))
         return pa.Table.from_arrays([array.cast(field.type) for array, field in zip(arrays, fields)],
                                     schema=pa.schema(fields))
+
+
+def settle_orphans(lakehouse, orphaned: dict[str, dict], states: dict[str, TableState], pipeline: str) -> dict[str, str]:
+    """Mark (the table property ``pglogical.orphaned``) or drop the Iceberg tables of the sources a
+    ``publish_via_partition_root`` flip orphaned (the pipeline record's ``orphaned``, written by the
+    pull: ``capture/published_changes.py``), after the run applied what they had pending. A dropped
+    one leaves the states (committed here), so no later run rebuilds it. Returns source -> "marked"
+    or "dropped"."""
+    done: dict[str, str] = {}
+    for source, info in sorted(orphaned.items()):
+        state = states.get(source)
+        if state is None:
+            continue
+        table = lakehouse.loaded_table(state.target)
+        if info.get("action") == "drop":
+            lakehouse.spark.sql(f"DROP TABLE IF EXISTS {lakehouse.name(state.target)} PURGE")
+            del states[source]
+            done[source] = "dropped"
+        elif table is not None:
+            if table.properties().get(ORPHANED_PROPERTY) != info["why"]:
+                lakehouse.spark.sql(f"ALTER TABLE {lakehouse.name(state.target)} SET TBLPROPERTIES "
+                                    f"({sql_string(ORPHANED_PROPERTY)} = {sql_string(info['why'])})")
+            done[source] = "marked"
+    if "dropped" in done.values():
+        lakehouse.write_state(pipeline, states)
+    return done

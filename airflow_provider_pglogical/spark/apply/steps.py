@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 
-from airflow_provider_pglogical.spark.apply.adoption import Adoption, adoption_refused
+from airflow_provider_pglogical.spark.apply.adoption import Adoption
 from airflow_provider_pglogical.spark.common.hadoop_files import Staging
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.spark.apply.plan import Batch, Step
 from airflow_provider_pglogical.spark.apply.reduction import read_rows
+from airflow_provider_pglogical.spark.row_delta.driver_commits import ConcurrentCommit, only_compacted_since
 from airflow_provider_pglogical.staging.column_types import staged_columns
 
 
 log = logging.getLogger("pglogical.apply")
+#: how often a row delta that lost to a compaction (housekeeping beside the apply) reads and commits again
+ROW_DELTA_ATTEMPTS = 3
 
 
 class StepApplier:
@@ -23,40 +26,43 @@ class StepApplier:
         self.spark = spark
         self.staging = staging
         self.lakehouse = lakehouse
+        #: the driver's row deltas (``row_delta/``), or None: every change batch is MERGEd
+        self.row_deltas = None
         #: the ``(source, batch)`` steps applied as Iceberg row deltas (``row_deltas.py``), not MERGEd
         self.row_delta_steps: set[tuple[str, str]] = set()
         #: the ``(source, batch)`` snapshot steps whose staged files were adopted (``adoption.py``): how many
         self.adopted_steps: dict[tuple[str, str], int] = {}
 
-    def as_row_delta(self, step: Step, source: str, target: str, manifest: dict, types: dict[str, str],
-                     reason: str | None, *extra) -> int | None:
+    def as_row_delta(self, step: Step, source: str, target: str, types: dict[str, str]) -> int | None:
         """The rows of ``step`` applied as an Iceberg row delta by ``self.row_deltas``; None (nothing
-        done) when the batch (``reason``) or the target table is not eligible: the caller MERGEs."""
-        table = self.row_deltas.load(target) if reason is None else None
-        reason = reason or self.row_deltas.table_ineligible(table)
-        if reason is not None:
-            log.info("%s, batch %s: a MERGE, not a row delta: %s", source, step.batch.name, reason)
+        committed, the reason logged) when it finds it cannot: the caller MERGEs."""
+        manifest = step.batch.manifest["tables"][source]
+        for attempt in range(1, ROW_DELTA_ATTEMPTS + 1):
+            table = self.row_deltas.load(target)
+            try:
+                rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types,
+                                             step.batch.name)
+                break
+            except ConcurrentCommit as conflict:  # a compaction rewrote a file it deletes from: read again
+                if attempt == ROW_DELTA_ATTEMPTS or not only_compacted_since(table, conflict.read_at):
+                    raise
+                log.info("%s, batch %s: a compaction committed while the row delta ran; reading its rows again",
+                         source, step.batch.name)
+        if rows is None:
             return None
-        rows = self.row_deltas.apply(table, target, self.staging.files(step.batch, source), manifest, types, *extra)
         self.row_delta_steps.add((source, step.batch.name))
         return rows
 
-    def adopted(self, step: Step, source: str, target: str, types: dict[str, str], *, keyless: bool = False,
-                ranged: bool = False) -> bool:
+    def adopt(self, step: Step, source: str, target: str) -> int | None:
         """Replace ``target``'s rows with the snapshot's staged files as they are (``adoption.py``);
-        False (nothing done, the reason logged) when they cannot be: the caller rewrites them."""
-        manifest = step.batch.manifest["tables"][source]
-        table = self.lakehouse.iceberg_table(target) if not (keyless or ranged) else None
-        reason = adoption_refused(staged_columns(manifest, changes=False), types, keyless=keyless, ranged=ranged,
-                                  partitioned=table is not None and not table.spec().isUnpartitioned())
-        files = 0
-        if reason is None:
-            files, reason = Adoption(self.spark).adopt(table, self.staging.files(step.batch, source), step.batch.name)
+        returns the files adopted, or None (nothing done, the reason logged) when a file's own schema
+        is not the table's: the caller rewrites."""
+        table = self.lakehouse.iceberg_table(target)
+        files, reason = Adoption(self.spark).adopt(table, self.staging.files(step.batch, source), step.batch.name)
         if reason is not None:
             log.info("%s, batch %s: the snapshot is rewritten, not adopted: %s", source, step.batch.name, reason)
-            return False
-        self.adopted_steps[(source, step.batch.name)] = files
-        return True
+            return None
+        return files
 
     def read(self, step: Step, source: str, types: dict[str, str], *, changes: bool):
         """The step's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""

@@ -17,6 +17,7 @@ import copy
 import glob
 import hashlib
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,6 +35,8 @@ from airflow_provider_pglogical.staging.contract import (
     staging_directory_mode,
     staging_file_mode,
 )
+
+log = logging.getLogger(__name__)
 
 
 def local_path(spark, uri: str) -> str | None:
@@ -352,12 +355,28 @@ def _damaged(batch: Batch, source: str, name: str, problem: str) -> str:
             "snapshot supersedes the batch")
 
 
-def write_result(spark, summary: dict) -> None:
+def write_result(spark, summary: dict, committed: bool = False) -> None:
     """Leave a job's summary where the task reads it (the Spark property ``RESULT_CONF``): stdout
-    is lost in cluster deploy modes. Written to a temporary name, then renamed."""
+    is lost in cluster deploy modes. Written to a temporary name, then renamed.
+
+    :param committed: the job's commits have all landed: a result that cannot be written (a full
+        staging) is logged, not raised, so the job still ends well and its task reports it applied
+        (without its figures) instead of failing an apply that happened.
+    """
     uri = spark.conf.get(RESULT_CONF, None)
     if not uri:
         return
+    try:
+        _write_result(spark, uri, summary)
+    except Exception as err:  # noqa: BLE001 - OSError here, a Py4JJavaError from Hadoop's FileSystem
+        if not committed:
+            raise
+        log.error(
+            "every commit of the job landed, but its result could not be written to %s (%s): the task reports "
+            "the run as applied without its figures; free space there", uri, err)
+
+
+def _write_result(spark, uri: str, summary: dict) -> None:
     local = local_path(spark, uri)
     if local is not None:
         _write_local(local, json.dumps(summary, sort_keys=True).encode(), _file_mode(spark))

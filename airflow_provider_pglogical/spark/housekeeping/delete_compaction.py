@@ -1,24 +1,24 @@
 """Fold a table's piled-up delete files into its data as the apply goes, not only at housekeeping.
 
-Each change step a row delta applies (``row_deltas.py``) adds one data file and one equality delete
-file to its table, and a merge-on-read MERGE adds position deletes. Iceberg applies an equality
-delete file to every data file of a lower sequence number, so a read of the table opens every
-(data file, later delete file) pair: the cost of reading grows with the square of the steps since
-the last compaction. The apply itself reads its tables (the row delta's lookup of the values a
-batch kept unchanged, ``lookups/table_rows.py``; a MERGE's scan), and so do the users' queries.
-Measured in a streaming window (a round a second, one small batch each): rounds of 0.3 s for the
+Each change step a row delta applies (``row_deltas.py``) adds one data file and one position
+delete file to its table, and a merge-on-read MERGE adds position deletes too. A read of a data
+file opens every delete file that may name it, so the cost of reading grows with the steps since
+the last compaction (with the equality deletes earlier versions wrote, with its square). The apply
+itself reads its tables (the row delta's read of the rows a batch replaces,
+``lookups/table_rows.py``; a MERGE's scan), and so do the users' queries. Measured in a streaming
+window with equality deletes (a round a second, one small batch each): rounds of 0.3 s for the
 first ~100 rounds, then 3-6 s whenever a round looked values up, and freshness with them.
 
 So after its last state commit an apply compacts each table it wrote whose current snapshot counts
 ``threshold`` delete files or more: Iceberg's ``rewrite_data_files`` (the housekeeping's call:
 small files grouped, every data file a delete applies to rewritten with it applied; Iceberg's own
-reader and commit validation), then the equality deletes left applying to nothing are removed
-(``dead_deletes.py``) and, if position deletes remain, ``rewrite_position_delete_files`` drops
-those of the replaced files. The rewrite changes no row, so it needs no state commit, and a crash
-anywhere in it leaves the table as it was or compacted. A rewrite rewrites every data file a
-delete applies to: a large unpartitioned table pays a whole rewrite every ``threshold`` steps, so
-the threshold is the apply's choice (``--compact-deletes-at``, default
-``staging.contract.DEFAULT_COMPACT_DELETES_AT``; 0 switches it off).
+reader and commit validation), then any equality deletes an earlier version wrote, left applying
+to nothing, are removed (``legacy_equality_deletes.py``) and, if position deletes remain,
+``rewrite_position_delete_files`` drops those of the replaced files. The rewrite changes no row, so
+it needs no state commit, and a crash anywhere in it leaves the table as it was or compacted. A
+rewrite rewrites every data file a delete applies to: a large unpartitioned table pays a whole
+rewrite every ``threshold`` steps, so the threshold is the apply's choice
+(``--compact-deletes-at``, default ``staging.contract.DEFAULT_COMPACT_DELETES_AT``; 0 switches it off).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import logging
 import time
 
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
-from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.legacy_equality_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.position_delete_rewrite import rewrite_blocked
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping, procedure_call
 
 log = logging.getLogger("pglogical.apply")
@@ -54,10 +55,12 @@ def compact_if_due(spark, catalog: str, namespace: str, target: str, table, thre
     started = time.monotonic()
     now = dt.datetime.now(dt.timezone.utc)
     row = spark.sql(procedure_call("rewrite_data_files", catalog, qualified(namespace, target), _REWRITE, now)).first()
-    removed = remove_dead_equality_deletes(spark, f"{qualified(catalog, namespace)}.{quote(target)}")
+    name = f"{qualified(catalog, namespace)}.{quote(target)}"
+    removed = remove_dead_equality_deletes(spark, name)
     table.refresh()
-    if delete_file_count(table):  # position deletes of files the rewrite replaced: Iceberg 1.9 keeps
-        # them in an unpartitioned table, and only their own rewrite drops them (as housekeeping does)
+    if delete_file_count(table) and not rewrite_blocked(spark, name):  # position deletes of files the
+        # rewrite replaced: Iceberg (1.9 and 1.10) keeps them in an unpartitioned table, and only their
+        # own rewrite drops them (as housekeeping does); not on a table with a list or map column
         spark.sql(procedure_call("rewrite_position_delete_files", catalog, qualified(namespace, target), _REWRITE,
                                  now)).collect()
         table.refresh()

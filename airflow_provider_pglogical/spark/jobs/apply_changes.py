@@ -90,13 +90,17 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError, job_error
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
 from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
+from airflow_provider_pglogical.spark.apply.state_table import settle_orphans
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
+from airflow_provider_pglogical.spark.paths.choice import ApplyPath, choose_path, table_facts
+from airflow_provider_pglogical.spark.paths.taken import take_path
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from airflow_provider_pglogical.staging.contract import (
     APPLY_RESULT_PREFIX,
     OCCURRENCE,
+    ORPHANED_TABLES,
     PIPELINE_RECORD,
     REPLACE_TABLE,
     RETENTION_RECORD,
@@ -186,7 +190,8 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
     staged = {source for batch in wanted for source in batch.manifest["tables"]}
     adopt_legacy_keys(states, staged)
     known |= set(states)
-    sources = sorted(staged | set(states))
+    orphaned = (record.get("extra") or {}).get(ORPHANED_TABLES) or {}  # dropped ones are never rebuilt
+    sources = sorted({s for s in staged if orphaned.get(s, {}).get("action") != "drop" or s in states} | set(states))
 
     # "seen": every batch this run found committed; once the run succeeds, each of them is applied
     # or irrelevant, which lets the operator skip Spark when nothing else has been committed since
@@ -222,6 +227,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
             lakehouse.write_state(pipeline, states)
             phases.end("state_commits")
     lease.check()
+    summary["orphaned"] = settle_orphans(lakehouse, orphaned, states, pipeline)
     summary["compactions"] = compact_written(spark, lakehouse, summary["steps"], options.compact_deletes_at)
     phases.end("compaction")
     summary["targets"] = lakehouse.metadata_locations(states.values())  # for an idle tick: dropped tables
@@ -253,8 +259,11 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
             lakehouse.replace(state.target, replace)
         types = lakehouse.ensure_table(state.target, manifest)
         applier, snapshot = multisets if OCCURRENCE in types else keyed, step.kind == "snapshot"
+        choice = choose_path(step, table_facts(source, lakehouse.iceberg_table(state.target), types,
+                                               applier.row_deltas is not None))
+        log.info("%s, batch %s: %s, %s", source, step.batch.name, choice.path.value, choice.reason)
         try:
-            rows = (applier.snapshot if snapshot else applier.changes)(step, source, state.target, types)
+            rows, path = take_path(applier, choice, step, source, state.target, types)
         except Exception as error:  # a staged file damaged after its commit is named, with the fix
             raise damaged_file_error(error, keyed.staging.files(step.batch, source), step.batch.name, source) or error
     if snapshot:
@@ -265,14 +274,13 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     state.last_batch = step.batch.name
     seconds = round(time.monotonic() - started, 3)
     jobs, stages = spark_work(keyed.spark, group)
-    row_delta = (source, step.batch.name) in applier.row_delta_steps
+    row_delta = path is ApplyPath.ROW_DELTA
     adopted = applier.adopted_steps.get((source, step.batch.name), 0)
-    log.info("%s: applied %s %s (%d rows%s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind, step.batch.name,
-             rows, ", a row delta" if row_delta else f", {adopted} staged files adopted" if adopted else "",
-             seconds, jobs, stages)
+    log.info("%s: applied %s %s (%d rows, %s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind,
+             step.batch.name, rows, f"{adopted} staged files adopted" if adopted else path.value, seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
             "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta,
-            "adopted_files": adopted}
+            "adopted_files": adopted, "path": path.value}
 
 
 def spark_job_group(spark, description: str) -> str:
@@ -322,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"pipeline": options.pipeline, "steps": [], "error": error.to_json()}
         code = EXIT_LEASE_HELD if isinstance(failure, ApplyLeaseHeld) else 1
     print(APPLY_RESULT_PREFIX + json.dumps(summary), flush=True)  # for people reading the log
-    write_result(spark, summary)
+    write_result(spark, summary, committed=code == 0)
     spark.stop()
     return code
 

@@ -8,9 +8,11 @@
 For each table (default: every table of the namespace, the ``_pglogical_state`` table included)
 it calls Iceberg's procedures in the order that frees most (:mod:`.housekeeping`):
 ``rewrite_data_files`` (compacts the small files a MERGE leaves, and rewrites the data files that
-merge-on-read deletes apply to; then the equality deletes of row deltas that apply to nothing any
-more are removed, :mod:`.dead_deletes`), ``rewrite_position_delete_files`` (rewrites every delete file,
-dropping the deletes of data files that are gone), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
+merge-on-read deletes apply to; then the equality deletes an earlier version's row deltas left,
+now applying to nothing, are removed: :mod:`.legacy_equality_deletes`),
+``rewrite_position_delete_files`` (rewrites every delete file, dropping the deletes of data files
+that are gone; skipped on a table with a list or map column, where Iceberg 1.10's procedure fails:
+:mod:`.position_delete_rewrite`), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
 ``expire_snapshots`` (removes the snapshots, and the files only they referenced, older than the
 cut-off, keeping ``retain_last``), then ``remove_orphan_files`` (files no snapshot references,
 older than a cut-off of at least a day, so a write still in flight keeps its files).
@@ -34,7 +36,8 @@ from airflow_provider_pglogical.spark.housekeeping.steps import (
     HousekeepingError,
     procedure_call,
 )
-from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.legacy_equality_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.position_delete_rewrite import rewrite_blocked
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 
@@ -58,13 +61,16 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
     def keep(table: str) -> dict:
         results = {}
         for step in housekeeping.steps():
-            refresh(spark, f"{qualified(catalog, namespace)}.{quote(table)}")
+            name = f"{qualified(catalog, namespace)}.{quote(table)}"
+            if step == "rewrite_position_delete_files" and (skipped := rewrite_blocked(spark, name)):
+                results[step] = {"skipped": skipped}
+                continue
+            refresh(spark, name)
             now = dt.datetime.now(dt.timezone.utc)  # cut-offs count back from the call, not the job's start
             call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
             results[step] = report(step, spark.sql(call).collect())
-            if step == "rewrite_data_files":  # the equality deletes it left applying to nothing
-                results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(
-                    spark, f"{qualified(catalog, namespace)}.{quote(table)}")
+            if step == "rewrite_data_files":  # equality deletes (an earlier version's) it left applying to nothing
+                results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(spark, name)
         return results
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-maintenance") as pool:

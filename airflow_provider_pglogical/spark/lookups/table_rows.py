@@ -23,6 +23,8 @@ from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 
 _EPOCH = datetime.date(1970, 1, 1)
+#: Iceberg's metadata columns naming a row's data file and its position in it (``MetadataColumns``)
+FILE_COLUMN, POSITION_COLUMN = "_file", "_pos"
 
 
 class TooManyRows(Exception):
@@ -30,12 +32,15 @@ class TooManyRows(Exception):
 
 
 def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: dict[str, list],
-              limit: int | None = None) -> list[tuple]:
+              limit: int | None = None, positions: bool = False) -> list[tuple]:
     """The values of ``columns`` (a tuple per row) of every row of snapshot ``snapshot`` of
     ``table`` (Iceberg's Java table) whose value in each column of ``narrowed`` is one of its list
     (None matches NULL). No rows when ``snapshot`` is None (an empty table).
 
     :param limit: raise :class:`TooManyRows` on reading more rows than this (None: no limit).
+    :param positions: end each tuple with the row's data file and position in it (Iceberg's
+        ``_file`` and ``_pos`` metadata columns, which its reader fills): where a position delete
+        of the row points.
     """
     if snapshot is None:
         return []
@@ -44,8 +49,16 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
     for name, values in narrowed.items():
         condition = getattr(expressions, "and")(condition, _matching(expressions, name, values))
     convert = [_converter(spark, table.schema().findType(name)) for name in columns]
-    records = (java_class(spark, "org.apache.iceberg.data.IcebergGenerics").read(table).useSnapshot(snapshot)
-               .where(condition).select(list(columns)).build())
+    scan = java_class(spark, "org.apache.iceberg.data.IcebergGenerics").read(table).useSnapshot(snapshot).where(condition)
+    if positions:
+        metadata = java_class(spark, "org.apache.iceberg.MetadataColumns")
+        fields = [*table.schema().select(list(columns)).columns(), metadata.FILE_PATH, metadata.ROW_POSITION]
+        scan = scan.project(java_class(spark, "org.apache.iceberg.Schema")(fields))
+        columns = [*columns, FILE_COLUMN, POSITION_COLUMN]
+        convert += [str, int]
+    else:
+        scan = scan.select(list(columns))
+    records = scan.build()
     rows: list[tuple] = []
     try:
         found = records.iterator()
@@ -60,9 +73,10 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
 
 
 def lookup_rows(spark, table, snapshot: int | None, key: str | list[str], columns: list[str], keys: list,
-                name: str) -> dict:
+                name: str, positions: bool = False) -> dict:
     """The rows of ``keys`` in snapshot ``snapshot`` of ``table``: key -> the values of ``columns``
-    (a tuple). ``key`` is one key column (``keys`` holds its values) or a list of them (``keys``
+    (a tuple; with ``positions``, then the row's data file and position, see :func:`read_rows`).
+    ``key`` is one key column (``keys`` holds its values) or a list of them (``keys``
     holds tuples). A key the snapshot does not hold is left out. Two rows under one key raise
     :class:`ApplyError` (the table ``name`` is not keyed as its batches say).
 
@@ -77,7 +91,7 @@ def lookup_rows(spark, table, snapshot: int | None, key: str | list[str], column
                 for i, column in enumerate(key_columns)}
     width = len(key_columns)
     found: dict = {}
-    for row in read_rows(spark, table, snapshot, [*key_columns, *columns], narrowed):
+    for row in read_rows(spark, table, snapshot, [*key_columns, *columns], narrowed, positions=positions):
         found_key = row[:width] if composite else row[0]
         if composite and found_key not in wanted:
             continue

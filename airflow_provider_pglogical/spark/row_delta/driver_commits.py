@@ -3,7 +3,9 @@ with pyarrow through the table's own FileIO (so any warehouse URI works), their 
 Iceberg's ``ParquetUtil``, and one commit.
 
 A Spark write costs every commit its planning and jobs, 0.3-0.5 s of a 2-core machine for a
-few rows. The row deltas (``row_deltas.py``, ``multiset_row_deltas.py``) and the state commit
+few rows. Deletes are by position, never by equality (every engine reads them: Spark, DuckDB,
+pyiceberg, Trino, Snowflake, Databricks): a row delta names the data file and position of every
+row it replaces, which the step read through Iceberg's reader. The row deltas (``row_deltas.py``, ``multiset_row_deltas.py``) and the state commit
 that ends each round (``state_table.py``) are small enough to write here instead.
 
 No commit here is blind: each names the snapshot its step read and refuses (Iceberg's
@@ -56,9 +58,31 @@ def same_thread_executor(spark):
 
 class ConcurrentCommit(ApplyError):
     """Another commit changed a table after this step read it: nothing of the step was committed;
-    a retry reads the table again."""
+    a retry reads the table again.
+
+    :param read_at: the snapshot the step read (None: the table had none)."""
 
     permanent = False
+
+    def __init__(self, message: str, read_at: int | None = None) -> None:
+        super().__init__(message)
+        self.read_at = read_at
+
+
+def only_compacted_since(table, read_at: int | None) -> bool:
+    """Whether every commit to ``table`` (Java, refreshed here) after snapshot ``read_at`` rewrote
+    files without changing a row (a compaction: Iceberg's ``replace`` operation). A row delta that
+    lost to one may read its rows again and commit: what it computed from staging is unchanged."""
+    if read_at is None:
+        return False
+    table.refresh()
+    snapshot = table.currentSnapshot()
+    while snapshot is not None and snapshot.snapshotId() != read_at:
+        if snapshot.operation() != "replace":
+            return False
+        parent = snapshot.parentId()
+        snapshot = table.snapshot(parent) if parent is not None else None
+    return snapshot is not None
 
 
 def java_exception_class(error: BaseException) -> str | None:
@@ -84,7 +108,7 @@ def _conflict(name: str, read_at: int | None, cause) -> ConcurrentCommit:
         f"table {name}: another commit added rows or deletes after this step read it (at snapshot {read_at}): "
         f"{cause.getMessage()}. Nothing of this step was committed. Run one apply per pipeline at a time "
         "(max_active_tis_per_dag=1 on the apply task) and do not write to the pipeline's tables otherwise; "
-        "the next apply applies the step again from what the table holds then.")
+        "the next apply applies the step again from what the table holds then.", read_at)
 
 
 #: the snapshot summary property naming a Spark overwrite of this job (:func:`validated_overwrite`)
@@ -127,17 +151,17 @@ class DriverCommits:
         """The Iceberg table (Java) as Spark's catalog holds it: a commit here is what Spark reads next."""
         return self.lakehouse.iceberg_table(target)
 
-    def row_delta(self, table, data, deletes, delete_columns: list[str], *, read_at: int | None) -> int | None:
-        """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` as an
-        equality delete file on ``delete_columns``, in one ``RowDelta``; an empty file is left
-        out. Returns the snapshot committed, or None when both are empty (nothing is committed).
+    def row_delta(self, table, data, deletes: list[tuple[str, int]], *, read_at: int | None) -> int | None:
+        """Commit ``data`` (an Arrow table with field ids) as a data file and ``deletes`` (the data
+        file and position of every row it replaces, read at ``read_at`` through Iceberg's reader) as
+        a position delete file, in one ``RowDelta``; an empty file is left out. Returns the snapshot
+        committed, or None when both are empty (nothing is committed).
 
         :param read_at: the snapshot the step read the table at (None: it had none). The commit
             refuses (:class:`ConcurrentCommit`) when any data or delete file was added to the
-            table since: the step computed its rows from what it read, and a retry on top of
-            another writer's rows would apply the change twice. Compactions (``replace``
-            snapshots) do not conflict."""
-        schema = table.schema()
+            table since, or a data file a delete points into was removed (a compaction that
+            rewrote it): the step computed its rows and positions from what it read, and a retry
+            on top of another writer's commit would apply the change twice or delete nothing."""
         metrics = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forTable(table)
         parquet = java_class(self.spark, "org.apache.iceberg.FileFormat").PARQUET
         delta = table.newRowDelta().scanManifestsWith(self._same_thread())
@@ -150,19 +174,33 @@ class DriverCommits:
             delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
                           .withPath(path).withFileSizeInBytes(len(written)).withFormat(parquet)
                           .withMetrics(self._metrics(path, written, metrics)).build())
-        if deletes.num_rows:
-            path, written = self._write(table, deletes, "deletes")
-            field_ids = [schema.findField(name).fieldId() for name in delete_columns]
-            ids = self._gateway.new_array(java_class(self.spark, "int"), len(field_ids))
-            for i, field_id in enumerate(field_ids):
-                ids[i] = field_id
-            delta.addDeletes(java_class(self.spark, "org.apache.iceberg.FileMetadata").deleteFileBuilder(table.spec())
-                             .ofEqualityDeletes(ids).withPath(path).withFileSizeInBytes(len(written))
-                             .withFormat(parquet).withMetrics(self._metrics(path, written, metrics)).build())
-        if not (data.num_rows or deletes.num_rows):
+        if deletes:
+            delta.addDeletes(self._position_deletes(table, deletes))
+            delta.validateDataFilesExist(sorted({file for file, _ in deletes})).validateDeletedFiles()
+        if not (data.num_rows or deletes):
             return None
         validated_commit(delta, table, read_at)
         return delta.updateEvent().snapshotId()  # this commit's, whatever committed after it
+
+    def _position_deletes(self, table, deletes: list[tuple[str, int]]):
+        """A position delete file of ``deletes`` ((data file, position) pairs), written by Iceberg's
+        own ``PositionDeleteWriter`` (the spec's schema, sorted by file and position, metrics by
+        ``MetricsConfig.forPositionDelete``) into memory, then stored as the data files are; returns
+        its ``DeleteFile``."""
+        path = table.locationProvider().newDataLocation(f"pglogical-{uuid.uuid4().hex}-deletes.parquet")
+        memory = java_class(self.spark, "org.apache.iceberg.inmemory.InMemoryOutputFile")(path)
+        config = java_class(self.spark, "org.apache.iceberg.MetricsConfig").forPositionDelete(table)
+        writer = (java_class(self.spark, "org.apache.iceberg.parquet.Parquet").writeDeletes(memory)
+                  .setAll(table.properties()).metricsConfig(config).withSpec(table.spec()).overwrite()
+                  .buildPositionWriter())  # no row schema: positions only
+        delete = java_class(self.spark, "org.apache.iceberg.deletes.PositionDelete").create()
+        try:
+            for file, position in sorted(set(deletes)):
+                writer.write(delete.set(file, position))
+        finally:
+            writer.close()
+        self._store(table, path, bytes(memory.toByteArray()))
+        return writer.toDeleteFile()
 
     def replace_partition(self, table, data, column: str, value: str, *, read_at: int | None) -> int:
         """Replace the rows of identity partition ``column`` = ``value`` with ``data`` (an Arrow
@@ -199,6 +237,11 @@ class DriverCommits:
         pq.write_table(frame, sink, compression="zstd")
         written = sink.getvalue().to_pybytes()
         path = table.locationProvider().newDataLocation(f"pglogical-{uuid.uuid4().hex}-{kind}.parquet")
+        self._store(table, path, written)
+        return path, written
+
+    def _store(self, table, path: str, written: bytes) -> None:
+        """Store ``written`` as the new file ``path`` of the table (never replacing a file)."""
         local = local_path(self.spark, path)
         if local is not None:  # see hadoop_files: py4j's byte[] and Hadoop's chmod forks cost more
             os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -210,7 +253,6 @@ class DriverCommits:
                 out.write(bytearray(written))
             finally:
                 out.close()
-        return path, written
 
     def _metrics(self, path: str, written: bytes, config):
         """Column bounds and counts of the file just written, by Iceberg's own public reader of a

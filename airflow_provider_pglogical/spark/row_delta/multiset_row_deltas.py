@@ -4,42 +4,33 @@
 The lakehouse numbers the n identical copies of a row value 1..n (``_pglogical_occurrence``),
 so (values, occurrence) is a key (``multisets.py``). The driver nets the batch per row value
 (+1 per INSERT and UPDATE's new row, -1 per DELETE and UPDATE's old row: :func:`net_copies`),
-reads how many copies each touched value has and whether this batch has written one already
-(through Iceberg's reader, ``lookups/table_rows.py``, else one Spark aggregate), and commits:
+reads the copies of each touched value, with their data file and position and whether this batch
+has written one already, through Iceberg's reader (``lookups/table_rows.py``), and commits:
 
-* an **equality delete file** on (values, occurrence) with the copies above the new count, and
-  the highest copy kept, which is written again with the batch's name (the MERGE's mark);
+* a **position delete file** with the copies above the new count (a DELETE removes exactly one
+  copy), and the highest copy kept, which is written again with the batch's name (the MERGE's mark);
 * a **data file** with the copies added (count+1..count+d) and that marked copy.
 
-Equality deletes match NULLs as equal, as PostgreSQL's subscriber compares rows here. A step
-applied again (a crash before the state commit) finds the batch's name on every value it left
-copies of, and skips those: exact, as the MERGE is (:func:`copy_changes`).
+Values are compared in Python with NULLs equal, as PostgreSQL's subscriber compares rows here. A
+step applied again (a crash before the state commit) finds the batch's name on every value it
+left copies of, and skips those: exact, as the MERGE is (:func:`copy_changes`).
 
 It applies where the MERGE's result is this by construction (:func:`multiset_ineligible`): the
-batch facts hold (no TRUNCATE, nothing before the table's position), no column is a float
-(equality deletes compare ``-0.0`` and ``0.0`` apart), an array (equality deletes take
-primitive columns only) or binary (Iceberg 1.9 loses equality deletes on binary columns,
-apache/iceberg#11239), no TOAST value was left out, and the table is numbered, unpartitioned,
-format 2 and merge-on-read. Everything else is MERGEd (``multisets.py``).
+batch facts hold (no TRUNCATE, nothing before the table's position), no column is a float (NaN
+is not equal to itself in Python, where PostgreSQL counts it equal) or an array, no TOAST value
+was left out, the table is numbered, unpartitioned, format 2 or later and merge-on-read, some
+column narrows the read to the touched values, and at most :data:`MAX_READ_ROWS` rows match.
+Otherwise it is MERGEd (``multisets.py``; merge-on-read, so Spark writes position deletes too).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
-from airflow_provider_pglogical.spark.common.identifiers import col
-from airflow_provider_pglogical.spark.apply.lakehouse_tables import NUMBERED_PROPERTY
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.lookups.table_rows import TooManyRows, arrow_values, read_rows
-from airflow_provider_pglogical.spark.row_delta.row_deltas import (
-    BINARY_EQUALITY,
-    FLOAT_TYPES,
-    RowDeltas,
-    batch_ineligible,
-    is_in,
-    lookup_type,
-    plain_value,
-    readable,
-)
+from airflow_provider_pglogical.spark.row_delta.row_deltas import FLOAT_TYPES, RowDeltas, batch_ineligible, lookup_type
 from airflow_provider_pglogical.staging.contract import (
     CHANGE_FACTS,
     MULTISET_COLUMNS,
@@ -51,23 +42,23 @@ from airflow_provider_pglogical.staging.contract import (
 )
 
 #: a prefilter column's distinct values above this are not listed in the lookup's filter (each
-#: literal is a round trip to the JVM); the aggregate still matches every value exactly
+#: literal is a round trip to the JVM); the rows read are still matched exactly
 MAX_FILTER_VALUES = 2_000
-#: the most rows the driver reads through Iceberg's reader to count copies; more are counted by Spark
+#: the most rows the driver reads through Iceberg's reader to count copies; more are MERGEd
 MAX_READ_ROWS = 5_000
+
+log = logging.getLogger("pglogical.apply")
 
 
 def multiset_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
     """Why a keyless table's batch is not applied as a row delta; None when it can be, as far as
-    the manifest tells (:meth:`MultisetRowDeltas.table_ineligible` checks the table)."""
+    the manifest tells (``paths/choice.py`` checks the table)."""
     values = {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
     reason = batch_ineligible(manifest, values, position)
     if reason is not None:
         return reason
     if any(kind in FLOAT_TYPES or kind.startswith("array<") for kind in values.values()):
-        return "a column is a float or an array (equality deletes compare them otherwise)"
-    if "binary" in values.values():
-        return BINARY_EQUALITY
+        return "a column is a float or an array (compared in Python, they would not count as PostgreSQL counts)"
     if manifest["details"][CHANGE_FACTS]["unchanged"]:
         return "a row left a TOAST value out"
     return None
@@ -139,6 +130,11 @@ def count_copies(rows: list[tuple], touched: list[tuple], batch: str) -> dict[tu
     return copies
 
 
+def copies_of(read: list[tuple], width: int, value: tuple) -> int:
+    """How many of the rows read hold ``value`` in their first ``width`` columns."""
+    return sum(1 for row in read if row[:width] == value)
+
+
 def _narrowing(values: list[str], types: dict[str, str], touched: list[tuple]) -> dict[str, list]:
     """Per column of a type that compares exactly, the touched values of it (at most
     :data:`MAX_FILTER_VALUES`), a row that may match has there; None among them for NULL."""
@@ -162,16 +158,11 @@ def python_column(rows, name: str) -> list:
 class MultisetRowDeltas(RowDeltas):
     """Applies eligible change batches of keyless tables as Iceberg row deltas (see the module)."""
 
-    def table_ineligible(self, table) -> str | None:
-        reason = super().table_ineligible(table)
-        if reason is None and table.properties().get(NUMBERED_PROPERTY) != "true":
-            return "the table's copies are not numbered yet"
-        return reason
-
     def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str],
-              batch: str) -> int:
+              batch: str) -> int | None:
         """Apply batch ``batch``'s change rows of one keyless table (``files``) in one commit;
-        returns their number."""
+        returns their number, or None (nothing committed) when the copies it touches cannot be
+        read through Iceberg's reader (nothing narrows the read, or too many rows match)."""
         import pyarrow as pa
 
         parts = [self._read_parquet(uri) for uri in files]
@@ -181,66 +172,49 @@ class MultisetRowDeltas(RowDeltas):
         values = [name for name in types if name not in MULTISET_COLUMNS]
         net = net_copies(rows, values)
         if net:
-            snapshot = table.currentSnapshot()  # the copies are counted at it; the commit validates from it
+            snapshot = table.currentSnapshot()  # the copies are read at it; the commit validates from it
             read_at = snapshot.snapshotId() if snapshot is not None else None
-            changes = copy_changes(net, self._copies(table, target, values, types, list(net), batch, read_at))
+            read = self._copies(table, target, values, types, list(net), read_at)
+            if read is None:
+                return None
+            width = len(values)  # each row read: values, occurrence, batch, data file, position
+            changes = copy_changes(net, count_copies([row[:width] + row[width + 1:width + 2] for row in read],
+                                                     list(net), batch))
+            where = {(row[:width], row[width]): (row[-2], row[-1]) for row in read}
+            missing = [copy for copy in changes.deleted if copy not in where]
+            if missing:
+                raise ApplyError(
+                    f"Iceberg table {self.lakehouse.name(target)} has no copy number {missing[0][1]} of a row value "
+                    f"it holds {copies_of(read, width, missing[0][0])} copies of: its copies are not numbered "
+                    "1..n as this pipeline numbers them. Fix: re-snapshot the table (PgBackfillOperator)")
             schema = table.schema()
             kinds = {name: rows[staged_name(name)].type for name in values}
             data = self._copies_table(changes.written, values, kinds, schema, batch)
-            deletes = self._copies_table(changes.deleted, values, kinds, schema, None)
-            self.row_delta(table, data, deletes, [*values, OCCURRENCE], read_at=read_at)
+            self.row_delta(table, data, [where[copy] for copy in changes.deleted], read_at=read_at)
         return rows.num_rows
 
     def _copies(self, table, target: str, values: list[str], types: dict[str, str], touched: list[tuple],
-                batch: str, read_at: int | None) -> dict[tuple, tuple[int, bool]]:
-        """Per touched value the lakehouse holds: its copies, and whether ``batch`` wrote one.
-
-        The rows that may match (each column of a type that compares exactly narrowed to the
-        touched values) are read at ``read_at`` through Iceberg's reader (``lookups/table_rows.py``),
-        and counted by one Spark aggregate instead where nothing narrows them or more than
-        :data:`MAX_READ_ROWS` match (each row's values cross py4j one by one); either is matched
-        exactly here."""
+                read_at: int | None) -> list[tuple] | None:
+        """The rows that may be copies of the touched values, read at ``read_at`` through Iceberg's
+        reader: (values, occurrence, the batch that wrote it, data file, position) each, every column
+        of a type that compares exactly narrowed to the touched values (matched exactly by the
+        caller). None, with the reason logged, where nothing narrows them or more than
+        :data:`MAX_READ_ROWS` match (each row's values cross py4j one by one): the step is MERGEd."""
         narrowed = _narrowing(values, types, touched)
-        if narrowed:
-            try:
-                rows = read_rows(self.spark, table, read_at, [*values, WRITTEN_BY], narrowed, limit=MAX_READ_ROWS)
-            except TooManyRows:
-                pass
-            else:
-                return count_copies(rows, touched, batch)
-        return self._copies_by_spark(target, values, types, touched, batch, narrowed)
+        if not narrowed:
+            log.info("%s: a MERGE, not a row delta: no column narrows the read of the copies", target)
+            return None
+        try:
+            return read_rows(self.spark, table, read_at, [*values, OCCURRENCE, WRITTEN_BY], narrowed,
+                             limit=MAX_READ_ROWS, positions=True)
+        except TooManyRows:
+            log.info("%s: a MERGE, not a row delta: more than %d rows may be copies of the values the batch "
+                     "touches", target, MAX_READ_ROWS)
+            return None
 
-    def _copies_by_spark(self, target: str, values: list[str], types: dict[str, str], touched: list[tuple],
-                         batch: str, narrowed: dict[str, list]) -> dict[tuple, tuple[int, bool]]:
-        """:meth:`_copies` as one Spark aggregate over the narrowed rows."""
-        from pyspark.sql import functions as F
-
-        condition = None
-        for name, wanted in narrowed.items():
-            present = sorted(value for value in wanted if value is not None)
-            narrow = is_in(name, present) if present else F.lit(False)
-            if None in wanted:
-                narrow = narrow | col(name).isNull()
-            condition = narrow if condition is None else condition & narrow
-        frame = self.spark.table(self.lakehouse.name(target))
-        if condition is not None:
-            frame = frame.where(condition)
-        found = (frame.groupBy(*[readable(name, types[name]).alias(name) for name in values])
-                 .agg(F.count(F.lit(1)).alias("__copies"),
-                      F.max((col(WRITTEN_BY) == F.lit(batch)).cast("int")).alias("__done"))
-                 .collect())
-        touched_set = set(touched)
-        copies = {}
-        for row in found:
-            value = tuple(plain_value(item) for item in row[:len(values)])
-            if value in touched_set:
-                copies[value] = (row["__copies"], bool(row["__done"]))
-        return copies
-
-    def _copies_table(self, copies: list[tuple[tuple, int]], values: list[str], kinds: dict, schema,
-                      batch: str | None):
-        """(values, occurrence) rows as an Arrow table with Iceberg's field ids; with ``batch``, the
-        batch's name in ``_pglogical_batch`` too (a data file), else not (an equality delete file)."""
+    def _copies_table(self, copies: list[tuple[tuple, int]], values: list[str], kinds: dict, schema, batch: str):
+        """(values, occurrence) rows as a data file's Arrow table with Iceberg's field ids and the
+        batch's name in ``_pglogical_batch``."""
         import pyarrow as pa
 
         fields, arrays = [], []
@@ -253,7 +227,6 @@ class MultisetRowDeltas(RowDeltas):
             arrays.append(array)
         fields.append(self.arrow_field(schema, OCCURRENCE, pa.int32()))
         arrays.append(pa.array([occurrence for _, occurrence in copies], type=pa.int32()))
-        if batch is not None:
-            fields.append(self.arrow_field(schema, WRITTEN_BY, pa.string()))
-            arrays.append(pa.array([batch] * len(copies), type=pa.string()))
+        fields.append(self.arrow_field(schema, WRITTEN_BY, pa.string()))
+        arrays.append(pa.array([batch] * len(copies), type=pa.string()))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))

@@ -4,29 +4,33 @@ Iceberg ``RowDelta`` commit.
 A ``MERGE INTO`` costs every table its own query planning, Spark jobs and scan of the target,
 about 0.3-0.5 s of a 2-core machine however few rows the batch holds. The driver instead reduces
 the batch to the last state of every key it touches (pyarrow, :func:`last_change_per_key`, the
-rules of ``reduction.py``) and writes:
+rules of ``reduction.py``), reads the rows the table holds under those keys through Iceberg's own
+reader (``lookups/table_rows.py``: no Spark job; with each row's data file and position, Iceberg's
+``_file`` and ``_pos`` metadata columns) and writes:
 
-* an **equality delete file** on the key columns, holding every key the batch touches (deleted,
-  updated, inserted, or left by a key change);
+* a **position delete file** (Iceberg's ``PositionDeleteWriter``) holding the data file and
+  position of every row the batch replaces: the rows of keys it deletes, updates, inserts again or
+  leaves by a key change;
 * a **data file** with the last row of every key the batch leaves present; a value a row left
   unchanged (TOAST) comes from the batch's row that last sent it, else from the lakehouse row the
-  row's history began at, looked up by key through Iceberg's reader (``_lakehouse_values``,
-  ``lookups/table_rows.py``: no Spark job);
+  row's history began at (the same read);
 
-and commits both in one ``RowDelta``. Iceberg applies an equality delete to the data files of
-earlier commits only (a lower data sequence number), so the new rows replace the old ones and
-survive their own deletes. Running the step again (a crash before the state commit) deletes the
-same keys again, the first run's rows with them, and writes the same rows: exact, as a MERGE.
+and commits both in one ``RowDelta`` validated from the snapshot it read (no data or delete file
+added since, every data file a delete points into still live). Deletes are by position, never by
+equality: every engine reads them (DuckDB, pyiceberg, Trino, Snowflake, Databricks), and a reader
+opens a delete file only with the data files it names. Running the step again (a crash before the
+state commit) reads the first run's rows under the same keys, deletes them and writes the same
+rows: exact, as a MERGE.
 
 It applies only where the result is the MERGE's by construction (:func:`ineligible` and
-:meth:`RowDeltas.table_ineligible` say why not): the pull's facts describe the batch (no
-TRUNCATE, nothing before the table's position), the table is unpartitioned, format 2 (not 3: row lineage),
-merge-on-read, its columns are the batch's with the batch's types, none needs a cast, no key is a
-float (NaN), an array or binary (Iceberg 1.9 loses equality deletes on binary columns), and kept
-values sit under a one-column key that reads back exactly. The
-rows pass through the driver, so the batch must be small and pyarrow importable there. Everything
-else is MERGEd (``keyed.py``). Equality deletes cost readers until maintenance's
-``rewrite_data_files`` folds them in; ``dead_deletes.py`` then removes the delete files.
+``paths/choice.py`` say why not): the pull's facts describe the batch (no TRUNCATE, nothing
+before the table's position), the table is unpartitioned, format 2 (on 3 a MERGE keeps an updated
+row's ``_row_id``, which these do not yet), merge-on-read, its columns are the batch's with the
+batch's types, none needs a cast, and every key column is of a type whose values read back from
+Iceberg equal the staged ones (:func:`lookup_type`). The rows
+pass through the driver, and each row the read finds crosses py4j value by value, so the batch
+must be small (:data:`ROW_DELTA_MAX_ROWS`) and pyarrow importable there. Everything else is
+MERGEd (``keyed.py``; merge-on-read, so Spark writes position deletes too).
 """
 
 from __future__ import annotations
@@ -50,21 +54,14 @@ from airflow_provider_pglogical.staging.column_types import column_type
 
 log = logging.getLogger("pglogical.apply")
 
-#: the most change rows a batch may hold to be applied by the driver (its rows pass through Python)
-ROW_DELTA_MAX_ROWS = 20_000
-#: the most change rows a batch that keeps values may hold: each row the lookup reads crosses py4j
-#: value by value (``lookups/table_rows.py``), about 0.1 ms a value, where a MERGE's cost barely grows
-KEPT_VALUES_MAX_ROWS = 2_000
+#: the most change rows a batch may hold to be applied by the driver: its rows pass through Python,
+#: and each row the read of the replaced rows finds crosses py4j value by value
+#: (``lookups/table_rows.py``, about 0.1 ms a value), where a MERGE's cost barely grows
+ROW_DELTA_MAX_ROWS = 2_000
 #: lakehouse types whose staged Arrow values are the Iceberg values as they are (no cast)
 _SIMPLE_TYPES = {"boolean", "int", "bigint", "float", "double", "string", "binary", "date", "timestamp",
                  "timestamp_ntz"}
 FLOAT_TYPES = {"float", "double"}
-#: Iceberg 1.9's reader loses equality deletes on a binary column: it reuses one buffer for every
-#: binary value of a delete file it loads, so a shorter value read later overwrites the earlier
-#: ones (apache/iceberg#11239; fixed after 1.9 by apache/iceberg#12855)
-BINARY_EQUALITY = ("a binary column would be in the equality deletes, which Iceberg 1.9 loses "
-                   "(apache/iceberg#11239)")
-_WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
 
 
 def _plain_type(kind: str) -> bool:
@@ -76,22 +73,17 @@ def _plain_type(kind: str) -> bool:
 
 def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
     """Why the batch of one keyed table (its manifest entry) is not applied as a row delta; None
-    when it can be, as far as the manifest tells (:meth:`RowDeltas.table_ineligible` checks the table)."""
+    when it can be, as far as the manifest tells (``paths/choice.py`` checks the table)."""
     reason = batch_ineligible(manifest, types, position)
     if reason is not None:
         return reason
-    if any(types[key] in FLOAT_TYPES or types[key].startswith("array<") for key in manifest["key"]):
-        return "a key column is a float or an array"
-    if any(types[key] == "binary" for key in manifest["key"]):
-        return BINARY_EQUALITY
-    facts = manifest["details"][CHANGE_FACTS]
-    if facts["unchanged"]:  # values kept from the lakehouse: looked up by key (RowDeltas._lakehouse_values)
-        if not all(lookup_type(types[key]) for key in manifest["key"]):
-            return "values are kept from the lakehouse under a key of a type not looked up"
-        if any(kind.startswith("array<timestamp") for kind in types.values()):
-            return "values are kept from the lakehouse and a column is an array of timestamps"
-        if facts["rows"] > KEPT_VALUES_MAX_ROWS:
-            return f"values are kept from the lakehouse for up to {facts['rows']} keys (more than {KEPT_VALUES_MAX_ROWS})"
+    odd = [key for key in manifest["key"] if not lookup_type(types[key])]
+    if odd:  # the rows a batch replaces are found by key, compared in Python
+        return (f"key column {odd[0]} is {types[odd[0]]}, whose values the read of the rows the batch "
+                "replaces does not compare exactly")
+    if manifest["details"][CHANGE_FACTS]["unchanged"] and any(kind.startswith("array<timestamp")
+                                                              for kind in types.values()):
+        return "values are kept from the lakehouse and a column is an array of timestamps"
     return None
 
 
@@ -200,20 +192,9 @@ class RowDeltas(DriverCommits):
         super().__init__(spark, lakehouse)
         self.staging = staging
 
-    def table_ineligible(self, table) -> str | None:
-        """Why the Iceberg table takes no row delta; None when it does."""
-        if not table.spec().isUnpartitioned():
-            return "the table is partitioned"
-        version = table.operations().current().formatVersion()
-        if version != 2:  # v3: a MERGE keeps an updated row's _row_id (row lineage), these would not yet
-            return f"the table is format version {version}"
-        properties = table.properties()
-        if any(properties.get(name) != "merge-on-read" for name in _WRITE_MODE_PROPERTIES):
-            return "the table is copy-on-write"
-        return None
-
-    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str]) -> int:
-        """Apply the batch's change rows of one table (``files``) in one commit; returns their number."""
+    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str],
+              batch: str) -> int | None:
+        """Apply batch ``batch``'s change rows of one table (``files``) in one commit; returns their number."""
         import pyarrow as pa
 
         parts = [self._read_parquet(uri) for uri in files]
@@ -222,12 +203,16 @@ class RowDeltas(DriverCommits):
         rows = pa.concat_tables(parts, promote_options="default")
         keys = list(manifest["key"])
         reduction = last_change_per_key(rows, keys, [name for name in types if name not in keys])
-        schema = table.schema()
         snapshot = table.currentSnapshot()
         base = snapshot.snapshotId() if snapshot is not None else None
-        data = self._data_table(rows, reduction, table, target, keys, types, base)
-        deletes = self._key_table(rows, reduction.touched, keys, schema)
-        self.row_delta(table, data, deletes, keys, read_at=base)
+        missing = [name for name, sources in reduction.sources.items() if None in sources]
+        # every touched key's row, where the table holds one: its position is deleted (a present
+        # key's new row is in the data file), and its values fill what the batch kept unchanged
+        found = lookup_rows(self.spark, table, base, keys, missing, list(reduction.touched),
+                            self.lakehouse.name(target), positions=True)
+        data = self._data_table(rows, reduction, table, types, missing, found)
+        deletes = [(row[-2], row[-1]) for row in found.values()]
+        self.row_delta(table, data, deletes, read_at=base)
         return rows.num_rows
 
     # files -------------------------------------------------------------------------------------
@@ -238,18 +223,17 @@ class RowDeltas(DriverCommits):
         return pq.read_table(pa.BufferReader(self.staging.read_bytes(uri)))
 
     # Arrow tables with Iceberg's field ids ------------------------------------------------------
-    def _data_table(self, rows, reduction: Reduction, table, target: str, keys: list[str], types: dict[str, str],
-                    snapshot: int | None):
+    def _data_table(self, rows, reduction: Reduction, table, types: dict[str, str], missing: list[str],
+                    found: dict):
         """The present keys' rows: each column from the key's last row, or for a column some row
-        left unchanged, from the row that last sent it, else from the lakehouse. Each column keeps
-        the Arrow type the pull staged it in (the lakehouse type, ``ineligible``); a column no
-        staged file holds is left out, and Iceberg reads it as NULL."""
+        left unchanged, from the row that last sent it, else from the lakehouse (``found``). Each
+        column keeps the Arrow type the pull staged it in (the lakehouse type, ``ineligible``); a
+        column no staged file holds is left out, and Iceberg reads it as NULL."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         last = rows.take(pa.array(reduction.last_rows, type=pa.int64()))
-        kept = self._lakehouse_values(rows, table, target, keys, reduction, snapshot) \
-            if reduction.sources else {}
+        kept = self._lakehouse_values(rows, reduction, missing, found)
         schema = table.schema()
         fields, arrays = [], []
         for name in types:
@@ -268,22 +252,15 @@ class RowDeltas(DriverCommits):
             arrays.append(array.cast(field.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
-    def _lakehouse_values(self, rows, table, target: str, keys: list[str], reduction: Reduction,
-                          snapshot: int | None) -> dict:
-        """Per column no row of the batch sent for some present key, the lakehouse's values (an Arrow
-        array over the present keys): the row of the key's origin, else of the key itself (a step
-        applied again: the origin's row is gone, the key's row holds what the first run kept).
-        They are read at ``snapshot`` (the one the commit validates from) through Iceberg's reader
-        (``lookups/table_rows.py``). Timestamps travel as microseconds, so no time zone touches them."""
+    def _lakehouse_values(self, rows, reduction: Reduction, missing: list[str], found: dict) -> dict:
+        """Per column no row of the batch sent for some present key (``missing``), the lakehouse's
+        values (an Arrow array over the present keys): the row of the key's origin, else of the key
+        itself (a step applied again: the origin's row is gone, the key's row holds what the first
+        run kept). ``found`` holds them as the step read them through Iceberg's reader
+        (``lookups/table_rows.py``), at the snapshot the commit validates from. Timestamps travel
+        as microseconds, so no time zone touches them."""
         import pyarrow as pa
 
-        missing = [name for name, sources in reduction.sources.items() if None in sources]
-        if not missing:
-            return {}
-        needing = [i for i in range(len(reduction.present))
-                   if any(reduction.sources[name][i] is None for name in missing)]
-        wanted = {tuple(reduction.present[i]) for i in needing} | {tuple(reduction.origins[i]) for i in needing}
-        found = lookup_rows(self.spark, table, snapshot, keys, missing, list(wanted), self.lakehouse.name(target))
         values = {}
         for position, name in enumerate(missing):
             column = []
@@ -296,17 +273,6 @@ class RowDeltas(DriverCommits):
             else:
                 values[name] = pa.array(column, type=kind)
         return values
-
-    def _key_table(self, rows, touched: list[tuple], keys: list[str], schema):
-        """Every touched key, with the Arrow types the key columns were staged in."""
-        import pyarrow as pa
-
-        fields, arrays = [], []
-        for i, key in enumerate(keys):
-            kind = rows[staged_name(key)].type
-            fields.append(self.arrow_field(schema, key, kind))
-            arrays.append(pa.array([values[i] for values in touched], type=kind))
-        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def readable(name: str, kind: str):

@@ -64,13 +64,15 @@ function chart(title, points, format, cls) {
 
 function pipelineCard(p) {
   const health = p.slot_health || {};
-  const bad = p.staging_error || p.slot_error || ["missing", "invalidated", "breach"].includes(health.state);
+  const bad = p.staging_error || p.slot_error || ["missing", "invalidated", "breach"].includes(health.state)
+    || (health.warnings || []).length > 0;
   const card = el("section", {class: "pipeline", "data-pipeline": p.pipeline},
     el("h2", {}, p.pipeline + " ", el("span", {class: "state" + (bad ? " bad" : "")},
       (p.state || "unknown") + (health.state ? " · slot " + health.state : ""))),
     el("div", {class: "muted"}, "slot " + (p.slot || "–") + " · staging " + p.staging_root + " · DAGs " + p.dags.join(", ")));
   [p.staging_error, p.slot_error].filter(Boolean).forEach(e => card.append(el("div", {class: "error"}, e)));
   if (health.message && health.state !== "ok") card.append(el("div", {class: "error"}, health.message));
+  (health.warnings || []).forEach(w => card.append(el("div", {class: "warning"}, "Before the slot is lost: " + w)));
   const last = p.last_pull || {}, applied = p.last_apply || {};
   card.append(el("div", {class: "figures"},
     figure("slot lag", bytes(health.lag_bytes)),

@@ -1,13 +1,17 @@
 """Remove the equality delete files that apply to no data file any more (a maintenance step).
 
-A row delta (``row_deltas.py``) commits one equality delete file per table per tick. Iceberg
-applies an equality delete to the data files of lower data sequence number only, so once
-``rewrite_data_files`` has rewritten those files (with a sequence number at least the delete's)
-it applies to nothing, yet stays in the table's delete manifests: Iceberg 1.9 drops such entries
+No apply writes equality deletes (invariant 17: deletes are by position, which every engine
+reads). Tables written by earlier versions of this provider hold them: each row delta committed one
+equality delete file per table per tick. Housekeeping converts such a table: its
+``rewrite_data_files`` (``delete-file-threshold`` 1) rewrites every data file a delete applies
+to with the deletes applied, and this step then removes the equality delete files left applying
+to nothing. Iceberg applies an equality delete to the data files of lower data sequence number
+only, so once those files are rewritten (with a sequence number at least the delete's) it
+applies to nothing, yet stays in the table's delete manifests: Iceberg 1.9 drops such entries
 only while it filters a delete manifest for another reason, and ``RemoveDanglingDeleteFiles``
-skips unpartitioned tables. Left alone they would pile up, one per tick, in every scan's planning.
+skips unpartitioned tables.
 
-This removes them in one commit: an equality delete whose data sequence number is at most the
+It removes them in one commit: an equality delete whose data sequence number is at most the
 lowest of every live data file applies to none, so removing it changes no row. The lowest is
 taken from the data manifests' ``min_sequence_number``, which also counts the deleted entries a
 manifest still lists: never higher than the truth, so a delete that may still apply stays.
