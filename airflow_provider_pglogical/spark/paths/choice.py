@@ -105,7 +105,8 @@ def choose_path(step: Step, table: TableFacts) -> PathChoice:
     reason = reason or _table_takes_no_row_delta(table)
     if reason is not None:
         return PathChoice(ApplyPath.MERGE, f"not a row delta: {reason}")
-    return PathChoice(ApplyPath.ROW_DELTA, "a small batch the driver reduces itself: data and position deletes "
+    deletes = "deletion vectors (an updated row keeps its _row_id)" if table.format_version >= 3 else "position deletes"
+    return PathChoice(ApplyPath.ROW_DELTA, f"a small batch the driver reduces itself: data and {deletes} "
                                            "in one validated RowDelta, no Spark job")
 
 
@@ -129,7 +130,7 @@ def _table_takes_no_row_delta(table: TableFacts) -> str | None:
     """Why the target table takes no row delta from the driver; None when it does."""
     if table.partitioned:
         return "the table is partitioned"
-    if table.format_version != 2:  # v3: a MERGE keeps an updated row's _row_id (row lineage); these do not yet
+    if table.format_version < 2:
         return f"the table is format version {table.format_version}"
     if not table.merge_on_read:
         return "the table is copy-on-write"
