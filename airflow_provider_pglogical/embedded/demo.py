@@ -246,7 +246,7 @@ def verify(env: dict) -> dict:
     sys.path.insert(0, str(DAGS))
     import pglogical_settings as settings
 
-    from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+    from airflow_provider_pglogical.verification.witness import verify_pipeline
 
     # The lakehouse and paths of this run's environment: the settings module may have been imported
     # earlier (e.g. by a DagBag parse) with other values.

@@ -35,7 +35,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
 from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogKind
-from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+from airflow_provider_pglogical.verification.witness import verify_pipeline
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import RESULT_PREFIX, IcebergApplyOperator
 from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator

@@ -24,12 +24,11 @@ import enum
 from dataclasses import dataclass
 
 from airflow_provider_pglogical.spark.apply.adoption import adoption_refused
-from airflow_provider_pglogical.spark.apply.lakehouse_tables import NUMBERED_PROPERTY
 from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import multiset_ineligible
 from airflow_provider_pglogical.spark.row_delta.row_deltas import ineligible
 from airflow_provider_pglogical.staging.column_types import staged_columns
-from airflow_provider_pglogical.staging.contract import OCCURRENCE
+from airflow_provider_pglogical.staging.contract import NUMBERED_PROPERTY, OCCURRENCE
 
 #: the table properties a row delta needs to be merge-on-read (a copy-on-write table is rewritten by MERGE)
 WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
