@@ -57,27 +57,37 @@ AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DAG_ID = "pglogical_freshness"
 
 
-def continuous_dags(folder: Path, dag: str = "sync") -> None:
-    """The example sync (or stream) DAG and its settings in ``folder``, the DAG renamed, on ``@continuous``."""
+def continuous_dags(folder: Path, dag: str = "sync", stream_dag: Path | None = None) -> None:
+    """The example sync (or stream) DAG and its settings in ``folder``, the DAG renamed and started
+    minutes ago; the sync DAG on ``@continuous``. The stream DAG keeps its schedule (a run every
+    window, two at once; ``stream_dag``: another version of its file, such as the one before issue
+    51's, on ``@continuous``), and its housekeeping DAG comes along, renamed too."""
     folder.mkdir(parents=True)
     (folder / "pglogical_settings.py").write_text((demo.DAGS / "pglogical_settings.py").read_text())
-    text = (demo.DAGS / f"pglogical_lakehouse_{dag}.py").read_text()
-    text, renamed = re.subn(f'dag_id="pglogical_lakehouse_{dag}"', f'dag_id="{DAG_ID}"', text)
-    if dag == "stream":
-        rescheduled = len(re.findall(r'schedule="@continuous",', text))
-    else:
+    text = (stream_dag or demo.DAGS / f"pglogical_lakehouse_{dag}.py").read_text()
+    (folder / "pglogical_freshness.py").write_text(renamed(text, f"pglogical_lakehouse_{dag}", DAG_ID, dag == "sync"))
+    housekeeping = demo.DAGS / "pglogical_lakehouse_housekeeping.py"
+    if dag == "stream" and "maintenance_due" not in text:  # the housekeeping is a DAG of its own
+        (folder / "pglogical_freshness_housekeeping.py").write_text(
+            renamed(housekeeping.read_text(), "pglogical_lakehouse_housekeeping", f"{DAG_ID}_housekeeping", False))
+
+
+def renamed(text: str, dag_id: str, new_id: str, continuous: bool) -> str:
+    """A DAG file's text under ``new_id``, unpaused, started minutes ago (``continuous``: on ``@continuous``)."""
+    text, count = re.subn(f'dag_id="{dag_id}"', f'dag_id="{new_id}"', text)
+    if continuous:
         text, rescheduled = re.subn(r"schedule=CronTriggerTimetable\([^)]*\),", 'schedule="@continuous",', text)
-    # a start date minutes ago: the first run's data interval then holds no housekeeping boundary,
-    # so no run of the measurement runs it (as in the issue's: "housekeeping not due")
+        count += rescheduled - 1
+    # a start date minutes ago: with data intervals, the first run's holds no housekeeping boundary
     start = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=5)
     text, started = re.subn(r"start_date=pendulum\.datetime\([^)]*\),",
                             f'start_date=pendulum.datetime({start.year}, {start.month}, {start.day}, {start.hour}, '
                             f'{start.minute}, tz="UTC"),', text)
-    text, unpaused = re.subn(r"    max_active_runs=1,\n", "    max_active_runs=1,\n    is_paused_upon_creation=False,\n", text)
-    if (renamed, rescheduled, started, unpaused) != (1, 1, 1, 1):
-        raise SystemExit("bench_freshness: the example DAG's dag_id, schedule or start_date line changed: "
-                         "update continuous_dags()")
-    (folder / "pglogical_freshness.py").write_text(text)
+    text, unpaused = re.subn(r"\n    max_active_runs=(\d)", r"\n    is_paused_upon_creation=False,\n    max_active_runs=\1", text)
+    if (count, started, unpaused) != (1, 1, 1):
+        raise SystemExit(f"bench_freshness: the DAG {dag_id}'s dag_id, schedule, start_date or max_active_runs "
+                         "line changed: update renamed()")
+    return text
 
 
 class Services:
@@ -128,6 +138,13 @@ class Metadata:
                          "WHERE ti.dag_id = ? AND ti.start_date IS NOT NULL AND ti.end_date IS NOT NULL "
                          "AND ti.state != 'skipped'", DAG_ID)
         return [{"run": r, "task": t, "state": s, "start": stamp(a), "end": stamp(b)} for r, t, s, a, b in rows]
+
+    def housekeeping(self) -> list[dict]:
+        """The housekeeping task instances (in the stream DAG's runs, or in its own DAG), in time order."""
+        rows = self.rows("SELECT start_date, end_date, state FROM task_instance WHERE dag_id IN (?, ?) AND "
+                         "task_id = 'maintenance' AND start_date IS NOT NULL AND end_date IS NOT NULL "
+                         "ORDER BY start_date", DAG_ID, f"{DAG_ID}_housekeeping")
+        return [{"start": stamp(a), "end": stamp(b), "state": s} for a, b, s in rows]
 
     def runs(self) -> list[dict]:
         rows = self.rows("SELECT run_id, state, start_date, end_date FROM dag_run WHERE dag_id = ? AND "
@@ -341,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-minutes", type=float, default=10.0, help="the stream DAG's windows")
     parser.add_argument("--poll", type=float, default=0.5, help="the stream DAG's apply poll interval (seconds)")
     parser.add_argument("--pull-every", type=float, default=1.0, help="the stream DAG's pull interval (seconds)")
+    parser.add_argument("--housekeeping-minutes", type=float, default=None,
+                        help="run the stream DAG's housekeeping this often (default: its hour)")
+    parser.add_argument("--lead-seconds", type=float, default=None, help="the stream DAG's overlap of two runs")
+    parser.add_argument("--stream-dag", type=Path, default=None,
+                        help="another version of the stream DAG's file (the one before issue 51: git show "
+                             "58b1f38:dags/pglogical_lakehouse_stream.py)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--tiny", action="store_true", help="write for 5 seconds (CI)")
     args = parser.parse_args(argv)
@@ -357,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pg.create_database("shop")
         demo.load(pg, "shop", random.Random(3))
-        continuous_dags(home / "dags", args.dag)
+        continuous_dags(home / "dags", args.dag, args.stream_dag)
         port = free_port()
         env = demo.airflow_env(home, pg, "shop")
         env.update({"AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"), "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -366,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
                     "PGLOGICAL_STREAM_WINDOW_MINUTES": f"{window_minutes:g}",
                     "PGLOGICAL_STREAM_POLL_SECONDS": f"{args.poll:g}",
                     "PGLOGICAL_STREAM_PULL_SECONDS": f"{args.pull_every:g}"})
+        if args.housekeeping_minutes:
+            env["PGLOGICAL_STREAM_MAINTENANCE_EVERY_HOURS"] = f"{args.housekeeping_minutes / 60:g}"
+        if args.lead_seconds is not None:
+            env["PGLOGICAL_STREAM_LEAD_SECONDS"] = f"{args.lead_seconds:g}"
         airflow(env, "db", "migrate")  # the dag-processor finds the DAG, created unpaused
         metadata = Metadata(home / "airflow.db")
         history = Rounds(home / "staging" / "shop")
@@ -430,11 +457,14 @@ def report_stream(commits, history: Rounds, since: float, load, window_minutes: 
                       "boundary_max_s": round(max(boundary), 2) if boundary else None,
                       "dag_runs": tasks["ticks"], "task_median_s": tasks["task_median_s"],
                       "between_runs_median_s": tasks["between_runs_median_s"],
+                      "housekeeping_runs_s": [(round(h["end"] - h["start"], 1), h["state"])
+                                              for h in metadata.housekeeping() if h["end"] >= since],
                       "load_average_1_5_15_mean": load}, indent=1))
     if len(values) != len(commits):
         raise SystemExit(f"{len(commits) - len(values)} commit(s) never became readable")
     print(f"freshness through the scheduler: p50 {percentile(values, 0.5):.1f} s, p95 {percentile(values, 0.95):.1f} s, "
-          f"max {max(values):.1f} s over {len(values)} commits and {breakdown['rounds']} apply rounds in "
+          f"p99 {percentile(values, 0.99):.1f} s, max {max(values):.1f} s over {len(values)} commits and "
+          f"{breakdown['rounds']} apply rounds (boundary gaps {breakdown['window_boundary_gaps_s']} s) in "
           f"{breakdown['windows']} window(s) (stream DAG)")
     return 0
 

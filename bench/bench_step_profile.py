@@ -43,6 +43,7 @@ from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
 from airflow_provider_pglogical.spark.row_delta import driver_commits, row_deltas  # noqa: E402
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
+from airflow_provider_pglogical.staging.contract import DEFAULT_CONCURRENCY  # noqa: E402
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
@@ -166,7 +167,7 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=1)
     parser.add_argument("--ticks", type=int, default=4)
     parser.add_argument("--conf", action="append", default=[], help="a Spark property KEY=VALUE (repeatable)")
-    parser.add_argument("--concurrency", type=int, default=apply_changes.DEFAULT_CONCURRENCY,
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
                         help="tables applied at once (1: the parts' times add up to the step's)")
     parser.add_argument("--updates", default="same", choices=["same", "spread"],
                         help="bench_tick's workload: the same rows updated every tick, or rows drawn anew")

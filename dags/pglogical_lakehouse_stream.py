@@ -2,47 +2,58 @@
 
 The sync DAG pays a DAG run, seven task starts and a Spark JVM for every pull and apply, so a
 commit waits for the next tick and that tick's apply (p95 ≈ two ticks, 15-20 s at best). Here one
-run holds a pull window and an apply window side by side for ``settings.STREAM_WINDOW`` (10
-minutes by default): the pull stages a batch every ``STREAM_PULL_INTERVAL`` seconds (1) when there
-are changes (and waits while the apply is two batches behind: larger batches, not more), and the apply's Spark session, started once per window, looks every
-``STREAM_POLL_INTERVAL`` seconds (0.5) and applies each new batch in a round (docs/streaming.md). ``@continuous`` with ``max_active_runs=1`` starts the next run as
-soon as one ends.
+run holds a pull window and an apply window side by side: the pull stages a batch every
+``STREAM_PULL_INTERVAL`` seconds (1) when there are changes (and waits while the apply is two
+batches behind: larger batches, not more), and the apply's Spark session, started once per window,
+looks every ``STREAM_POLL_INTERVAL`` seconds (0.5) and applies each new batch in a round
+(docs/streaming.md).
+
+**No stall at a boundary.** A run starts every ``settings.STREAM_WINDOW`` (10 minutes) and its
+windows last that plus ``settings.STREAM_LEAD`` (60 s), with ``max_active_runs=2``: the next run's
+windows start before the previous ones end. Its pull window pulls beside the previous one (each
+pull takes the slot's consumer lock, waiting for the other's pull in flight). Its apply window
+starts its JVM, warms it up, and waits for the lease: the previous window hands it over when it
+ends (``spark/apply/lease.py``; a window still holding it a minute past its promised end is treated
+as any other holder: the task fails and is retried), and the wait counts as part of the window, so
+windows do not drift. So there is never a time with no pull and no apply, only one round's handover.
+``@continuous`` cannot do this: Airflow holds it to one active run.
 
 The apply window does not wait for the setup tasks: its JVM starts while the publication and the
 initial sync (which find their work done after the first run) take their task starts, and it
-applies the initial snapshot in a round as soon as it is committed. Housekeeping runs after the
-apply window of one run in every ``settings.STREAM_MAINTENANCE_EVERY`` (an hour), in the same run: it never meets
-an apply (the lease keeps out a second apply, not the housekeeping). Run this DAG or the sync DAG
-for a pipeline, not both.
+applies the initial snapshot in a round as soon as it is committed. The housekeeping runs in a DAG
+of its own (``pglogical_lakehouse_housekeeping.py``), beside the windows: it never holds a window
+up, and a round that meets its commit on the same files is applied again at the next poll. Run this
+DAG or the sync DAG for a pipeline, not both.
 
-Cost: one Airflow worker slot for each window task and one Spark driver, held for the whole window.
+Cost: one Airflow worker slot for each window task and one Spark driver, held for the whole window;
+twice that during the lead.
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import DAG, TriggerRule, task
+from airflow.sdk import DAG, DeltaTriggerTimetable
 
 from airflow_provider_pglogical import (
     IcebergApplyOperator,
-    IcebergMaintenanceOperator,
     PgCreatePublicationOperator,
     PgInitialSyncOperator,
     PgSlotPullOperator,
 )
-from airflow_provider_pglogical.lakehouse.maintenance_window import maintenance_due
 
 import pglogical_settings as settings
 
 ICEBERG = settings.iceberg_config()
+#: each window's length: a run's own period plus the overlap with the next run
+WINDOW = settings.STREAM_WINDOW + settings.STREAM_LEAD
 
 with DAG(
     dag_id="pglogical_lakehouse_stream",
     description="Streaming sync of published PostgreSQL tables into Apache Iceberg, in windows",
-    schedule="@continuous",
+    schedule=DeltaTriggerTimetable(settings.STREAM_WINDOW),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=2,  # the previous run's windows end while this run's start
     default_args={"retries": settings.TASK_RETRIES, "retry_delay": settings.RETRY_DELAY},
     params={"max_changes": 200_000},
     tags=["pglogical", "iceberg", "streaming"],
@@ -70,7 +81,7 @@ with DAG(
         staging_root=settings.STAGING,
         pipeline=settings.PIPELINE,
         max_changes="{{ params.max_changes }}",
-        keep_running=settings.STREAM_WINDOW,
+        keep_running=WINDOW,
         poll_interval=settings.STREAM_PULL_INTERVAL,
         max_unapplied_batches=settings.STREAM_MAX_UNAPPLIED,
     )
@@ -81,22 +92,9 @@ with DAG(
         pipeline=settings.PIPELINE,
         iceberg=ICEBERG,
         conf=settings.SPARK_CONF,
-        keep_running=settings.STREAM_WINDOW,
+        keep_running=WINDOW,
         poll_interval=settings.STREAM_POLL_INTERVAL,
         staging_retention=settings.STREAM_RETENTION,
     )
 
-    # after an apply window that succeeded; not after a failed one
-    @task.short_circuit(task_id="maintenance_due", trigger_rule=TriggerRule.NONE_FAILED)
-    def is_maintenance_due(data_interval_start=None, data_interval_end=None) -> bool:
-        """Let the housekeeping run once per STREAM_MAINTENANCE_EVERY (continuous runs' intervals are contiguous)."""
-        return maintenance_due(data_interval_start, data_interval_end, settings.STREAM_MAINTENANCE_EVERY)
-
-    maintenance = IcebergMaintenanceOperator(
-        task_id="maintenance",
-        conn_id=settings.SPARK_CONN_ID,
-        iceberg=ICEBERG,
-        older_than_hours=settings.STREAM_SNAPSHOT_HOURS,  # each round is a snapshot in the metadata
-    )
-    publication >> snapshot >> pull
-    apply >> is_maintenance_due() >> maintenance
+    publication >> snapshot >> pull  # the apply window beside them from the run's start: no upstream

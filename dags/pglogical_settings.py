@@ -18,11 +18,13 @@ Copy the DAGs and change these defaults, or set the variables where Airflow runs
 - ``PGLOGICAL_STREAM_WINDOW_MINUTES`` / ``PGLOGICAL_STREAM_PULL_SECONDS`` / ``PGLOGICAL_STREAM_POLL_SECONDS``:
   how long each run of the streaming DAG keeps pulling and applying, how often it pulls, and how
   often the apply looks for new batches (default 10 minutes, 1 s, 0.5 s)
+- ``PGLOGICAL_STREAM_LEAD_SECONDS``: how long two runs of the streaming DAG overlap, so that the next
+  run's windows are ready when the previous ones end (default 60: its task starts and JVM start)
 - ``PGLOGICAL_STREAM_RETENTION_HOURS``: how long the streaming DAG keeps applied batches in staging
   (default 0.5: it stages a batch per poll, and every poll lists what is kept)
 - ``PGLOGICAL_STREAM_MAINTENANCE_EVERY_HOURS`` / ``PGLOGICAL_STREAM_SNAPSHOT_HOURS``: how often the
-  streaming DAG runs the housekeeping, and how old a snapshot it expires (default 1 and 1: a round
-  a second adds a snapshot a second to each changed table's metadata)
+  streaming pipeline's housekeeping DAG runs, and how old a snapshot it expires (default 1 and 1: a
+  round a second adds a snapshot a second to each changed table's metadata)
 - ``PGLOGICAL_WATCH_SECONDS``: how often the event-driven apply's watcher lists the staging area for
   new batches (default 30; ``pglogical_lakehouse_events.py``)
 - ``PGLOGICAL_DRIVER_JAVA_OPTIONS``: the apply driver's JVM options (default C1 only, docs/operators.md
@@ -79,9 +81,16 @@ def iceberg_config(environ: Mapping[str, str] = os.environ) -> IcebergConfig:
 #: period (the run whose data interval holds 00:00, 06:00, 12:00 or 18:00 UTC with 6 hours)
 MAINTENANCE_EVERY = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_MAINTENANCE_EVERY_HOURS", "6")))
 
-#: the streaming DAG's windows: each run pulls and applies for this long (a task start, a DAG run and
-#: a JVM start once per window), looking for changes every STREAM_POLL_INTERVAL seconds
+#: the streaming DAG's windows: a run starts every STREAM_WINDOW and pulls and applies for that long
+#: plus STREAM_LEAD (a task start, a DAG run and a JVM start once per window), looking for changes
+#: every STREAM_POLL_INTERVAL seconds
 STREAM_WINDOW = dt.timedelta(minutes=float(os.environ.get("PGLOGICAL_STREAM_WINDOW_MINUTES", "10")))
+#: how long two runs overlap: the next run's pull window starts pulling beside the previous one,
+#: and its apply window starts its JVM, warms it up and takes the lease over the moment the previous
+#: window releases it, so there is never a time with no pull and no apply (docs/streaming.md). It
+#: must cover a run's start: the scheduler's delay, the task starts and the JVM's start (measured
+#: here 10-40 s on a busy 2-core machine)
+STREAM_LEAD = dt.timedelta(seconds=float(os.environ.get("PGLOGICAL_STREAM_LEAD_SECONDS", "60")))
 STREAM_POLL_INTERVAL = float(os.environ.get("PGLOGICAL_STREAM_POLL_SECONDS", "0.5"))
 #: seconds between two pulls of the streaming DAG: each pull that finds changes stages a batch, and
 #: the apply pays a data commit and a state commit per batch (about 0.4 s idle, over 1 s on a busy
@@ -93,7 +102,7 @@ STREAM_MAX_UNAPPLIED = 2
 #: older than this is rebuilt by a backfill instead of from staging (docs/streaming.md)
 STREAM_RETENTION = dt.timedelta(hours=float(os.environ.get("PGLOGICAL_STREAM_RETENTION_HOURS", "0.5")))
 
-#: the streaming DAG's housekeeping: how often, and the snapshots it keeps. Every apply round commits
+#: the streaming pipeline's housekeeping (its own DAG, beside the windows): how often, and the snapshots it keeps. Every apply round commits
 #: each table it changes (a round a second when changes keep coming), and a table's metadata file
 #: lists every snapshot not expired, rewritten at each commit: after 500 rounds it was 0.5 MB; a day
 #: of them kept (the sync DAG's 24 hours) would be ~80 MB per commit. An hour's snapshots keep

@@ -111,8 +111,18 @@ class StagedBatchTrigger(BaseEventTrigger):
 
 def staged_batches_asset(staging_root: str, pipeline: str, poll_interval: float = DEFAULT_WATCH_INTERVAL):
     """The Asset of a pipeline's committed batches, watched by :class:`StagedBatchTrigger`:
-    ``schedule=[staged_batches_asset(STAGING, "shop")]`` runs a DAG when a pull commits a batch."""
+    ``schedule=[staged_batches_asset(STAGING, "shop")]`` runs a DAG when a pull commits a batch.
+
+    The arguments are checked when the DAG is parsed (a wrong one fails the DAG's import with the fix),
+    since the trigger would otherwise fail later in the triggerer, where nobody looks.
+    """
     from airflow.sdk import Asset, AssetWatcher
+
+    from airflow_provider_pglogical.management.validation import check_pipeline_name, check_seconds, check_staging_root
+
+    check_staging_root(staging_root)
+    check_pipeline_name(pipeline)
+    poll_interval = check_seconds(poll_interval, "poll_interval")
 
     name = f"pglogical_staged_batches_{pipeline}"
     trigger = StagedBatchTrigger(staging_root=staging_root, pipeline=pipeline, poll_interval=poll_interval)

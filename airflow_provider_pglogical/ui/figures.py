@@ -96,6 +96,9 @@ def staging_figures(root, ref: PipelineRef) -> dict[str, Any]:
         "last_pull": next((e for e in reversed(pulls) if not e.get("error")), None),
         "last_apply": next((e for e in reversed(applies) if not e.get("error")), None),
         "last_error": max(errors, key=lambda e: e.get("at", "")) if errors else None,
+        # the newest pull that snapshotted tables again or orphaned some (issue 47)
+        "last_source_change": next((e for e in reversed(recorded) if e.get("resnapshotted") or e.get("orphaned")),
+                                   None),
         "next_pull_in_seconds": pull_cadence(recorded),
         "history": {
             "slot_lag": [{"at": e["at"], "lag_bytes": e.get("lag_bytes"),

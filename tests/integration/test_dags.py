@@ -25,7 +25,8 @@ def test_dagbag_loads_every_example_dag_without_errors(monkeypatch):
 
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_apply", "pglogical_lakehouse_pull",
+    assert sorted(bag.dag_ids) == ["pglogical_backfill", "pglogical_lakehouse_apply", "pglogical_lakehouse_housekeeping",
+                                   "pglogical_lakehouse_pull",
                                    "pglogical_lakehouse_stream", "pglogical_lakehouse_sync",
                                    "pglogical_orders_downstream", "pglogical_pg_to_pg"]
     sync = bag.dags["pglogical_lakehouse_sync"]
@@ -33,32 +34,44 @@ def test_dagbag_loads_every_example_dag_without_errors(monkeypatch):
                                                             "maintenance_due", "maintenance"]
 
 
-def test_stream_dag_runs_a_pull_window_beside_an_apply_window_and_the_housekeeping_after_it(monkeypatch):
+def test_stream_dag_overlaps_its_runs_windows_and_its_housekeeping_runs_in_a_dag_of_its_own(monkeypatch):
     monkeypatch.syspath_prepend(str(DAGS))
     from airflow.dag_processing.dagbag import DagBag
 
     import pglogical_settings as settings
 
     stream = DagBag(dag_folder=str(DAGS / "pglogical_lakehouse_stream.py")).dags["pglogical_lakehouse_stream"]
-    assert type(stream.timetable).__name__ == "ContinuousTimetable" and stream.max_active_runs == 1
+    # a run every window, two at once: the next run's windows start before the previous ones end
+    assert type(stream.timetable).__name__ == "DeltaTriggerTimetable" and stream.max_active_runs == 2
+    assert stream.timetable.delta == settings.STREAM_WINDOW
+    assert stream.timetable.active_runs_limit is None  # @continuous would hold it to one run
     pull, apply = stream.get_task("pull_window"), stream.get_task("apply_window")
-    # the setup tasks before the pull only; the apply's JVM starts beside them, the housekeeping after it
+    # the setup tasks before the pull only; the apply's JVM starts beside them; no housekeeping in the run
     assert pull.upstream_task_ids == {"initial_sync"} and stream.get_task("initial_sync").upstream_task_ids == {
         "publication"}
-    assert apply.upstream_task_ids == set() and apply.downstream_task_ids == {"maintenance_due"}
-    assert stream.get_task("maintenance").upstream_task_ids == {"maintenance_due"}
-    assert stream.get_task("maintenance_due").trigger_rule == "none_failed"
-    assert pull.keep_running == apply.keep_running == settings.STREAM_WINDOW
+    assert apply.upstream_task_ids == set() and apply.downstream_task_ids == set()
+    assert sorted(stream.task_ids) == ["apply_window", "initial_sync", "publication", "pull_window"]
+    # each window lasts the run's period plus the lead: two runs overlap by the lead
+    assert pull.keep_running == apply.keep_running == settings.STREAM_WINDOW + settings.STREAM_LEAD
+    assert settings.STREAM_LEAD.total_seconds() == 60 and settings.STREAM_WINDOW.total_seconds() == 600
     assert pull.poll_interval == settings.STREAM_PULL_INTERVAL and apply.poll_interval == settings.STREAM_POLL_INTERVAL
     assert pull.max_unapplied_batches == settings.STREAM_MAX_UNAPPLIED  # paced to the apply
-    window = f"{settings.STREAM_WINDOW.total_seconds():g}"
     options = apply.apply_options()
-    assert f"{options.keep_running:g}" == window and options.poll_interval == settings.STREAM_POLL_INTERVAL
-    assert apply.iceberg == stream.get_task("maintenance").iceberg
+    assert options.keep_running == 660 and options.poll_interval == settings.STREAM_POLL_INTERVAL
     assert apply.staging_retention == settings.STREAM_RETENTION  # a batch per poll: kept for less than a week
+
+    housekeeping = DagBag(dag_folder=str(DAGS / "pglogical_lakehouse_housekeeping.py")).dags[
+        "pglogical_lakehouse_housekeeping"]
+    maintenance = housekeeping.get_task("maintenance")
+    assert housekeeping.task_ids == ["maintenance"] and housekeeping.max_active_runs == 1
+    assert type(housekeeping.timetable).__name__ == "DeltaTriggerTimetable"
+    assert housekeeping.timetable.delta == settings.STREAM_MAINTENANCE_EVERY
+    assert apply.iceberg == maintenance.iceberg
     # a snapshot per round: an hour of them kept, housekeeping every hour (the metadata stays small)
-    assert stream.get_task("maintenance").housekeeping.older_than_hours == settings.STREAM_SNAPSHOT_HOURS == 1
+    assert maintenance.housekeeping.older_than_hours == settings.STREAM_SNAPSHOT_HOURS == 1
     assert settings.STREAM_MAINTENANCE_EVERY.total_seconds() == 3600
+    # orphans a day old at least: a round's files in flight beside it are never taken
+    assert maintenance.housekeeping.orphan_older_than_hours >= 24
 
 
 def test_events_dags_pull_on_a_clock_and_apply_when_a_batch_lands(monkeypatch):

@@ -60,3 +60,85 @@ def test_expiry_after_another_writers_commits_reports_and_removes_every_snapshot
     assert len(left) == 1 and left < second_and_third, (first, second_and_third, left)
     assert report["deleted_manifest_lists_count"] == 2, report
     assert sorted(r.id for r in spark.table("writer.hk.t").collect()) == [1, 2, 3]
+
+
+def test_housekeeping_beside_a_running_apply_window_leaves_the_lakehouse_equal_to_the_source(
+        publisher, publisher_hook, tmp_path):
+    """Issue 51: the streaming pipeline's housekeeping runs in a DAG of its own, beside the windows
+    (dags/pglogical_lakehouse_housekeeping.py). Here the maintenance job runs again and again, in a
+    session of its own (its catalog caching tables, as the job's does), with every step on and the
+    most eager settings (compaction of two files, expiry of every snapshot but the newest), while
+    a pull window and an apply window commit a writer's changes in rounds, until the window ends. The window ends without
+    error (a round that met a housekeeping commit is applied again), and the lakehouse equals the
+    source: read by Spark, and by the witness that reads the source by row hashes in PostgreSQL."""
+    import json
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from airflow_provider_pglogical.capture import source_projection
+    from airflow_provider_pglogical.embedded.postgres import wait_until
+    from airflow_provider_pglogical.lakehouse.verification import verify_tables
+    from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
+    from airflow_provider_pglogical.spark.jobs import apply_changes, verify_tables as verify_job
+    from airflow_provider_pglogical.lakehouse.staging_roots import storage_path
+    from airflow_provider_pglogical.ui.history import read_history
+    from tests.integration.test_one_apply import Lake
+    from tests.integration.test_window_handover import Writer
+    from tests.support.spark_jobs import reading_session
+
+    warehouse = tmp_path / "warehouse"
+    spark = reading_session(warehouse, "test-housekeeping-beside-a-window")
+    apply_changes.tune_session(spark)
+    try:
+        lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "beside", spark)
+        housekeeping = spark.newSession()  # its own catalogs, caching tables as the maintenance job's do
+        housekeeping.conf.set("spark.sql.catalog.lake.cache-enabled", "true")
+        eager = Housekeeping(min_input_files=2, older_than_hours=0, retain_last=1, orphan_older_than_hours=24)
+        pull = PgSlotPullOperator(task_id="pull_window", slot="s1", publications=["p"], pipeline="p",
+                                  staging_root=lake.root.as_uri(), postgres_conn_id=publisher.conn_id,
+                                  keep_running=25, poll_interval=0.5)
+        writer, reports, rounds_during = Writer(publisher), [], []
+
+        def rounds() -> int:
+            return sum(1 for entry in read_history(lake.storage, "p", "apply") if "round" in entry)
+
+        def keep_housekeeping(stop: threading.Event) -> None:
+            while not stop.is_set():
+                before = rounds()
+                reports.append(maintenance.run(housekeeping, "lake", "beside", None, eager))
+                rounds_during.append(rounds() - before)
+
+        stop = threading.Event()
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            window = pool.submit(lake.run_in_process, keep_running=40, poll_interval=0.25)
+            wait_until(lambda: rounds() or window.done(), timeout=300, interval=0.2, message="the window's first round")
+            pulling = pool.submit(pull.execute, {})
+            writer.start()
+            keeping = pool.submit(keep_housekeeping, stop)
+            writing = time.monotonic()  # the writer stops before the pull window ends: every commit is pulled
+            wait_until(lambda: time.monotonic() > writing + 18 or keeping.done() or window.done(), timeout=60,
+                       interval=0.5, message="the writer's time")
+            writer.done.set()
+            writer.join()
+            pulling.result(timeout=120)
+            applied = window.result(timeout=300)  # its last listing comes after the pull window's last pull
+            stop.set()
+            keeping.result(timeout=300)
+        started = time.monotonic()
+        assert lake.lake() == lake.source()
+        tables = source_projection.source_tables(publisher_hook.published_tables(["p"]), "lake", "beside")
+        verified = verify_tables(publisher_hook.connect_kwargs(), tables, lake.storage, "p",
+                                 lambda plan: verify_job.run(spark, json.loads(storage_path(plan).read_text())))
+        assert verified["equal"], verified["summary"]
+        compacted = sum(report["tables"][t]["rewrite_data_files"].get("rewritten_data_files_count", 0)
+                        for report in reports for t in report["tables"])
+        expired = sum(report["tables"][t]["expire_snapshots"].get("deleted_manifest_lists_count", 0)
+                      for report in reports for t in report["tables"])
+        print(f"housekeeping beside a window: {len(reports)} runs, {compacted} data files compacted, {expired} "
+              f"snapshots expired, window rounds during each run {rounds_during}, conflicts met by the window "
+              f"{applied['window']['conflicts']}; verified in {time.monotonic() - started:.1f} s")
+        # the housekeeping did work while the window committed rounds
+        assert compacted > 0 and expired > 0 and sum(rounds_during) > 0, (reports, rounds_during)
+    finally:
+        spark.stop()

@@ -23,6 +23,8 @@ from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.staging.contract import ORPHANED_PROPERTY, REPLACE_TABLE
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
+from airflow_provider_pglogical.ui.discovery import PipelineRef
+from airflow_provider_pglogical.ui.figures import staging_figures
 from airflow_provider_pglogical.ui.history import read_history
 from tests.support.spark_jobs import applying_session
 
@@ -226,6 +228,9 @@ def test_a_via_root_flip_snapshots_the_root_and_marks_the_orphaned_partitions(pu
     assert sorted(pulled["orphaned"]) == ["public.part1", "public.part2"]
     history = read_history(ObjectStoragePath((tmp_path / "staging").as_uri()), "p", "pull")[-1]  # the pipeline view
     assert sorted(history["orphaned"]) == ["public.part1", "public.part2"] and "public.root" in history["resnapshotted"]
+    view = staging_figures(ObjectStoragePath((tmp_path / "staging").as_uri()),
+                           PipelineRef((tmp_path / "staging").as_uri(), "p", publisher.conn_id, "s1"))
+    assert sorted(view["last_source_change"]["orphaned"]) == ["public.part1", "public.part2"]
     summary = apply(spark, tmp_path, namespace)
     assert summary["orphaned"] == {"public.part1": "marked", "public.part2": "marked"}
     assert_lake_equals_projection(spark, publisher, namespace, {"root": ("id, v", None)})

@@ -458,5 +458,5 @@ def test_an_apply_folds_a_tables_delete_files_into_its_data_once_they_reach_its_
     docs.refresh()
     assert delete_file_count(docs) == 1
     assert lakehouse_rows(spark, "delta", "docs") == source_rows(publisher, "docs")
-    with pytest.raises(ApplyError, match="--compact-deletes-at must be 0"):
+    with pytest.raises(ApplyError, match="compact_deletes_at must be 0"):
         lake.apply(compact_deletes_at=-1)

@@ -42,7 +42,8 @@ class PublicationEvents:
         self.modulus = 3
         self.listed = False  # whether pe_listed's column list holds ``extra``
         self.filled = 0  # columns added to pe_filled so far
-        self.done: list[str] = []
+        self.done: list[str] = []  # this round's events
+        self.history: list[str] = []  # every round's
 
     def create(self) -> None:
         self.publisher.execute(SCHEMA)
@@ -87,6 +88,7 @@ class PublicationEvents:
         for event in (self.rewrite, self.fill, self.filter, self.column_list):
             if self.rng.random() < 0.5:
                 done.append(event())
+        self.history += done
         return done
 
     def rewrite(self) -> str:

@@ -49,6 +49,8 @@ def test_short_mode_every_kill_point_then_equal(publisher, subscriber, tmp_path,
     assert not missing, f"[seed {SEED}] kill points not hit: {missing}; missed {figures.missed}"
     assert figures.verified_rounds == figures.rounds == len(short_schedule())
     assert harness.shapes.rounds == figures.rounds  # every round ran issue 33's DDL shapes, then verified equal
+    assert harness.events.history, "no change to what the source publishes ran (issue 47's events)"
+    print(f"seed {SEED}: issue 47 events {harness.events.history}")
     assert figures.linked_orphans > 0  # the adoption's kill before its commit came after its hard links
     assert figures.compared_tables >= 2 * figures.rounds and figures.differing_tables == 0
     # retention removed history along the way (every apply runs it at 0 hours), and still equal

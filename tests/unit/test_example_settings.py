@@ -59,7 +59,8 @@ def test_the_catalog_storage_and_warehouse_come_from_the_environment(monkeypatch
 
 
 @pytest.mark.parametrize("dag_file, tasks", [("pglogical_lakehouse_sync.py", ["apply", "maintenance"]),
-                                             ("pglogical_lakehouse_stream.py", ["apply_window", "maintenance"]),
+                                             ("pglogical_lakehouse_stream.py", ["apply_window"]),
+                                             ("pglogical_lakehouse_housekeeping.py", ["maintenance"]),
                                              ("pglogical_backfill.py", ["apply"]),
                                              ("pglogical_lakehouse_events.py", ["apply"])])
 def test_every_example_dag_that_reaches_iceberg_uses_the_configured_lakehouse(monkeypatch, tmp_path, dag_file, tasks):

@@ -1,5 +1,6 @@
 """The warning before PostgreSQL invalidates a slot (management/monitoring.py), on its figures alone,
-and the metric names the figures are exported under (ui/metrics.py)."""
+the metric names the figures are exported under (ui/metrics.py), and the staged-batches asset's
+checks (triggers/staged_batches.py)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,19 @@ def test_metric_names_carry_the_tags_for_a_statsd_that_drops_them():
     assert _legacy("pglogical.table.freshness_seconds", {"pipeline": "shop", "table": "public.orders"}) == \
         "pglogical.table.freshness_seconds.shop.public__orders"
     assert _legacy("pglogical.slot.lag_bytes", {"pipeline": "odd name/1"}) == "pglogical.slot.lag_bytes.odd_name_1"
+
+
+def test_the_staged_batches_asset_refuses_a_pipeline_or_root_it_could_not_watch():
+    import pytest
+
+    from airflow_provider_pglogical.exceptions import InvalidInputError
+    from airflow_provider_pglogical.triggers.staged_batches import staged_batches_asset
+
+    asset = staged_batches_asset("file:///data/staging", "shop", poll_interval=5)
+    assert asset.name == "pglogical_staged_batches_shop" and asset.watchers[0].trigger.poll_interval == 5
+    with pytest.raises(InvalidInputError, match=r"pipeline name '\.\./shop' is not a plain directory name"):
+        staged_batches_asset("file:///data/staging", "../shop")
+    with pytest.raises(InvalidInputError, match="staging"):
+        staged_batches_asset("data/staging", "shop")
+    with pytest.raises(InvalidInputError, match="poll_interval"):
+        staged_batches_asset("file:///data/staging", "shop", poll_interval=0)

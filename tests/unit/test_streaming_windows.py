@@ -253,3 +253,65 @@ def test_a_pull_window_skips_pulls_while_the_apply_is_behind_but_never_more_than
     # skipped at 100.0 (2 behind), pulled at 100.5 (0), skipped from 101.0 on, at most ten in a row
     assert pulls[:2] == [100.5, 101.0 + 0.5 * MAX_SKIPS]
     assert summary["skipped"] >= 1 + MAX_SKIPS and summary["pulls"] == len(pulls)
+
+
+def test_a_window_that_waited_for_the_handover_counts_the_wait_as_part_of_its_window():
+    from airflow_provider_pglogical.spark.jobs.apply_window import window_after_handover
+
+    # runs start every 600 s and last 660: a window that waited 50 s for the previous one keeps 610
+    assert window_after_handover(660.0, 0.0, 0.5) == 660.0
+    assert window_after_handover(660.0, 50.0, 0.5) == 610.0
+    assert window_after_handover(660.0, 700.0, 0.5) == 0.5  # waited past its own window: one poll
+
+
+def test_the_next_window_waits_for_a_windows_lease_until_its_promised_end_plus_a_margin_only():
+    from airflow_provider_pglogical.spark.apply.lease import HANDOVER_MARGIN_SECONDS, handover_deadline
+
+    now = 1_000.0
+    assert handover_deadline({"window_until": now + 5}, now) == now + 5 + HANDOVER_MARGIN_SECONDS
+    # just past its end: still handing over (its last round runs)
+    assert handover_deadline({"window_until": now - 10}, now) == now - 10 + HANDOVER_MARGIN_SECONDS
+    # a window stuck past its end and the margin, a single apply, an initial load's window: as before
+    assert handover_deadline({"window_until": now - HANDOVER_MARGIN_SECONDS - 1}, now) is None
+    assert handover_deadline({"expires_at": now + 100}, now) is None
+    assert handover_deadline({"window_until": True}, now) is None
+    assert handover_deadline(None, now) is None
+
+
+def test_a_window_says_its_deadline_once_and_runs_a_round_that_met_another_commit_again():
+    from airflow_provider_pglogical.spark.jobs.apply_window import MAX_CONFLICTS
+
+    class Conflict(Exception):
+        pass
+
+    clock = Clock()
+    promised, outcomes = [], iter(["ok", Conflict("a compaction replaced a file"), "ok"])
+
+    def apply_round() -> dict:
+        clock.now += 1.0
+        outcome = next(outcomes, "ok")
+        if isinstance(outcome, Exception):
+            raise outcome
+        return {"seen": ["a", "b"] if clock.now > 101.5 else ["a"], "steps": []}
+
+    listings = iter([["a", "b"]])
+    summary = keep_applying(apply_round, lambda: next(listings, ["a", "b"]), 3.0, 0.5, promise=promised.append,
+                            conflict=lambda error: isinstance(error, Conflict), clock=clock, wait=clock.wait)
+    assert promised == [3.0]  # once, after the first round
+    assert summary["window"]["rounds"] == 2 and summary["window"]["conflicts"] == 1
+    # an error that is no conflict, or conflicts without end, fail the window
+    failing = iter([ValueError("broken")])
+    with pytest.raises(ValueError, match="broken"):
+        keep_applying(lambda: (_ for _ in ()).throw(next(failing)), lambda: [], 3.0, 0.5,
+                      conflict=lambda error: isinstance(error, Conflict), clock=Clock(), wait=Clock().wait)
+    attempts = []
+
+    def always_conflicting() -> dict:
+        attempts.append(1)
+        raise Conflict("again")
+
+    other = Clock()
+    with pytest.raises(Conflict):
+        keep_applying(always_conflicting, lambda: [], 3.0, 0.5, conflict=lambda error: isinstance(error, Conflict),
+                      clock=other, wait=other.wait)
+    assert len(attempts) == MAX_CONFLICTS + 1

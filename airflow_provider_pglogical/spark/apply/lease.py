@@ -1,6 +1,7 @@
 """One apply per pipeline: the lease the apply job takes on its state table (a table property, by
 compare-and-swap), renews while it runs and releases at its end; a killed holder on the same
-machine is seen gone at once, one elsewhere when the lease expires."""
+machine is seen gone at once, one elsewhere when the lease expires. The next streaming window,
+started before the previous one ends, waits for it to hand the lease over (:meth:`ApplyLease.acquire`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import Callable
 
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.java_classes import java_class
@@ -19,6 +21,12 @@ from airflow_provider_pglogical.spark.row_delta.driver_commits import java_excep
 from airflow_provider_pglogical.staging.contract import APPLY_LEASE_PROPERTY_PREFIX
 
 log = logging.getLogger("pglogical.apply")
+
+#: how long past the promised end of the window holding the lease (its ``window_until``) the next
+#: window waits for the handover; a window still holding it then is treated as any other holder
+HANDOVER_MARGIN_SECONDS = 60.0
+#: seconds between two reads of the lease while a window waits for the handover
+HANDOVER_POLL_SECONDS = 0.25
 
 
 class ApplyLeaseHeld(ApplyError):
@@ -47,12 +55,18 @@ class ApplyLease:
         early): the lease then says ``window_until``, the earliest its window ends. Every batch
         committed before then, the window applies (its last listing comes after it), which lets an
         apply that meets the lease end as skipped instead of failing (``operators/iceberg_apply.py``).
+        Such a window, meeting another window's lease, waits for it to be handed over: until the
+        holder releases it, or at most :data:`HANDOVER_MARGIN_SECONDS` past its ``window_until``
+        (:func:`handover_deadline`); ``waited`` then says how long, which counts as part of its window.
+    :param while_waiting: run once, in a thread of its own, when a window starts waiting for the
+        handover (the job's JVM warm-up, ``warm_up.py``).
     """
 
     def __init__(self, spark, lakehouse, pipeline: str, seconds: float, holder: str | None = None,
-                 window_seconds: float | None = None) -> None:
+                 window_seconds: float | None = None, while_waiting: Callable[[], object] | None = None) -> None:
         self.spark, self.lakehouse, self.pipeline, self.seconds = spark, lakehouse, pipeline, float(seconds)
-        self.window_seconds = window_seconds
+        self.window_seconds, self.while_waiting = window_seconds, while_waiting
+        self.waited = 0.0  # seconds this window waited for the previous one to hand the lease over
         self.key = APPLY_LEASE_PROPERTY_PREFIX + pipeline
         self.id = uuid.uuid4().hex
         self.holder = holder or f"an apply on {socket.gethostname()}, pid {os.getpid()}"
@@ -71,13 +85,44 @@ class ApplyLease:
     def acquire(self) -> None:
         """Take the lease, or raise :class:`ApplyLeaseHeld` when another apply holds a live one."""
         self._ops = self.lakehouse.state_table().operations()
-        self._swap(self._take, "take")
-        found = self._lease(self._ops.refresh())  # read back: a catalog that raced must show it
-        if found is None or found.get("id") != self.id:
-            raise self._held(found or {})
+        started = time.monotonic()
+        while True:
+            try:
+                self._swap(self._take, "take")
+                found = self._lease(self._ops.refresh())  # read back: a catalog that raced must show it
+                if found is None or found.get("id") != self.id:
+                    raise self._held(found or {})
+                break
+            except ApplyLeaseHeld as held:
+                if not self._wait_for_handover(held, started):
+                    raise
+        if self.waited:
+            log.info("pipeline %r: the previous window handed the lease over after %.2fs", self.pipeline, self.waited)
         self._renewer = threading.Thread(target=self._renew, name=f"pglogical-lease-{self.pipeline}", daemon=True)
         self._renewer.start()
         log.info("apply lease of %s taken until %s", self.pipeline, _utc(self.expires_at))
+
+    def _wait_for_handover(self, held: ApplyLeaseHeld, started: float) -> bool:
+        """Wait a beat for another window's lease to be released; False when this apply is no window,
+        the holder is no window, or its window ran past :func:`handover_deadline`."""
+        deadline = handover_deadline(held.lease, time.time()) if self.window_seconds else None
+        if deadline is None:
+            return False
+        if not self.waited:
+            log.info("pipeline %r: waiting for the apply window of %s to hand its lease over (at most until %s)",
+                     self.pipeline, held.lease.get("holder"), _utc(deadline))
+            if self.while_waiting is not None:
+                threading.Thread(target=self.while_waiting, name="pglogical-handover-wait", daemon=True).start()
+        self._stop.wait(min(HANDOVER_POLL_SECONDS, max(0.0, deadline - time.time())))
+        self.waited = round(time.monotonic() - started, 3)
+        return True
+
+    def promise(self, seconds: float) -> None:
+        """Say in the lease that this window ends ``seconds`` from now at the earliest (its deadline,
+        known after its first round): what the next window waits for and a single apply trusts."""
+        until = time.time() + seconds
+        self._swap(lambda lease: {**lease, "window_until": until}
+                   if lease is not None and lease.get("id") == self.id else None, "promise")
 
     def check(self) -> None:
         """Raise :class:`ApplyError` when this apply no longer holds a live lease: called before each
@@ -110,8 +155,8 @@ class ApplyLease:
         now = time.time()
         taken = {"id": self.id, "holder": self.holder, "taken_at": now, "expires_at": now + self.seconds,
                  "process": this_process()}
-        if self.window_seconds:  # the window ends a full window after its first round, which ends after now
-            taken["window_until"] = now + self.window_seconds
+        if self.window_seconds:  # the window ends a full window (less the handover) after its first round
+            taken["window_until"] = now + max(0.0, self.window_seconds - self.waited)
         return taken
 
     def _swap(self, change, what: str, attempts: int = 20) -> None:
@@ -166,6 +211,17 @@ class ApplyLease:
             f"lasts until {_utc(expires)} unless renewed. Nothing was applied. Run one apply per pipeline "
             "(max_active_tis_per_dag=1 on the apply task, or max_active_runs=1 on the DAG) and let Airflow "
             "retry: a killed apply's lease expires by itself.", lease)
+
+
+def handover_deadline(lease: dict | None, now: float) -> float | None:
+    """Until when (epoch seconds) a window may wait for ``lease`` to be released: its holder's
+    promised end plus :data:`HANDOVER_MARGIN_SECONDS`; None when the holder is no keep-running
+    window (a single apply, an initial load's window) or that time has passed."""
+    until = (lease or {}).get("window_until")
+    if not isinstance(until, (int, float)) or isinstance(until, bool):
+        return None
+    deadline = until + HANDOVER_MARGIN_SECONDS
+    return deadline if deadline > now else None
 
 
 def this_process() -> dict | None:

@@ -92,7 +92,8 @@ from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batche
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
 from airflow_provider_pglogical.spark.apply.state_table import settle_orphans
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
-from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, record_round
+from airflow_provider_pglogical.spark.jobs.apply_window import (
+    Phases, commit_conflict, first_commits, keep_applying, loaded, record_round, window_after_handover)
 from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
 from airflow_provider_pglogical.spark.paths.choice import ApplyPath, choose_path, table_facts
 from airflow_provider_pglogical.spark.paths.taken import take_path
@@ -136,7 +137,8 @@ def run(spark, options: ApplyOptions) -> dict:
     lakehouse = Lakehouse(spark, options.catalog, options.namespace, options.write_mode, options.bucket_count,
                           options.format_version, options.upgrade_format_version)
     window = keep_running if keep_running and not options.until_loaded else None  # an initial load's may end early
-    with ApplyLease(spark, lakehouse, pipeline, options.lease_seconds, options.lease_holder, window) as lease:
+    warm = (lambda: warm_up(spark)) if window else None  # while a window waits for the lease's handover
+    with ApplyLease(spark, lakehouse, pipeline, options.lease_seconds, options.lease_holder, window, warm) as lease:
         phases.end("lease")
         if options.bucket_count:
             lakehouse.drop_batch_tables()
@@ -146,9 +148,12 @@ def run(spark, options: ApplyOptions) -> dict:
             return apply_pending(spark, staging, lakehouse, lease, options, phases)
 
         if keep_running:
-            summary = keep_applying(apply_round, lambda: _listed(staging, lease), keep_running, options.poll_interval,
-                                    record=lambda entry: record_round(staging, entry),
-                                    until=loaded if options.until_loaded else None, idle=lambda: warm_up(spark))
+            summary = keep_applying(apply_round, lambda: _listed(staging, lease),
+                                    window_after_handover(keep_running, lease.waited, options.poll_interval),
+                                    options.poll_interval, record=lambda entry: record_round(staging, entry),
+                                    until=loaded if options.until_loaded else None, idle=lambda: warm_up(spark),
+                                    promise=lease.promise if window else None, conflict=commit_conflict)
+            summary["window"]["handover_seconds"] = lease.waited
         else:
             summary = apply_round()
         summary["seconds"] = round(time.monotonic() - started, 3)  # the apply inside the job, JVM start excluded

@@ -9,6 +9,13 @@ round of their own, until the window ends; then it lists once more, applies what
 exits. Each round is a whole apply: every step is committed and recorded in the state table as in
 a single run, so a window killed anywhere resumes exactly where its last state commit left it.
 
+Two windows overlap at a boundary (the streaming DAG starts the next before the previous ends):
+the next one's session waits for the lease (``lease.ApplyLease``, the handover), and the time it
+waited counts as part of its window, so windows keep their length and do not drift
+(:func:`window_after_handover`). A round that meets a commit of the housekeeping on the same
+files (a compaction's replace) commits nothing (every commit validates) and is run again at the
+next poll, at most :data:`MAX_CONFLICTS` times in a row (:func:`commit_conflict`).
+
 Each round adds an entry to the pipeline's apply history (``<root>/<pipeline>/_history_apply.jsonl``,
 the UI's freshness chart): its rows and time, where the time went (``phases``), ``end_lsn`` (every commit before it is queryable
 now) and, per table, the age of the oldest commit it applied.
@@ -33,10 +40,38 @@ from airflow_provider_pglogical.staging.contract import (
 
 log = logging.getLogger("pglogical.apply")
 
+#: rounds in a row that may meet another commit (the housekeeping's) before the window fails
+MAX_CONFLICTS = 5
+
+
+def window_after_handover(keep_running: float, waited: float, poll_interval: float) -> float:
+    """A window's length after it waited ``waited`` seconds for the lease: ``keep_running`` less the
+    wait (the window started when its session was ready), at least one poll."""
+    return max(poll_interval, keep_running - waited)
+
+
+def commit_conflict(error: BaseException) -> bool:
+    """Whether a round failed because another commit changed a table it wrote (nothing of the step
+    was committed): ``ConcurrentCommit`` from the driver's commits, or Iceberg's
+    ``ValidationException`` behind a Spark MERGE or write."""
+    from airflow_provider_pglogical.spark.row_delta.driver_commits import ConcurrentCommit, java_exception_class
+
+    if isinstance(error, ConcurrentCommit):
+        return True
+    if java_exception_class(error) is None:
+        return False
+    cause = error.java_exception
+    while cause is not None:
+        if cause.getClass().getName() == "org.apache.iceberg.exceptions.ValidationException":
+            return True
+        cause = cause.getCause()
+    return False
+
 
 def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[str]], seconds: float,
                   poll_interval: float = DEFAULT_POLL_INTERVAL, *, record: Callable[[dict], None] | None = None,
                   until: Callable[[dict], bool] | None = None, idle: Callable[[], float | None] | None = None,
+                  promise: Callable[[float], None] | None = None, conflict: Callable[[BaseException], bool] | None = None,
                   clock: Callable[[], float] = time.monotonic, wait: Callable[[float], None] = time.sleep) -> dict:
     """Apply a first round, then a round whenever ``committed()`` lists a batch no round has seen,
     until ``seconds`` have passed since the first round ended; a last listing at the end. Returns the rounds' summaries merged.
@@ -49,6 +84,10 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
     :param idle: run once, in a thread of its own, when the first round applied nothing (``warm_up.py``):
         the window polls meanwhile, so a batch committed during it is applied at once; its result
         (seconds, or None) is the summary's ``warm_up_seconds``, waited for at the window's end.
+    :param promise: called once with the window's remaining seconds when its deadline is known (after
+        the first round): the lease says it (``ApplyLease.promise``), for the next window's handover.
+    :param conflict: whether a round's error is a commit conflict, run again at the next poll
+        (:func:`commit_conflict`; at most :data:`MAX_CONFLICTS` in a row).
     :raises ApplyError: ``until`` was given and no round satisfied it within ``seconds``.
     """
     if not seconds > 0:
@@ -61,14 +100,25 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
     deadline = None  # the window counts from the end of the first round (what was pending at the start)
     rounds: list[dict] = []
     seen: set[str] = set()
-    polls = 0
+    polls = conflicts = met = 0
     while True:
         closing = deadline is not None and clock() >= deadline
         if rounds:
             polls += 1
-        if not rounds or not seen.issuperset(committed()):
+        if not rounds or conflicts or not seen.issuperset(committed()):
             round_started = clock()
-            summary = apply_round()
+            try:
+                summary = apply_round()
+            except Exception as error:
+                if conflict is None or not conflict(error) or conflicts >= MAX_CONFLICTS:
+                    raise
+                conflicts += 1
+                met += 1
+                log.warning("a round met another commit (the housekeeping's?) and committed nothing of that step; "
+                            "applying it again at the next poll: %s", error)
+                wait(poll_interval)
+                continue
+            conflicts = 0
             summary["round_seconds"] = round(clock() - round_started, 3)
             rounds.append(summary)
             seen.update(summary["seen"])
@@ -81,6 +131,8 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
                 warming.start()
         if deadline is None:
             deadline = clock() + seconds
+            if promise is not None:
+                promise(seconds)
         if closing:
             if until is not None:
                 raise ApplyError(
@@ -94,6 +146,7 @@ def keep_applying(apply_round: Callable[[], dict], committed: Callable[[], list[
         warming.join()
     summary = merge_rounds(rounds, polls, clock() - started)
     summary["window"]["warm_up_seconds"] = warmed[0] if warmed else None
+    summary["window"]["conflicts"] = met
     return summary
 
 

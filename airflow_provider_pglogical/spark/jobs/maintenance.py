@@ -17,8 +17,12 @@ that are gone; skipped on a table with a list or map column, where Iceberg 1.10'
 cut-off, keeping ``retain_last``), then ``remove_orphan_files`` (files no snapshot references,
 older than a cut-off of at least a day, so a write still in flight keeps its files).
 
-Run it when nothing else commits to these tables (the example DAG runs it after the apply, in the
-same DAG run): a compaction that meets a MERGE on the same files fails one of the two commits.
+It may run beside an apply (the streaming pipeline's housekeeping DAG runs it beside the windows):
+every commit of either validates what it read, so when the two meet on the same files one of them
+commits nothing. A step of this job that meets another commit (Iceberg's ``ValidationException``,
+or a commit that lost every retry) is reported as ``{"conflict": …}`` and left for the next run;
+the table's other steps go on. An apply round that meets one of this job's commits is applied again
+by its window (``apply_window.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -42,6 +47,9 @@ from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 
 RESULT_PREFIX = "PGLOGICAL_MAINTENANCE_RESULT "
+#: Iceberg's exceptions of a commit refused because another writer committed first
+CONFLICTS = ("org.apache.iceberg.exceptions.ValidationException", "org.apache.iceberg.exceptions.CommitFailedException")
+log = logging.getLogger("pglogical.maintenance")
 #: how many orphan file paths the summary lists (it counts them all)
 ORPHAN_SAMPLE = 5
 
@@ -68,9 +76,17 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
             refresh(spark, name)
             now = dt.datetime.now(dt.timezone.utc)  # cut-offs count back from the call, not the job's start
             call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
-            results[step] = report(step, spark.sql(call).collect())
-            if step == "rewrite_data_files":  # equality deletes (an earlier version's) it left applying to nothing
-                results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(spark, name)
+            try:
+                results[step] = report(step, spark.sql(call).collect())
+                if step == "rewrite_data_files":  # equality deletes (an earlier version's) it left applying to nothing
+                    results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(spark, name)
+            except Exception as error:
+                conflict = commit_conflict(error)
+                if conflict is None:
+                    raise
+                log.warning("%s.%s: %s met another writer's commit and committed nothing; left for the next run: %s",
+                            namespace, table, step, conflict)
+                results.setdefault(step, {"conflict": conflict})
         return results
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="pglogical-maintenance") as pool:
@@ -79,6 +95,17 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
         # every table ran (committed or failed) before the first failure, in table order, is raised
         results = {table: future.result() for table, future in futures.items()}
     return {"namespace": namespace, "steps": housekeeping.steps(), "tables": results}
+
+
+def commit_conflict(error: BaseException) -> str | None:
+    """The message of the Iceberg conflict behind a procedure's error (a ``ValidationException``, or
+    a ``CommitFailedException`` after the commit's retries), or None when it is something else."""
+    cause = getattr(error, "java_exception", None)
+    while cause is not None:
+        if cause.getClass().getName() in CONFLICTS:
+            return f"{cause.getClass().getSimpleName()}: {cause.getMessage()}"
+        cause = cause.getCause()
+    return None
 
 
 def refresh(spark, name: str) -> None:

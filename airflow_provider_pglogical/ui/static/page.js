@@ -87,6 +87,10 @@ function pipelineCard(p) {
     figure("last apply: " + when(applied.at), applied.at ? `${applied.rows} rows in ${seconds(applied.seconds)}` : "–"),
   ));
   if (p.last_error) card.append(el("div", {class: "error"}, "Last error (" + when(p.last_error.at) + "): " + p.last_error.error));
+  const change = p.last_source_change;  // a change to what the source publishes (issue 47)
+  if (change) card.append(el("div", {class: "warning"}, "Source change (" + when(change.at) + "): " +
+    [...Object.entries(change.resnapshotted || {}).map(([t, why]) => t + " snapshotted again: " + why),
+     ...Object.entries(change.orphaned || {}).map(([t, why]) => t + " orphaned: " + why)].join("; ")));
   if (p.tables && p.tables.length) {
     card.append(el("table", {class: "tables"},
       el("tr", {}, ["table", "Iceberg table", "applied up to", "applied at", "rows", "freshness"].map(h => el("th", {}, h))),
