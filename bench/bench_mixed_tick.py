@@ -133,7 +133,7 @@ def compare_s3(rows: list[dict], pipeline) -> list[str]:
     """Print the S3 pipeline's medians and ratio to the local submit pipeline, then verify its
     lakehouse against its source (``verify_pipeline``: PostgreSQL digests, a Spark job through the
     JDBC catalog); returns the tables that differ."""
-    from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+    from airflow_provider_pglogical.verification.witness import verify_pipeline
 
     local, remote = (statistics.median(r[key] for r in rows) for key in ("apply_task", "apply_task_s3"))
     print(f"S3 + JDBC catalog, medians over {len(rows)} ticks: apply task {remote:.2f} s, in-job "

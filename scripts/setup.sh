@@ -60,3 +60,11 @@ fi
 echo "setup: checking the lakehouse's jars (resolved from Maven Central the first time)"
 SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1} .venv/bin/python -m airflow_provider_pglogical.lakehouse.jar_cache \
   >.venv/jar-cache.log 2>&1 || { tail -n 30 .venv/jar-cache.log; echo "setup: the jars could not be resolved or checked (full log: .venv/jar-cache.log)"; exit 1; }
+
+# Iceberg's REST catalog fixture, for the tests and `demo.sh --lakehouse rest` (embedded/rest_catalog.py):
+# Maven resolves its artifacts from Maven Central once into .venv/share/airflow-provider-pglogical/rest-catalog,
+# and every file is checked against its pinned sha256. The JDK's source launcher starts it (a JDK, not a JRE).
+command -v mvn >/dev/null 2>&1 || { echo "setup: installing Maven"; apt_install maven; }
+command -v javac >/dev/null 2>&1 || { echo "setup: installing the JDK 17"; apt_install openjdk-17-jdk-headless; }
+.venv/bin/python -m airflow_provider_pglogical.embedded.rest_catalog >.venv/rest-catalog.log 2>&1 \
+  || { tail -n 30 .venv/rest-catalog.log; echo "setup: the REST catalog's jars could not be resolved (full log: .venv/rest-catalog.log)"; exit 1; }

@@ -33,6 +33,7 @@ LONGEST_FIRST = (
     "tests/integration/test_assets.py",
     "tests/integration/test_openlineage.py",
     "tests/integration/test_spark_copy.py",
+    "tests/integration/test_object_store_lakehouse.py",
     "tests/integration/test_benchmarks_tiny.py",
 )
 

@@ -1,4 +1,4 @@
-"""The ``airflow pglogical`` commands; thin wrappers over :mod:`airflow_provider_pglogical.management.pipeline_ops`."""
+"""The ``airflow pglogical`` commands; thin wrappers over :mod:`airflow_provider_pglogical.cli.pipeline_ops`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.exceptions import PgLogicalError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.staging_roots import staging_path
-from airflow_provider_pglogical.management.pipeline_ops import drop_pipeline, pipeline_status
+from airflow_provider_pglogical.cli.pipeline_ops import drop_pipeline, pipeline_status
 from airflow_provider_pglogical.management.validation import check_pipeline_name, check_staging_root
 
 

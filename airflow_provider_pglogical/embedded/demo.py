@@ -1,6 +1,6 @@
 """The embedded end-to-end demo: local PostgreSQL → Airflow DAGs → Spark local → local Iceberg.
 
-    python -m airflow_provider_pglogical.embedded.demo [--ticks 3] [--keep] [--lakehouse local|s3]
+    python -m airflow_provider_pglogical.embedded.demo [--ticks 3] [--keep] [--lakehouse local|s3|rest]
 
 1. starts a throwaway PostgreSQL 15 on loopback and loads a demo schema (a row filter, a column
    list, a partitioned table, arrays, jsonb, TOAST-sized values);
@@ -14,6 +14,8 @@
 
 ``--lakehouse s3`` runs the same flow on the production shape (``demo_lakehouse.py``): the warehouse
 on a local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL; staging on the same bucket.
+``--lakehouse rest`` does it on Iceberg's REST catalog (its test fixture on loopback, OAuth2 client
+credentials) with the warehouse on the same S3 server through Iceberg's S3FileIO.
 """
 
 from __future__ import annotations
@@ -169,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="then serve Airflow's UI with the pipeline view on 127.0.0.1:PORT (8080) until Ctrl-C")
     parser.add_argument("--lakehouse", choices=demo_lakehouse.LAKEHOUSES, default="local",
                         help="local: a Hadoop catalog on a local directory (default); s3: the warehouse on a "
-                             "local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL")
+                             "local S3 server, Iceberg's JDBC catalog in the demo's PostgreSQL; rest: the warehouse "
+                             "on a local S3 server through S3FileIO, Iceberg's REST catalog on loopback")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"PostgreSQL {pg.query('SHOW server_version')[0][0]} on 127.0.0.1:{pg.port}; loading the demo schema")
         load(pg, db, rng)
         lakehouse = (demo_lakehouse.s3_lakehouse(pg) if args.lakehouse == "s3"
+                     else demo_lakehouse.rest_lakehouse(home) if args.lakehouse == "rest"
                      else demo_lakehouse.local_lakehouse(home))
         print(f"lakehouse: {lakehouse.where}")
         env = airflow_env(home, pg, db, lakehouse.env)
@@ -242,7 +246,7 @@ def verify(env: dict) -> dict:
     sys.path.insert(0, str(DAGS))
     import pglogical_settings as settings
 
-    from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+    from airflow_provider_pglogical.verification.witness import verify_pipeline
 
     # The lakehouse and paths of this run's environment: the settings module may have been imported
     # earlier (e.g. by a DagBag parse) with other values.

@@ -28,7 +28,8 @@ CATALOG_TABLES_QUERY = ("SELECT table_name, metadata_location FROM iceberg_table
 def lists_tables_without_spark(config: IcebergConfig) -> bool:
     """The catalog is Iceberg's JDBC catalog in the database of ``catalog_conn_id`` (the uri built
     from it), so this worker can read its entries itself."""
-    return (not config.catalog_impl and (config.catalog_type or "").lower() == "jdbc"
+    spec = config.spec
+    return (spec is not None and spec.lists_tables_without_spark and not config.catalog_impl
             and bool(config.catalog_conn_id) and not config.catalog_uri)
 
 

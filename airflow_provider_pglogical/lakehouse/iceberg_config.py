@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_provider_pglogical.exceptions import InvalidInputError
+from airflow_provider_pglogical.lakehouse.catalog_kinds import (
+    CATALOGS,
+    CatalogKind,
+    CatalogSpec,
+    FileIOKind,
+    UnknownCatalogKind,
+    catalog_kind,
+)
 from airflow_provider_pglogical.lakehouse.jar_cache import IcebergJarNotFound, jar_paths, jars_directory
 from airflow_provider_pglogical.lakehouse.jar_sets import JarRole
 
@@ -23,8 +31,6 @@ WRITE_MODES = ("merge-on-read", "copy-on-write")
 FORMAT_VERSIONS = (2, 3)
 #: warehouse schemes of object stores: no atomic rename, so no Hadoop catalog there
 OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos", "r2")
-#: catalogs that reach AWS through Iceberg's own AWS module (``iceberg-aws-bundle``)
-AWS_CATALOG_TYPES = ("glue", "rest")
 
 
 def iceberg_runtime_jar() -> str:
@@ -65,13 +71,16 @@ class IcebergConfig:
     """Where the lakehouse is and how Spark reaches it.
 
     :param catalog: Spark catalog name the tables are addressed by (``lake.<namespace>.<table>``).
-    :param catalog_type: Iceberg ``type`` (``hadoop``, ``hive``, ``rest``, ``glue``, ``jdbc``, ``nessie``);
-        ignored when ``catalog_impl`` is given.
+    :param catalog_type: Iceberg ``type``, a :class:`CatalogKind` or its name (``hadoop``, ``jdbc``,
+        ``rest``, ``glue``, ``hive``, ``nessie``); ignored when ``catalog_impl`` is given.
     :param catalog_impl: a catalog class (``org.apache.iceberg.aws.glue.GlueCatalog``) instead of a type.
     :param catalog_uri: the catalog's ``uri`` (``jdbc:postgresql://host:5432/db``, a REST URL); for
         ``jdbc`` it is built from ``catalog_conn_id`` when not given.
-    :param catalog_conn_id: Airflow connection of the catalog: for ``jdbc`` a PostgreSQL connection
-        whose login and password reach Spark through a private properties file, never the command line.
+    :param catalog_conn_id: Airflow connection of the catalog, of the type its kind takes
+        (``CatalogSpec.connection``): for ``jdbc`` a PostgreSQL connection; for ``rest`` an ``iceberg``
+        connection (host = catalog URI, login/password = OAuth2 client id/secret); for ``glue`` an
+        ``aws`` connection. Its secrets reach Spark through a private properties file (Glue's keys
+        through the job's environment), never the command line.
     :param warehouse: warehouse URI; default ``$AIRFLOW_HOME/lakehouse`` (embedded Hadoop catalog).
         On an object store (``s3a://``, ``s3://``, ``gs://``, ...) the catalog must be a transactional
         one (``jdbc``, ``rest``, ``glue``): a Hadoop catalog there is refused.
@@ -95,7 +104,7 @@ class IcebergConfig:
     """
 
     catalog: str = "lake"
-    catalog_type: str | None = "hadoop"
+    catalog_type: CatalogKind | str | None = CatalogKind.HADOOP
     catalog_impl: str | None = None
     catalog_uri: str | None = None
     catalog_conn_id: str | None = None
@@ -121,11 +130,36 @@ class IcebergConfig:
                 f"IcebergConfig(format_version={self.format_version!r}): Iceberg tables are written as format "
                 f"version {' or '.join(map(str, FORMAT_VERSIONS))}; use 2 (the default, read by every engine) or 3")
 
+    @property
+    def kind(self) -> CatalogKind | None:
+        """The catalog's kind (``None``: a ``catalog_impl`` of the user's own)."""
+        try:
+            return catalog_kind(self.catalog_type, self.catalog_impl)
+        except UnknownCatalogKind as error:
+            raise InvalidInputError(f"Iceberg catalog {self.catalog!r}: {error}") from None
+
+    @property
+    def spec(self) -> CatalogSpec | None:
+        """What the catalog's kind needs (:data:`~.catalog_kinds.CATALOGS`)."""
+        kind = self.kind
+        return None if kind is None else CATALOGS[kind]
+
+    def file_io(self) -> FileIOKind:
+        """The FileIO of the warehouse: S3FileIO for a REST or Glue catalog on S3, else Hadoop's."""
+        spec = self.spec
+        return spec.file_io_on_s3 if spec is not None and self.on_s3() else FileIOKind.HADOOP
+
     def check(self) -> None:
-        """Refuse what cannot be safe, before anything runs: a Hadoop catalog on an object store."""
+        """Refuse what cannot be safe or cannot work, before anything runs: an unknown catalog type, a
+        setting the kind requires left out, a Hadoop catalog on an object store."""
         warehouse = self.warehouse or ""
-        hadoop = not self.catalog_impl and (self.catalog_type or "").lower() == "hadoop"
-        if hadoop and scheme_of(warehouse) in OBJECT_STORE_SCHEMES:
+        spec = self.spec
+        if spec is not None and spec.required and not any(getattr(self, name) for name in spec.required):
+            raise InvalidInputError(
+                f"Iceberg catalog {self.catalog!r} is a {spec.kind.value} catalog without "
+                f"{' or '.join(spec.required)}: set one of them (docs/lakehouse.md shows each catalog's settings)"
+            )
+        if spec is not None and not spec.transactional and scheme_of(warehouse) in OBJECT_STORE_SCHEMES:
             raise InvalidInputError(
                 f"Iceberg catalog {self.catalog!r} is a Hadoop catalog on the object store warehouse {warehouse}: "
                 "its commits rely on an atomic rename, which object stores do not have, so two commits can "
@@ -139,10 +173,10 @@ class IcebergConfig:
         return scheme_of(self.warehouse or "") in ("s3", "s3a", "s3n")
 
     def needs_aws(self) -> bool:
-        """The catalog or its FileIO uses Iceberg's AWS module: Glue, REST (S3FileIO, SigV4), or an
-        ``org.apache.iceberg.aws`` class named in ``extra_conf``."""
-        kind = (self.catalog_impl or self.catalog_type or "").lower()
-        return any(name in kind for name in AWS_CATALOG_TYPES) or any(
+        """The catalog or its FileIO uses Iceberg's AWS module: a kind whose entry says so (Glue, REST:
+        S3FileIO, SigV4), S3FileIO, or an ``org.apache.iceberg.aws`` class named in ``extra_conf``."""
+        spec = self.spec
+        return (spec is not None and spec.aws_module) or self.file_io() is FileIOKind.S3 or any(
             "org.apache.iceberg.aws." in value for value in self.extra_conf.values())
 
     def default_jars(self) -> list[str]:
@@ -153,8 +187,7 @@ class IcebergConfig:
             jars += s3a_jars()
         if self.needs_aws():
             jars += iceberg_aws_jars()
-        if (self.catalog_type or "").lower() == "jdbc" and not self.catalog_impl and \
-                (self.catalog_conn_id or (self.catalog_uri or "").startswith("jdbc:postgresql:")):
+        if self.kind is CatalogKind.JDBC and (self.catalog_conn_id or (self.catalog_uri or "").startswith("jdbc:postgresql:")):
             jars.append(postgresql_jdbc_jar())
         return jars
 
@@ -170,10 +203,12 @@ class IcebergConfig:
         }
         if self.catalog_impl:
             conf[f"{prefix}.catalog-impl"] = self.catalog_impl
-        elif self.catalog_type:
-            conf[f"{prefix}.type"] = self.catalog_type
+        elif self.kind is not None:
+            conf[f"{prefix}.type"] = self.kind.value
         if self.catalog_uri:
             conf[f"{prefix}.uri"] = self.catalog_uri
+        if self.file_io() is FileIOKind.S3:
+            conf[f"{prefix}.io-impl"] = FileIOKind.S3.value
         if self.on_s3():  # s3:// and s3n:// through S3A too, as on EMR
             conf.update({f"spark.hadoop.fs.{scheme}.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"
                          for scheme in ("s3", "s3n")})

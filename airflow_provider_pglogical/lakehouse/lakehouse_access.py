@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_provider_pglogical.exceptions import InvalidInputError
+from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogConnection, FileIOKind
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 
 _TRUE = ("1", "true", "yes", "on")
@@ -26,10 +27,13 @@ _TRUE = ("1", "true", "yes", "on")
 @dataclass
 class LakehouseAccess:
     """Spark properties that reach the lakehouse: ``public`` ones may go on the command line,
-    ``private`` ones (keys, passwords) only into the private properties file."""
+    ``private`` ones (keys, passwords, tokens) only into the private properties file, and
+    ``environment`` (Glue's AWS keys: the AWS SDK reads them nowhere else) only into the
+    spark-submit's environment."""
 
     public: dict[str, str] = field(default_factory=dict)
     private: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
 
 
 def lakehouse_access(config: IcebergConfig) -> LakehouseAccess:
@@ -37,18 +41,23 @@ def lakehouse_access(config: IcebergConfig) -> LakehouseAccess:
     access = LakehouseAccess()
     if config.storage_conn_id:
         storage_properties(config.storage_conn_id, access)
-    if config.catalog_conn_id:
-        _catalog(config, access)
+        if config.file_io() is FileIOKind.S3:
+            s3_file_io_properties(config.storage_conn_id, f"spark.sql.catalog.{config.catalog}.", access)
+    spec = config.spec
+    if config.catalog_conn_id and spec is not None and spec.connection is not None:
+        _CATALOG_CONNECTIONS[spec.connection](config, access)
     return access
 
 
 def job_access(config: IcebergConfig, staging: LakehouseAccess | None = None) -> LakehouseAccess:
     """Everything one of our spark-submits needs: the lakehouse's Spark configuration and access,
     plus an object-store staging root's (``staging_roots.staging_access``). ``public`` goes into the
-    job's ``conf``, ``private`` into its private properties file, never onto the command line."""
+    job's ``conf``, ``private`` into its private properties file, ``environment`` into its
+    environment, never onto the command line."""
     lake, staging = lakehouse_access(config), staging or LakehouseAccess()
     return LakehouseAccess(public={**config.spark_conf(), **lake.public, **staging.public},
-                           private={**lake.private, **staging.private})
+                           private={**lake.private, **staging.private},
+                           environment={**lake.environment, **staging.environment})
 
 
 def _connection(conn_id: str):
@@ -62,14 +71,7 @@ def storage_properties(conn_id: str, access: LakehouseAccess, prefix: str = "spa
     one bucket): keys in login/password (or extras), endpoint and region in extras."""
     conn = _connection(conn_id)
     extra = conn.extra_dejson
-    key = conn.login or extra.get("aws_access_key_id")
-    secret = conn.password or extra.get("aws_secret_access_key")
-    if bool(key) != bool(secret):
-        raise InvalidInputError(
-            f"Airflow connection {conn_id!r} has an access key without its secret (or the reverse): give both "
-            "(login and password, or extras aws_access_key_id and aws_secret_access_key), or neither to use "
-            "the machine's AWS credentials chain"
-        )
+    key, secret, token = _aws_keys(conn_id, conn)
     endpoint = extra.get("endpoint_url")
     if endpoint:
         access.public[f"{prefix}endpoint"] = str(endpoint)
@@ -81,11 +83,89 @@ def storage_properties(conn_id: str, access: LakehouseAccess, prefix: str = "spa
     if key:
         access.private[f"{prefix}access.key"] = str(key)
         access.private[f"{prefix}secret.key"] = str(secret)
-        token = extra.get("aws_session_token")
         if token:
             access.private[f"{prefix}session.token"] = str(token)
             access.public[f"{prefix}aws.credentials.provider"] = (
                 "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider")
+
+
+def _aws_keys(conn_id: str, conn) -> tuple[str | None, str | None, str | None]:
+    """An ``aws`` connection's access key, secret and session token (login/password or extras)."""
+    extra = conn.extra_dejson
+    key = conn.login or extra.get("aws_access_key_id")
+    secret = conn.password or extra.get("aws_secret_access_key")
+    if bool(key) != bool(secret):
+        raise InvalidInputError(
+            f"Airflow connection {conn_id!r} has an access key without its secret (or the reverse): give both "
+            "(login and password, or extras aws_access_key_id and aws_secret_access_key), or neither to use "
+            "the machine's AWS credentials chain"
+        )
+    return key, secret, extra.get("aws_session_token")
+
+
+def s3_file_io_properties(conn_id: str, prefix: str, access: LakehouseAccess) -> None:
+    """An ``aws`` connection as Iceberg S3FileIO properties of a catalog (``prefix`` ends with a dot):
+    endpoint, path-style access and region public, keys private."""
+    conn = _connection(conn_id)
+    extra = conn.extra_dejson
+    key, secret, token = _aws_keys(conn_id, conn)
+    endpoint = extra.get("endpoint_url")
+    if endpoint:
+        access.public[f"{prefix}s3.endpoint"] = str(endpoint)
+    path_style = extra.get("path_style_access", bool(endpoint))
+    access.public[f"{prefix}s3.path-style-access"] = str(str(path_style).lower() in _TRUE).lower()
+    if extra.get("region_name"):
+        access.public[f"{prefix}client.region"] = str(extra["region_name"])
+    if key:
+        access.private[f"{prefix}s3.access-key-id"] = str(key)
+        access.private[f"{prefix}s3.secret-access-key"] = str(secret)
+        if token:
+            access.private[f"{prefix}s3.session-token"] = str(token)
+
+
+def _iceberg_catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
+    """An ``iceberg`` connection (the official Iceberg provider's type) for a REST catalog: host is
+    the catalog's URI, login and password the OAuth2 client id and secret, extras more catalog
+    properties (``scope``, ``oauth2-server-uri``, ``token``, ``warehouse``, ...). Everything but the
+    URI goes into the private file: an extra may be a credential."""
+    conn = _connection(str(config.catalog_conn_id))
+    prefix = f"spark.sql.catalog.{config.catalog}"
+    if not config.catalog_uri:
+        if not conn.host:
+            raise InvalidInputError(
+                f"Airflow connection {config.catalog_conn_id!r} names no catalog URI (its host) for the REST "
+                f"catalog {config.catalog!r}: set the host to the catalog's URL, or pass IcebergConfig(catalog_uri=...)"
+            )
+        port = f":{conn.port}" if conn.port else ""
+        access.public[f"{prefix}.uri"] = conn.host if "://" in conn.host else f"https://{conn.host}{port}"
+    if bool(conn.login) != bool(conn.password):
+        raise InvalidInputError(
+            f"Airflow connection {config.catalog_conn_id!r} has an OAuth2 client id without its secret (or the "
+            "reverse): give both (login = client id, password = client secret), or neither"
+        )
+    if conn.login:
+        access.private[f"{prefix}.credential"] = f"{conn.login}:{conn.password}"
+    for key, value in conn.extra_dejson.items():
+        access.private[f"{prefix}.{key}"] = str(value)
+
+
+def _glue_catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
+    """An ``aws`` connection for a Glue catalog: ``endpoint_url`` is Glue's endpoint (``glue.endpoint``),
+    ``region_name`` its region; the keys go into the job's environment, where the AWS SDK's default
+    chain reads them (Iceberg's Glue client takes no key property)."""
+    conn = _connection(str(config.catalog_conn_id))
+    extra = conn.extra_dejson
+    prefix = f"spark.sql.catalog.{config.catalog}"
+    if extra.get("endpoint_url"):
+        access.public[f"{prefix}.glue.endpoint"] = str(extra["endpoint_url"])
+    if extra.get("region_name"):
+        access.public[f"{prefix}.client.region"] = str(extra["region_name"])
+        access.environment["AWS_REGION"] = str(extra["region_name"])
+    key, secret, token = _aws_keys(str(config.catalog_conn_id), conn)
+    if key:
+        access.environment.update({"AWS_ACCESS_KEY_ID": str(key), "AWS_SECRET_ACCESS_KEY": str(secret)})
+        if token:
+            access.environment["AWS_SESSION_TOKEN"] = str(token)
 
 
 def _catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
@@ -103,6 +183,28 @@ def _catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
         access.private[f"{prefix}.jdbc.user"] = str(conn.login)
     if conn.password:
         access.private[f"{prefix}.jdbc.password"] = str(conn.password)
+
+
+_CATALOG_CONNECTIONS = {
+    CatalogConnection.POSTGRES: _catalog,
+    CatalogConnection.ICEBERG: _iceberg_catalog,
+    CatalogConnection.AWS: _glue_catalog,
+}
+
+
+def spark_environment(access: LakehouseAccess, env_vars: dict | None, spark_conn_id: str) -> dict | None:
+    """``env_vars`` of a spark-submit plus ``access.environment``. Refused on YARN and Kubernetes,
+    where the Spark provider turns ``env_vars`` into ``--conf`` arguments on the command line."""
+    if not access.environment:
+        return env_vars
+    master = (_connection(spark_conn_id).host or "").lower()
+    if master.startswith(("yarn", "k8s")):
+        raise InvalidInputError(
+            f"the lakehouse's AWS keys ({', '.join(sorted(access.environment))}) would reach the command line: on "
+            f"{master} the Spark provider passes a job's environment as --conf arguments. Leave the keys out of "
+            "the Glue catalog's aws connection and give the cluster an IAM role (the AWS SDK's default chain)"
+        )
+    return {**(env_vars or {}), **access.environment}
 
 
 def defaults_file(properties_file: str | None, environ=os.environ) -> Path | None:

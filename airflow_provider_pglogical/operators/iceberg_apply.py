@@ -23,6 +23,7 @@ from airflow_provider_pglogical.lakehouse.catalog_tables import catalog_metadata
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import spark_environment
 from airflow_provider_pglogical.lakehouse.staging_roots import read_job_error, read_result, spark_uri, staging_access
 from airflow_provider_pglogical.lakehouse.staging_roots import staging_path, storage_path
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, JobResultMissing, SparkJobError
@@ -271,7 +272,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         self.conf = {**access.public, **(self.conf or {}),
                      RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
         self.application_args = self.job_args(lease_holder(context))
-        given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
+        given, given_env, self._hook = self.properties_file, self.env_vars, None  # the hook reads them when made
+        self.env_vars = spark_environment(access, given_env, self._conn_id)
         with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
@@ -288,7 +290,7 @@ class IcebergApplyOperator(SparkSubmitOperator):
                     raise ConcurrentApplyError(error.message, error.lease) from None  # retried
                 raise SparkJobError.of("apply", error) from None
             finally:
-                self.properties_file = given
+                self.properties_file, self.env_vars = given, given_env
         try:
             return read_result(result_at, job="apply")
         except JobResultMissing as missing:  # the job ended well, so every commit landed (hadoop_files.write_result)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access, private_properties, spark_environment
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.spark.launch import MAINTENANCE_JOB, with_job_bundle
 from airflow_provider_pglogical.management.validation import check_count
@@ -119,8 +119,10 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         self.application_args = self.job_args()
         self.py_files = with_job_bundle(self.py_files)
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made
+        given_env = self.env_vars
+        self.env_vars = spark_environment(access, given_env, self._conn_id)
         with private_properties(access.private, given) as self.properties_file:
             try:
                 super().execute(context)
             finally:
-                self.properties_file = given
+                self.properties_file, self.env_vars = given, given_env

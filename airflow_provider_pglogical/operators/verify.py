@@ -8,7 +8,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.verification import LakehouseDiffers, verify_pipeline
+from airflow_provider_pglogical.verification.witness import LakehouseDiffers, verify_pipeline
 from airflow_provider_pglogical.management.validation import check_pipeline_name, check_staging_root
 from airflow_provider_pglogical.operators._capture import staging_root_argument
 from airflow_provider_pglogical.operators._errors import fail_permanent_errors

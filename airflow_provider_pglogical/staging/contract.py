@@ -228,6 +228,8 @@ def history_name(kind: str) -> str:
 
 # --- table identity (DESIGN invariant 11) ---------------------------------------------------------
 
+#: table property of a keyless table whose every row has its copy number (set once that is so)
+NUMBERED_PROPERTY = "pglogical.multiset-numbered"
 #: table property of every table the apply writes: JSON ``{"pipeline", "source", "table"}``
 OWNER_PROPERTY = "pglogical.owner"
 #: a schema or table name that needs no quoting in a table key

@@ -17,12 +17,14 @@ consumed it since): only then may the initial sync drop and recreate it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from airflow_provider_pglogical.exceptions import PipelineStateError
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.management.slots import SlotInfo
 from airflow_provider_pglogical.staging.contract import PIPELINE_RECORD
+
+if TYPE_CHECKING:  # a type only: staging sits below management
+    from airflow_provider_pglogical.management.slots import SlotInfo
 from airflow_provider_pglogical.staging.layout import (
     StagingPath,
     committed_batches,

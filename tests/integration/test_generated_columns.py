@@ -17,7 +17,7 @@ from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.exceptions import PublicationError
-from airflow_provider_pglogical.lakehouse.verification import verify_tables
+from airflow_provider_pglogical.verification.witness import verify_tables
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.lakehouse.staging_roots import storage_path

@@ -1,17 +1,21 @@
-"""The production shape of the lakehouse: Iceberg on an S3 server through a JDBC catalog on PostgreSQL.
+"""The production shapes of the lakehouse: Iceberg on an S3 server through each transactional catalog.
 
-A real S3 server (moto's, on loopback) holds the warehouse, Iceberg's JDBC catalog lives in a
-database of the test PostgreSQL cluster, and the apply reaches both with credentials from Airflow
-connections. Staging is on the same bucket under another prefix (``s3://<conn>@lake/staging``):
-the initial sync and the pull write it through ``ObjectStoragePath``, the apply job reads it and
-removes the applied batches (retention) through S3A. Keyed and keyless tables with out-of-line
-TOAST values are snapshotted, changed, pulled and applied twice through the operators, then
-compared with the source by verify (PostgreSQL digests the source, a verify job digests Iceberg
-through the same catalog, bucket and staging root). The second apply runs beside another apply of
-the pipeline and a housekeeping run (compaction, expiry, orphan listing through S3A): the lease
-and the commits the JDBC catalog validates let none lose or double a change. While all of them
-run, every process's command line is watched: neither the S3 secret nor the catalog's password
-may show there, nor in the log. Last, a table dropped from the catalog is not taken for idle.
+A real S3 server (moto's, on loopback) holds the warehouse, and a real catalog holds the tables:
+Iceberg's JDBC catalog in a database of the test PostgreSQL cluster (warehouse through S3A),
+Iceberg's REST catalog fixture behind OAuth2 client credentials (warehouse through S3FileIO), and
+moto's Glue API (warehouse through S3FileIO), each with credentials from Airflow connections
+(``tests/support/catalogs.py``). Staging is on the same bucket under another prefix
+(``s3://<conn>@<bucket>/staging``): the initial sync and the pull write it through
+``ObjectStoragePath``, the apply job reads it and removes the applied batches (retention) through
+S3A. Keyed and keyless tables with out-of-line TOAST values are snapshotted, changed, pulled and
+applied twice through the operators, then compared with the source by verify (PostgreSQL digests
+the source, a verify job digests Iceberg through the same catalog, bucket and staging root). The
+second apply runs beside another apply of the pipeline and a housekeeping run (compaction, expiry,
+orphan listing): the lease and the commits the catalog validates let none lose or double a change.
+An idle tick starts no Spark. While all of them run, every process's command line is watched:
+neither the S3 secret nor the catalog's password, client secret or keys may show there, nor in the
+log, nor in a catalog server's log. Last, on the JDBC catalog, a table dropped from the catalog is
+not taken for idle. One server of each kind per module; one bucket per kind.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import logging
 import os
 import re
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -31,13 +34,14 @@ from airflow.exceptions import AirflowException
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError
-from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogKind
+from airflow_provider_pglogical.verification.witness import verify_pipeline
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.operators.iceberg_apply import RESULT_PREFIX, IcebergApplyOperator
 from airflow_provider_pglogical.operators.iceberg_maintenance import IcebergMaintenanceOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.sync import PgInitialSyncOperator
+from tests.support.catalogs import CatalogUnderTest, lakehouse_on, start_test_rest_catalog
 from tests.support.databases import drop_database, new_database
 from tests.support.object_store import start_s3_server
 
@@ -63,7 +67,7 @@ DELETE FROM events WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'dup'
 UPDATE events SET kind = 'k9' WHERE kind = 'k1';
 INSERT INTO events VALUES ('dup', 'same');
 """
-BUCKET = "lake"
+NAMESPACE = "shop"
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +77,26 @@ def s3_server():
     server.stop()
 
 
-@pytest.fixture
-def catalog_db(publisher_cluster, monkeypatch):
-    """A database of its own for Iceberg's JDBC catalog (Airflow connection ``pglogical_catalog``)."""
-    db = new_database(publisher_cluster, "catalog", monkeypatch.setenv)
-    yield db
-    drop_database(db)
+@pytest.fixture(scope="module")
+def rest_catalog(s3_server):
+    """Iceberg's REST catalog fixture on loopback, its warehouse in the bucket ``lake-rest``."""
+    rest = start_test_rest_catalog(s3_server, "lake-rest")
+    yield rest
+    rest.server.stop()
+    rest.server.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(params=[CatalogKind.JDBC, CatalogKind.REST, CatalogKind.GLUE], ids=lambda kind: kind.value)
+def lakehouse(request, s3_server, publisher_cluster, monkeypatch):
+    """The lakehouse on one catalog kind, in a bucket of its own (``lake-<kind>``)."""
+    kind, catalog_db = request.param, None
+    if kind is CatalogKind.JDBC:  # a database of its own for Iceberg's JDBC catalog
+        catalog_db = new_database(publisher_cluster, "catalog", monkeypatch.setenv)
+    rest = request.getfixturevalue("rest_catalog") if kind is CatalogKind.REST else None
+    yield lakehouse_on(kind, s3_server, monkeypatch.setenv, namespace=NAMESPACE, bucket=f"lake-{kind.value}",
+                       rest=rest, catalog_db=catalog_db)
+    if catalog_db is not None:
+        drop_database(catalog_db)
 
 
 class CommandLines:
@@ -127,18 +145,12 @@ def source_rows(publisher, table: str, columns: str) -> list[tuple]:
     return sorted(publisher.query(f"SELECT {columns} FROM {table}"))
 
 
-def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog_and_no_secret_shows(
-        publisher, publisher_hook, catalog_db, s3_server, monkeypatch, caplog, capfd):
-    secret = f"s3-secret-{uuid.uuid4().hex}"
-    catalog_password = catalog_db.cluster.password
-    s3_server.create_bucket(BUCKET)
+def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_each_catalog_and_no_secret_shows(
+        publisher, publisher_hook, lakehouse: CatalogUnderTest, s3_server, monkeypatch, caplog, capfd):
+    iceberg, bucket = lakehouse.iceberg, lakehouse.bucket
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("AIRFLOW_CONN_PGLOGICAL_LAKE_S3", json.dumps(
-        {"conn_type": "aws", "login": "lake-key", "password": secret, "extra": {"endpoint_url": s3_server.endpoint}}))
-    iceberg = IcebergConfig(catalog_type="jdbc", catalog_conn_id=catalog_db.conn_id, warehouse=f"s3a://{BUCKET}/warehouse",
-                            storage_conn_id="pglogical_lake_s3", namespace="shop")
 
-    staging = f"s3://pglogical_lake_s3@{BUCKET}/staging"  # the same bucket and connection as the warehouse
+    staging = f"s3://{iceberg.storage_conn_id}@{bucket}/staging"  # the same bucket and connection as the warehouse
     capture = {"publications": ["p"], "staging_root": staging, "pipeline": "p", "postgres_conn_id": publisher.conn_id}
 
     spark = {"conf": {"spark.ui.enabled": "false"}, "env_vars": {"SPARK_LOCAL_IP": "127.0.0.1"}}
@@ -168,10 +180,10 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
         first = apply()
         publisher.execute(CHANGES)
         changes = PgSlotPullOperator(task_id="pull", slot="s1", **capture).execute({})["batch"].rsplit("/", 1)[1]
-        manifest_lists = manifest_lists_of(s3_server)
+        manifest_lists = manifest_lists_of(s3_server, lakehouse)
         # one snapshot per table so far: a housekeeping run that expires before either apply below
         # commits has nothing to expire (retain_last=1) and rightly reports nothing expired
-        per_table = sorted(key.split("/")[2] for key in manifest_lists)
+        per_table = sorted(key[len(lakehouse.table_prefix):].split("/")[0] for key in manifest_lists)
         assert per_table == ["_pglogical_state", "events", "orders"], manifest_lists
         # two applies of the pipeline at once (a zombie beside its retry) and housekeeping beside them
         with ThreadPoolExecutor(max_workers=3) as pool:
@@ -203,22 +215,21 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
         apply()
 
     # housekeeping expired the older snapshots: their manifest lists are gone from the bucket (through S3A)
-    expired = manifest_lists - manifest_lists_of(s3_server)
+    expired = manifest_lists - manifest_lists_of(s3_server, lakehouse)
     assert expired, manifest_lists
     # the warehouse is on the S3 server: metadata and data files of both tables, none on the local disk
-    keys = s3_server.keys(BUCKET, "warehouse/")
+    keys = s3_server.keys(bucket, "warehouse/")
     for table in ("orders", "events"):
-        assert any(k.startswith(f"warehouse/shop/{table}/metadata/") for k in keys), keys
-        assert any(k.startswith(f"warehouse/shop/{table}/data/") for k in keys), keys
+        assert any(k.startswith(f"{lakehouse.table_prefix}{table}/metadata/") for k in keys), keys
+        assert any(k.startswith(f"{lakehouse.table_prefix}{table}/data/") for k in keys), keys
     # staging is on the S3 server too, and retention removed the applied snapshot (a change batch stays:
     # the newest one is kept for a pull that died before advancing its slot)
-    staged = s3_server.keys(BUCKET, "staging/p/")
+    staged = s3_server.keys(bucket, "staging/p/")
     assert f"staging/p/{changes}/_manifest.json" in staged, staged
     assert not [key for key in staged if key.startswith(f"staging/p/{snapshot}/")], staged
     assert "staging/p/_retention.json" in staged, staged
-    # and the tables are in the JDBC catalog, not in a Hadoop catalog's version-hint
-    assert sorted(catalog_db.query("SELECT table_name FROM iceberg_tables WHERE table_namespace = 'shop'")) == [
-        ("_pglogical_state",), ("events",), ("orders",)]
+    # and the tables are in the catalog (asked by its own API), not in a Hadoop catalog's version-hint
+    assert lakehouse.listed() == ["_pglogical_state", "events", "orders"]
 
     assert verified["equal"], verified["summary"]
     counts = {t["table"]: (t["source_rows"], t["target_rows"]) for t in verified["tables"]}
@@ -230,15 +241,21 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
     submits = [line for line in command_lines.seen if "SparkSubmit" in line and "pyspark-shell" not in line]
     assert submits and all("--properties-file" in line for line in submits), command_lines.seen
     for line in command_lines.seen:
-        assert secret not in line and catalog_password not in line, line
-    assert secret not in task_log and catalog_password not in task_log
+        assert not [secret for secret in lakehouse.secrets if secret in line], line
+    assert not [secret for secret in lakehouse.secrets if secret in task_log]
+    for log in lakehouse.logs:  # a catalog server's own log: no secret, and readable by its user only
+        assert log.read_text() and not [secret for secret in lakehouse.secrets if secret in log.read_text()], log
+        assert log.stat().st_mode & 0o077 == 0, oct(log.stat().st_mode)
     # the log was captured, spark-submit's own output included: the secrets' absence proves something
     assert "Spark-Submit cmd" in task_log and RESULT_PREFIX.strip() in task_log, task_log[-3000:]
     properties_files = {line.split("--properties-file ", 1)[1].split(" ", 1)[0] for line in submits}
     assert not any(os.path.exists(path) for path in properties_files), "the private properties file outlived its job"
 
+    if lakehouse.kind is not CatalogKind.JDBC:  # the only kind a worker can list without a JVM
+        return
     # a table dropped from the catalog (JdbcCatalog.dropTable without purge: its entry goes, its files
     # stay) is no idle tick: the operator asks the catalog, without a JVM, and starts Spark to rebuild it
+    catalog_db = lakehouse.catalog_db
     catalog_db.execute("DELETE FROM iceberg_tables WHERE table_namespace = 'shop' AND table_name = 'orders'")
     started = []
     monkeypatch.setattr(IcebergApplyOperator, "run_spark_submit", lambda self, *a, **k: started.append(1) or {})
@@ -247,6 +264,7 @@ def test_keyed_and_keyless_tables_staged_and_landed_on_s3_through_a_jdbc_catalog
     assert started and "table(s) orders are gone from the catalog" in out + err, (out + err)[-2000:]
 
 
-def manifest_lists_of(s3_server) -> set[str]:
+def manifest_lists_of(s3_server, lakehouse: CatalogUnderTest) -> set[str]:
     """The manifest list of every snapshot of every table in the warehouse (``snap-*.avro``)."""
-    return {key for key in s3_server.keys(BUCKET, "warehouse/") if key.rsplit("/", 1)[1].startswith("snap-")}
+    return {key for key in s3_server.keys(lakehouse.bucket, lakehouse.table_prefix)
+            if key.rsplit("/", 1)[1].startswith("snap-")}

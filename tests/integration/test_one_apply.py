@@ -246,7 +246,7 @@ def test_a_pull_window_and_an_apply_window_side_by_side_apply_each_commit_in_rou
     changes; each change is applied by a round of the running window, a second apply finds the
     window's lease, and the lakehouse ends equal to the source."""
     from airflow_provider_pglogical.capture import source_projection
-    from airflow_provider_pglogical.lakehouse.verification import verify_tables
+    from airflow_provider_pglogical.verification.witness import verify_tables
     from airflow_provider_pglogical.lsn import Lsn
     from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
     from airflow_provider_pglogical.spark.apply.lease import ApplyLeaseHeld

@@ -86,7 +86,7 @@ ROUNDS = [
 COLUMNS = {"items": ["id", "qty", "note", "extra"], "lines": ["order_id", "line", "qty"],
            "docs": ["id", "qty", "doc"], "bag": ["n", "s"], "events": ["id", "kind"]}
 #: per format version, the apply options that make it (v2: the default)
-FORMATS = {2: {}}
+FORMATS = {2: {}, 3: {"format_version": 3}}
 
 
 def source_rows(publisher, table: str) -> Counter:

@@ -13,7 +13,7 @@ import pytest
 from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+from airflow_provider_pglogical.verification.witness import verify_pipeline
 from airflow_provider_pglogical.staging import batches, contract, layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable

@@ -15,7 +15,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.exceptions import PipelineStateError
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.verification import verify_pipeline
+from airflow_provider_pglogical.verification.witness import verify_pipeline
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.staging.pipeline_record import read_record

@@ -12,7 +12,7 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.embedded.postgres import wait_until
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.verification import compare_in_session, verify_pipeline
+from airflow_provider_pglogical.verification.witness import compare_in_session, verify_pipeline
 from airflow_provider_pglogical.staging import layout
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.management.publications import PublishedTable

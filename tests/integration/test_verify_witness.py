@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
-from airflow_provider_pglogical.lakehouse.verification import verify_tables
+from airflow_provider_pglogical.verification.witness import verify_tables
 from airflow_provider_pglogical.spark.jobs import apply_changes
 from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
 from airflow_provider_pglogical.lakehouse.staging_roots import storage_path

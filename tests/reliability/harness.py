@@ -465,7 +465,7 @@ class Harness:
         """``verify_pipeline``'s verdict. When it finds differences, verify runs again to list up to
         200 differing rows per table (``diagnosis``); the verdict stays the first run's, whatever the
         second says."""
-        from airflow_provider_pglogical.lakehouse.verification import compare_in_session, verify_pipeline
+        from airflow_provider_pglogical.verification.witness import compare_in_session, verify_pipeline
 
         if self.spark is None:
             self.figures.spark_submits += 1

@@ -28,7 +28,7 @@ from airflow_provider_pglogical.operators.publication import PgCheckPublisherOpe
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
 from airflow_provider_pglogical.operators.subscription import PgCreateSubscriptionOperator
 from airflow_provider_pglogical.operators.verify import PgVerifyOperator
-from airflow_provider_pglogical.lakehouse.verification import LakehouseDiffers
+from airflow_provider_pglogical.verification.witness import LakehouseDiffers
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.sensors.pglogical import PgSlotLagSensor, PgSubscriptionReadySensor
 

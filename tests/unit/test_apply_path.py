@@ -64,6 +64,8 @@ def test_a_snapshot_is_adopted_where_its_files_are_the_tables_else_rewritten_or_
 def test_a_small_batch_of_whole_rows_is_a_row_delta(keyless):
     taken, why = chosen(step(keyless=keyless), facts(keyless=keyless))
     assert taken is ApplyPath.ROW_DELTA and "position deletes" in why
+    taken, why = chosen(step(keyless=keyless), facts(keyless=keyless, format_version=3))
+    assert taken is ApplyPath.ROW_DELTA and "deletion vectors (an updated row keeps its _row_id)" in why
 
 
 @pytest.mark.parametrize("a_step, table, reason", [
@@ -73,12 +75,11 @@ def test_a_small_batch_of_whole_rows_is_a_row_delta(keyless):
     (step(change_facts=None), facts(), "no change facts"),
     (step(), facts(partitioned=True), "the table is partitioned"),
     (step(), facts(format_version=1), "format version 1"),
-    (step(), facts(format_version=3), "format version 3"),
     (step(), facts(merge_on_read=False), "copy-on-write"),
     (step(keyless=True), facts(keyless=True, numbered=False), "copies are not numbered yet"),
     (step(keyless=True, unchanged=True), facts(keyless=True), "TOAST"),
     (step(), TableFacts(SOURCE, {"id": "bigint", "v": "string"}), "differ"),
-], ids=["switched-off", "too-many-rows", "before-position", "no-facts", "partitioned", "v1", "v3", "copy-on-write",
+], ids=["switched-off", "too-many-rows", "before-position", "no-facts", "partitioned", "v1", "copy-on-write",
         "unnumbered", "keyless-toast", "widened"])
 def test_anything_else_is_merged_and_the_reason_says_why(a_step, table, reason):
     taken, why = chosen(a_step, table)

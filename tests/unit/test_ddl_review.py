@@ -106,7 +106,7 @@ def test_restage_moves_old_values_and_unchanged_marks_to_the_new_name():
 def test_verify_compares_a_renamed_table_with_the_target_of_its_first_name(tmp_path):
     from airflow.sdk import ObjectStoragePath
 
-    from airflow_provider_pglogical.lakehouse.verification import followed_renames
+    from airflow_provider_pglogical.verification.witness import followed_renames
     from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, write_record
 
     root = ObjectStoragePath(tmp_path.as_uri())

@@ -17,6 +17,7 @@ from airflow_provider_pglogical.staging.contract import (
     COLUMN_EVOLUTION,
     KEY_PROPERTY,
     MULTISET_COLUMNS,
+    NUMBERED_PROPERTY,
     OCCURRENCE,
     OWNER_PROPERTY,
     WRITTEN_BY,
@@ -36,8 +37,6 @@ class TableSize(NamedTuple):
     bytes: int
 
 
-#: table property of a keyless table whose every row has its copy number (set once that is so)
-NUMBERED_PROPERTY = "pglogical.multiset-numbered"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 

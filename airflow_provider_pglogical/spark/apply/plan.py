@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from airflow_provider_pglogical.spark.common.batch import Batch  # noqa: F401 (plan.Batch: the steps' batches)
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.identifiers import quote, sql_literal
 from airflow_provider_pglogical.staging.contract import (
@@ -21,25 +22,8 @@ from airflow_provider_pglogical.staging.contract import (
     format_lsn,
     hex16,
     is_multiset,
-    parse_batch_name,
     parse_lsn,
 )
-
-
-@dataclass
-class Batch:
-    name: str
-    start: int
-    end: int
-    kind: str
-    manifest: dict = field(default_factory=dict)
-    #: when its manifest was written (ms since the epoch; from the listing, None when unknown)
-    committed_ms: int | None = None
-
-    @classmethod
-    def parse(cls, name: str) -> "Batch | None":
-        parsed = parse_batch_name(name)
-        return cls(name, *parsed) if parsed else None
 
 
 @dataclass

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.spark.apply.plan import Batch
+from airflow_provider_pglogical.spark.common.batch import Batch
 from airflow_provider_pglogical.staging.contract import (
     FILE_SHA256,
     FILE_SIZE,

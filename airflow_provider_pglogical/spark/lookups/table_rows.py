@@ -25,6 +25,8 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 _EPOCH = datetime.date(1970, 1, 1)
 #: Iceberg's metadata columns naming a row's data file and its position in it (``MetadataColumns``)
 FILE_COLUMN, POSITION_COLUMN = "_file", "_pos"
+#: format v3's row lineage: a row's id, kept when an update rewrites it (``MetadataColumns.ROW_ID``)
+ROW_ID_COLUMN = "_row_id"
 
 
 class TooManyRows(Exception):
@@ -32,7 +34,7 @@ class TooManyRows(Exception):
 
 
 def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: dict[str, list],
-              limit: int | None = None, positions: bool = False) -> list[tuple]:
+              limit: int | None = None, positions: bool = False, row_ids: bool = False) -> list[tuple]:
     """The values of ``columns`` (a tuple per row) of every row of snapshot ``snapshot`` of
     ``table`` (Iceberg's Java table) whose value in each column of ``narrowed`` is one of its list
     (None matches NULL). No rows when ``snapshot`` is None (an empty table).
@@ -41,6 +43,7 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
     :param positions: end each tuple with the row's data file and position in it (Iceberg's
         ``_file`` and ``_pos`` metadata columns, which its reader fills): where a position delete
         of the row points.
+    :param row_ids: with ``positions``, put each row's ``_row_id`` (format v3's row lineage) before them.
     """
     if snapshot is None:
         return []
@@ -52,10 +55,11 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
     scan = java_class(spark, "org.apache.iceberg.data.IcebergGenerics").read(table).useSnapshot(snapshot).where(condition)
     if positions:
         metadata = java_class(spark, "org.apache.iceberg.MetadataColumns")
-        fields = [*table.schema().select(list(columns)).columns(), metadata.FILE_PATH, metadata.ROW_POSITION]
+        lineage = [metadata.ROW_ID] if row_ids else []
+        fields = [*table.schema().select(list(columns)).columns(), *lineage, metadata.FILE_PATH, metadata.ROW_POSITION]
         scan = scan.project(java_class(spark, "org.apache.iceberg.Schema")(fields))
-        columns = [*columns, FILE_COLUMN, POSITION_COLUMN]
-        convert += [str, int]
+        columns = [*columns, *([ROW_ID_COLUMN] if row_ids else []), FILE_COLUMN, POSITION_COLUMN]
+        convert += [*([_optional_int] if row_ids else []), str, int]
     else:
         scan = scan.select(list(columns))
     records = scan.build()
@@ -73,7 +77,7 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
 
 
 def lookup_rows(spark, table, snapshot: int | None, key: str | list[str], columns: list[str], keys: list,
-                name: str, positions: bool = False) -> dict:
+                name: str, positions: bool = False, row_ids: bool = False) -> dict:
     """The rows of ``keys`` in snapshot ``snapshot`` of ``table``: key -> the values of ``columns``
     (a tuple; with ``positions``, then the row's data file and position, see :func:`read_rows`).
     ``key`` is one key column (``keys`` holds its values) or a list of them (``keys``
@@ -91,7 +95,8 @@ def lookup_rows(spark, table, snapshot: int | None, key: str | list[str], column
                 for i, column in enumerate(key_columns)}
     width = len(key_columns)
     found: dict = {}
-    for row in read_rows(spark, table, snapshot, [*key_columns, *columns], narrowed, positions=positions):
+    for row in read_rows(spark, table, snapshot, [*key_columns, *columns], narrowed, positions=positions,
+                         row_ids=row_ids):
         found_key = row[:width] if composite else row[0]
         if composite and found_key not in wanted:
             continue
@@ -130,6 +135,11 @@ def _literal(value):
     converts to the column's date (py4j carries no Python date)."""
     return value.isoformat() if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime) \
         else value
+
+
+def _optional_int(value) -> int | None:
+    """A row id: None in files written before the table was v3 (they inherit none)."""
+    return None if value is None else int(value)
 
 
 def _converter(spark, kind):

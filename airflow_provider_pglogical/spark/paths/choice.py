@@ -24,12 +24,11 @@ import enum
 from dataclasses import dataclass
 
 from airflow_provider_pglogical.spark.apply.adoption import adoption_refused
-from airflow_provider_pglogical.spark.apply.lakehouse_tables import NUMBERED_PROPERTY
 from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
 from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import multiset_ineligible
 from airflow_provider_pglogical.spark.row_delta.row_deltas import ineligible
 from airflow_provider_pglogical.staging.column_types import staged_columns
-from airflow_provider_pglogical.staging.contract import OCCURRENCE
+from airflow_provider_pglogical.staging.contract import NUMBERED_PROPERTY, OCCURRENCE
 
 #: the table properties a row delta needs to be merge-on-read (a copy-on-write table is rewritten by MERGE)
 WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
@@ -105,7 +104,8 @@ def choose_path(step: Step, table: TableFacts) -> PathChoice:
     reason = reason or _table_takes_no_row_delta(table)
     if reason is not None:
         return PathChoice(ApplyPath.MERGE, f"not a row delta: {reason}")
-    return PathChoice(ApplyPath.ROW_DELTA, "a small batch the driver reduces itself: data and position deletes "
+    deletes = "deletion vectors (an updated row keeps its _row_id)" if table.format_version >= 3 else "position deletes"
+    return PathChoice(ApplyPath.ROW_DELTA, f"a small batch the driver reduces itself: data and {deletes} "
                                            "in one validated RowDelta, no Spark job")
 
 
@@ -129,7 +129,7 @@ def _table_takes_no_row_delta(table: TableFacts) -> str | None:
     """Why the target table takes no row delta from the driver; None when it does."""
     if table.partitioned:
         return "the table is partitioned"
-    if table.format_version != 2:  # v3: a MERGE keeps an updated row's _row_id (row lineage); these do not yet
+    if table.format_version < 2:
         return f"the table is format version {table.format_version}"
     if not table.merge_on_read:
         return "the table is copy-on-write"

@@ -24,6 +24,7 @@ import uuid
 
 from airflow_provider_pglogical.spark.common.commit_stamp import stamp
 from airflow_provider_pglogical.spark.common.hadoop_files import local_path
+from airflow_provider_pglogical.spark.row_delta.deletion_vectors import deletion_vectors
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 
@@ -174,13 +175,32 @@ class DriverCommits:
             delta.addRows(java_class(self.spark, "org.apache.iceberg.DataFiles").builder(table.spec())
                           .withPath(path).withFileSizeInBytes(len(written)).withFormat(parquet)
                           .withMetrics(self._metrics(path, written, metrics)).build())
-        if deletes:
+        if deletes and table.operations().current().formatVersion() >= 3:  # one deletion vector per data file
+            added, replaced = deletion_vectors(self.spark, table, deletes, read_at)
+            for vector in added:
+                delta.addDeletes(vector)
+            for vector in replaced:
+                delta.removeDeletes(vector)
+            delta.validateDataFilesExist(sorted({file for file, _ in deletes})).validateDeletedFiles()
+        elif deletes:
             delta.addDeletes(self._position_deletes(table, deletes))
             delta.validateDataFilesExist(sorted({file for file, _ in deletes})).validateDeletedFiles()
         if not (data.num_rows or deletes):
             return None
         validated_commit(delta, table, read_at)
         return delta.updateEvent().snapshotId()  # this commit's, whatever committed after it
+
+    def with_row_ids(self, data, table, rows: list[tuple | None]):
+        """``data`` with format v3's ``_row_id`` column: each row the id of the row it replaces (the
+        lookup's tuples end with ``_row_id``, ``_file``, ``_pos``), a new row none (Iceberg assigns
+        one at commit). ``_last_updated_sequence_number`` is left out: the commit's is inherited."""
+        import pyarrow as pa
+
+        row_id = java_class(self.spark, "org.apache.iceberg.MetadataColumns").ROW_ID
+        field = pa.field(row_id.name(), pa.int64(), nullable=True,
+                         metadata={b"PARQUET:field_id": str(row_id.fieldId()).encode()})
+        ids = pa.array([row[-3] if row is not None else None for row in rows], type=pa.int64())
+        return data.append_column(field, ids)
 
     def _position_deletes(self, table, deletes: list[tuple[str, int]]):
         """A position delete file of ``deletes`` ((data file, position) pairs), written by Iceberg's

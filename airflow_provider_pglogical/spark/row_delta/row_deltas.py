@@ -208,9 +208,12 @@ class RowDeltas(DriverCommits):
         missing = [name for name, sources in reduction.sources.items() if None in sources]
         # every touched key's row, where the table holds one: its position is deleted (a present
         # key's new row is in the data file), and its values fill what the batch kept unchanged
+        lineage = table.operations().current().formatVersion() >= 3  # an updated row keeps its _row_id
         found = lookup_rows(self.spark, table, base, keys, missing, list(reduction.touched),
-                            self.lakehouse.name(target), positions=True)
+                            self.lakehouse.name(target), positions=True, row_ids=lineage)
         data = self._data_table(rows, reduction, table, types, missing, found)
+        if lineage:
+            data = self.with_row_ids(data, table, [found.get(tuple(key)) for key in reduction.present])
         deletes = [(row[-2], row[-1]) for row in found.values()]
         self.row_delta(table, data, deletes, read_at=base)
         return rows.num_rows

@@ -21,7 +21,12 @@ from airflow.sdk import ObjectStoragePath
 from airflow_provider_pglogical.capture import source_projection
 from airflow_provider_pglogical.exceptions import PgLogicalError, SparkJobError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import (
+    LakehouseAccess,
+    job_access,
+    private_properties,
+    spark_environment,
+)
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.staging_roots import (
     read_job_error,
@@ -64,6 +69,7 @@ def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spa
             conf={**access.public, RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
             conn_id=conn_id, name="pglogical-verify", properties_file=properties_file,
             driver_memory=driver_memory, py_files=with_job_bundle(None),
+            env_vars=spark_environment(access, None, conn_id),
             application_args=["--plan", spark_uri(plan_uri)],
         )
         try:
