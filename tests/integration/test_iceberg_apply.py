@@ -557,7 +557,7 @@ def test_tables_created_through_the_catalog_are_the_ones_create_table_makes(lake
         if not by_catalog:
             monkeypatch.setattr(Lakehouse, "create_by_catalog", lambda *args, **kwargs: False)
         lakehouse = Lakehouse(lake.spark, "lake", namespace, write_mode, 4)
-        lakehouse.state_table()
+        lakehouse.state.state_table()
         lakehouse.ensure_table("items", {"columns": ITEMS, "key": ["id"]})
         lakehouse.ensure_table("tags", {"columns": TAGS, "key": ["name", "value"], "replica_identity": "f"})
         monkeypatch.undo()

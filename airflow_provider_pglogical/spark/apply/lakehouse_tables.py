@@ -40,8 +40,8 @@ class TableSize(NamedTuple):
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
-class Lakehouse(StateTable):
-    """One Iceberg namespace: its target tables and this job's state table."""
+class Lakehouse:
+    """One Iceberg namespace: its target tables, and this job's state table (:attr:`state`)."""
 
     def __init__(self, spark, catalog: str, namespace: str, write_mode: str, bucket_count: int | None,
                  format_version: int = DEFAULT_FORMAT_VERSION, upgrade_format_version: bool = False):
@@ -57,10 +57,10 @@ class Lakehouse(StateTable):
         self.upgrade_format_version = upgrade_format_version
         #: target -> the :data:`OWNER_PROPERTY` value a table created by this run records (``table_identity.py``)
         self.owners: dict[str, str] = {}
-        #: per pipeline, the state table's snapshot its rows were last read or written at
-        self._state_snapshots: dict[str, int | None] = {}
         if not self._namespace_exists() and not self._created_namespace():
             spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
+        #: ``_pglogical_state``: its own object, read at a run's start and committed once per round
+        self.state = StateTable(self)
 
     def _namespace_exists(self) -> bool:
         """Asks the catalog itself: in a fresh JVM, the first SQL statement costs about a second
