@@ -288,7 +288,9 @@ class Lakehouse:
                 + metadata_properties() + ")"
             )
         # Iceberg 1.6-1.9 Spark fails every merge-on-read MERGE/UPDATE/DELETE of a table with
-        # identifier fields (apache/iceberg#11709): there the key lives in KEY_PROPERTY only.
+        # identifier fields (apache/iceberg#11709); 1.10 no longer does (checked: MERGE, UPDATE and
+        # DELETE of such a table on the 1.10.1 runtime), but a cluster may name an older runtime
+        # (IcebergConfig(packages=...)), so on merge-on-read tables the key lives in KEY_PROPERTY only.
         if not_null and self.write_mode == "copy-on-write":
             fields = ", ".join(quote(name) for name in key)
             self.spark.sql(f"ALTER TABLE {self.name(table)} SET IDENTIFIER FIELDS {fields}")
