@@ -78,7 +78,7 @@ def test_housekeeping_beside_a_running_apply_window_leaves_the_lakehouse_equal_t
 
     from airflow_provider_pglogical.capture import source_projection
     from airflow_provider_pglogical.embedded.postgres import wait_until
-    from airflow_provider_pglogical.lakehouse.verification import verify_tables
+    from airflow_provider_pglogical.verification.witness import verify_tables
     from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
     from airflow_provider_pglogical.spark.jobs import apply_changes, verify_tables as verify_job
     from airflow_provider_pglogical.lakehouse.staging_roots import storage_path

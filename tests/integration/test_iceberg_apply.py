@@ -506,7 +506,7 @@ def test_late_full_backfill_and_ranged_backfill(lake, tmp_path):
     summary = maintenance.run(lake.spark, "lake", "late", None, Housekeeping(older_than_hours=0, retain_last=1))
     assert set(summary["tables"]) == {"_pglogical_state", "items", "public__events", "public__orders", "public__tags"}
     report = summary["tables"]["public__orders"]
-    assert list(report) == ["rewrite_data_files", "remove_dead_equality_deletes", "rewrite_position_delete_files",
+    assert list(report) == ["rewrite_data_files", "remove_dead_deletes", "rewrite_position_delete_files",
                             "rewrite_manifests", "expire_snapshots", "remove_orphan_files"]
     assert report["rewrite_data_files"]["rewritten_data_files_count"] == files_before["data"]
     # items has a list column: Iceberg 1.10's rewrite_position_delete_files fails there, so it is

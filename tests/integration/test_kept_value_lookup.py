@@ -156,7 +156,7 @@ def test_kept_value_found_under_an_equality_delete(spark, publisher, publisher_h
                            Housekeeping(expire_snapshots=False, remove_orphan_files=False))
     # which step drops the applied equality delete depends on Iceberg: 1.10's rewrite_data_files
     # (remove-dangling-deletes) does; 1.9 keeps it in an unpartitioned table, and ours removes it
-    assert done["tables"]["public__docs"]["remove_dead_equality_deletes"]["removed_equality_delete_files_count"] in (0, 1)
+    assert done["tables"]["public__docs"]["remove_dead_deletes"]["removed_equality_delete_files_count"] in (0, 1)
     assert spark.sql(f"SELECT count(*) AS n FROM {case.name}.delete_files WHERE content = 2").first().n == 0
     assert lakehouse_rows(spark, case.name) == source_rows(publisher)
     from pyiceberg.table import StaticTable

@@ -403,7 +403,7 @@ def test_the_state_commit_by_the_driver_or_by_spark_replaces_the_pipelines_parti
     def sources_read_by_driver() -> set[str]:
         state_table.refresh()
         snapshot = state_table.currentSnapshot().snapshotId()
-        return {row[0] for row in lakehouse._state_rows_by_driver(state_table, snapshot, "p")}
+        return {row[0] for row in lakehouse.state._state_rows_by_driver(state_table, snapshot, "p")}
 
     state_table = lakehouse.state.state_table()
     for by_driver in (False, True, True):

@@ -73,7 +73,7 @@ def test_two_overlapping_windows_hand_the_lease_over_and_every_commit_arrives_on
         publisher, publisher_hook, tmp_path, warehouse, spark):
     from airflow_provider_pglogical.capture import source_projection
     from airflow_provider_pglogical.embedded.postgres import wait_until
-    from airflow_provider_pglogical.lakehouse.verification import verify_tables
+    from airflow_provider_pglogical.verification.witness import verify_tables
     from airflow_provider_pglogical.operators.pull import PgSlotPullOperator
     from airflow_provider_pglogical.spark.jobs import verify_tables as verify_job
     from airflow_provider_pglogical.lakehouse.staging_roots import storage_path

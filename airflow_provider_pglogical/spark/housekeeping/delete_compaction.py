@@ -13,7 +13,7 @@ So after its last state commit an apply compacts each table it wrote whose curre
 ``threshold`` delete files or more: Iceberg's ``rewrite_data_files`` (the housekeeping's call:
 small files grouped, every data file a delete applies to rewritten with it applied; Iceberg's own
 reader and commit validation), then any equality deletes an earlier version wrote, left applying
-to nothing, are removed (``legacy_equality_deletes.py``) and, if position deletes remain,
+to nothing, are removed (``dead_deletes.py``) and, if position deletes remain,
 ``rewrite_position_delete_files`` drops those of the replaced files. The rewrite changes no row, so
 it needs no state commit, and a crash anywhere in it leaves the table as it was or compacted. A
 rewrite rewrites every data file a delete applies to: a large unpartitioned table pays a whole
@@ -28,7 +28,7 @@ import logging
 import time
 
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
-from airflow_provider_pglogical.spark.housekeeping.legacy_equality_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_deletes
 from airflow_provider_pglogical.spark.housekeeping.position_delete_rewrite import rewrite_blocked
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping, procedure_call
 
@@ -56,17 +56,18 @@ def compact_if_due(spark, catalog: str, namespace: str, target: str, table, thre
     now = dt.datetime.now(dt.timezone.utc)
     row = spark.sql(procedure_call("rewrite_data_files", catalog, qualified(namespace, target), _REWRITE, now)).first()
     name = f"{qualified(catalog, namespace)}.{quote(target)}"
-    removed = remove_dead_equality_deletes(spark, name)
+    removed = remove_dead_deletes(spark, name)
     table.refresh()
-    if delete_file_count(table) and not rewrite_blocked(spark, name):  # position deletes of files the
-        # rewrite replaced: Iceberg (1.9 and 1.10) keeps them in an unpartitioned table, and only their
-        # own rewrite drops them (as housekeeping does); not on a table with a list or map column
+    if delete_file_count(table) and not rewrite_blocked(spark, name):  # position deletes still live
+        # after the dead ones were removed: their own rewrite merges them (as housekeeping does); not on
+        # a table with a list or map column
         spark.sql(procedure_call("rewrite_position_delete_files", catalog, qualified(namespace, target), _REWRITE,
                                  now)).collect()
         table.refresh()
     outcome = {"delete_files_before": before, "delete_files_after": delete_file_count(table),
                "rewritten_data_files": int(row["rewritten_data_files_count"]) if row is not None else 0,
                "removed_equality_delete_files": removed["removed_equality_delete_files_count"],
+               "removed_position_delete_files": removed["removed_position_delete_files_count"],
                "seconds": round(time.monotonic() - started, 3)}
     log.info("%s: %d delete files folded into its data (%s)", target, before, outcome)
     return outcome

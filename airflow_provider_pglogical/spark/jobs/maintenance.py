@@ -9,7 +9,7 @@ For each table (default: every table of the namespace, the ``_pglogical_state`` 
 it calls Iceberg's procedures in the order that frees most (:mod:`.housekeeping`):
 ``rewrite_data_files`` (compacts the small files a MERGE leaves, and rewrites the data files that
 merge-on-read deletes apply to; then the equality deletes an earlier version's row deltas left,
-now applying to nothing, are removed: :mod:`.legacy_equality_deletes`),
+now applying to nothing, are removed: :mod:`.dead_deletes`),
 ``rewrite_position_delete_files`` (rewrites every delete file, dropping the deletes of data files
 that are gone; skipped on a table with a list or map column, where Iceberg 1.10's procedure fails:
 :mod:`.position_delete_rewrite`), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
@@ -41,7 +41,7 @@ from airflow_provider_pglogical.spark.housekeeping.steps import (
     HousekeepingError,
     procedure_call,
 )
-from airflow_provider_pglogical.spark.housekeeping.legacy_equality_deletes import remove_dead_equality_deletes
+from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_deletes
 from airflow_provider_pglogical.spark.housekeeping.position_delete_rewrite import rewrite_blocked
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 from airflow_provider_pglogical.spark.common.java_classes import java_class
@@ -78,8 +78,8 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
             call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
             try:
                 results[step] = report(step, spark.sql(call).collect())
-                if step == "rewrite_data_files":  # equality deletes (an earlier version's) it left applying to nothing
-                    results["remove_dead_equality_deletes"] = remove_dead_equality_deletes(spark, name)
+                if step == "rewrite_data_files":  # delete files it left applying to nothing
+                    results["remove_dead_deletes"] = remove_dead_deletes(spark, name)
             except Exception as error:
                 conflict = commit_conflict(error)
                 if conflict is None:
