@@ -78,9 +78,9 @@ class Table:
 
     def apply_again(self) -> float:
         self.spark.sql(f"CALL lake.system.rollback_to_snapshot('{self.namespace}.public__accounts', {self.base})")
-        states = self.lakehouse.read_state(self.pipeline)
+        states = self.lakehouse.state.read_state(self.pipeline)
         states[SOURCE].position = SNAPSHOT_LSN
-        self.lakehouse.write_state(self.pipeline, states)
+        self.lakehouse.state.write_state(self.pipeline, states)
         again = job.run(self.spark, ApplyOptions(self.root.as_uri(), self.pipeline, "lake", self.namespace,
                         bucket_count=self.bucket_count))
         assert [s["kind"] for s in again["steps"]] == ["changes"], again

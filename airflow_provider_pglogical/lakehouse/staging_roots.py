@@ -63,7 +63,10 @@ def check_staging_store(root: str) -> str:
     """Refuse, before anything is written, a root whose file system Airflow cannot open: a scheme
     no installed provider registers, S3 without ``s3fs``, or S3 without a connection that exists.
     Returns the root."""
-    from airflow.sdk.io.fs import has_fs
+    try:
+        from airflow.sdk.io.fs import has_fs
+    except ModuleNotFoundError:  # Airflow 3.0 keeps it in airflow.io
+        from airflow.io import has_fs
 
     scheme = scheme_of(str(root))
     if scheme in ("", "file", "local"):

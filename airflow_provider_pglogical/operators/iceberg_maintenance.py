@@ -41,11 +41,12 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
     :param min_input_files: compact a group of small data files once it has this many (default 5).
     :param delete_file_threshold: rewrite a data file once this many delete files apply to it,
         whatever its size (Iceberg's ``delete-file-threshold``; default 1), so merge-on-read deletes
-        are folded into the data instead of piling up. Iceberg 1.9's Spark writers keep one delete
-        file per data file: with 1, a table has no delete files after each run; a higher value
+        are folded into the data instead of piling up. Iceberg's Spark writers (1.9, 1.10) keep one
+        delete file per data file: with 1, a table has no delete files after each run; a higher value
         leaves deletes to Iceberg's ``delete-ratio-threshold`` (a file with 30% of its rows deleted).
     :param compact_delete_files: run ``rewrite_position_delete_files`` with ``rewrite-all``: merge
-        the position delete files and drop the deletes of data files that are gone (default True).
+        the position delete files and drop the deletes of data files that are gone (default True;
+        skipped on a table with a list or map column, where Iceberg 1.10's procedure fails).
     :param rewrite_manifests: run ``rewrite_manifests``: every commit adds a manifest; regroup them
         so query planning reads a few (default True).
     :param expire_snapshots: run ``expire_snapshots``: forget snapshots older than

@@ -37,6 +37,7 @@ from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.typemap import map_type
 from airflow_provider_pglogical.staging.values import text_to_arrow
 from airflow_provider_pglogical.spark.jobs import maintenance
+from airflow_provider_pglogical.spark.housekeeping.position_delete_rewrite import SKIPPED
 from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping
 from tests.support.processes import kill_tree
 from tests.support.spark_cluster import standalone_cluster
@@ -508,6 +509,10 @@ def test_late_full_backfill_and_ranged_backfill(lake, tmp_path):
     assert list(report) == ["rewrite_data_files", "remove_dead_equality_deletes", "rewrite_position_delete_files",
                             "rewrite_manifests", "expire_snapshots", "remove_orphan_files"]
     assert report["rewrite_data_files"]["rewritten_data_files_count"] == files_before["data"]
+    # items has a list column: Iceberg 1.10's rewrite_position_delete_files fails there, so it is
+    # skipped and said so, and the other steps ran (apache/iceberg#14619)
+    assert summary["tables"]["items"]["rewrite_position_delete_files"] == {"skipped": SKIPPED}
+    assert "expire_snapshots" in summary["tables"]["items"]
     # the rows are the same, in fewer files, without delete files, with one snapshot left
     assert lake.everything("late") == before
     files_after = lake.live_files("late", "public__orders")
@@ -552,7 +557,7 @@ def test_tables_created_through_the_catalog_are_the_ones_create_table_makes(lake
         if not by_catalog:
             monkeypatch.setattr(Lakehouse, "create_by_catalog", lambda *args, **kwargs: False)
         lakehouse = Lakehouse(lake.spark, "lake", namespace, write_mode, 4)
-        lakehouse.state_table()
+        lakehouse.state.state_table()
         lakehouse.ensure_table("items", {"columns": ITEMS, "key": ["id"]})
         lakehouse.ensure_table("tags", {"columns": TAGS, "key": ["name", "value"], "replica_identity": "f"})
         monkeypatch.undo()

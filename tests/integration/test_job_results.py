@@ -15,10 +15,10 @@ import stat
 
 import pytest
 from airflow.sdk import AssetAlias, ObjectStoragePath
-from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator
+# the exception the operator raises, wherever this Airflow keeps it (airflow.sdk.exceptions from 3.1)
+from airflow_provider_pglogical.operators.iceberg_apply import AirflowSkipException, IcebergApplyOperator
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.publication import PgCreatePublicationOperator
 from airflow_provider_pglogical.operators.pull import PgSlotPullOperator

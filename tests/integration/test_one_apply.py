@@ -410,18 +410,18 @@ def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_s
     # the state commit refuses when the pipeline's state changed since this run read it; another
     # pipeline's state (another partition) is no conflict
     mine, other = (Lakehouse(spark, "lake", "valid", "merge-on-read", None) for _ in range(2))
-    mine.read_state("p")  # creates the state table
-    mine.write_state("p", {"public.t": TableState("t", 1, set(), "b0")})
+    mine.state.read_state("p")  # creates the state table
+    mine.state.write_state("p", {"public.t": TableState("t", 1, set(), "b0")})
     for pipeline in ("p", "q"):
-        mine.read_state(pipeline)
-        other.read_state(pipeline)
-    other.write_state("p", {"public.t": TableState("t", 7, set(), "b1")})
+        mine.state.read_state(pipeline)
+        other.state.read_state(pipeline)
+    other.state.write_state("p", {"public.t": TableState("t", 7, set(), "b1")})
     with pytest.raises(ConcurrentCommit, match="_pglogical_state"):
-        mine.write_state("p", {"public.t": TableState("t", 5, set(), "b1")})
-    mine.write_state("q", {"public.t": TableState("t", 9, set(), "b1")})  # read before p changed: no conflict
-    assert mine.read_state("p")["public.t"].position == 7
-    mine.write_state("p", {"public.t": TableState("t", 8, set(), "b2")})  # read again: commits
-    assert {p: other.read_state(p)["public.t"].position for p in ("p", "q")} == {"p": 8, "q": 9}
+        mine.state.write_state("p", {"public.t": TableState("t", 5, set(), "b1")})
+    mine.state.write_state("q", {"public.t": TableState("t", 9, set(), "b1")})  # read before p changed: no conflict
+    assert mine.state.read_state("p")["public.t"].position == 7
+    mine.state.write_state("p", {"public.t": TableState("t", 8, set(), "b2")})  # read again: commits
+    assert {p: other.state.read_state(p)["public.t"].position for p in ("p", "q")} == {"p": 8, "q": 9}
 
 
 def test_spark_overwrites_of_the_state_and_of_a_numbering_cannot_lose_a_concurrent_commit(spark, monkeypatch):
@@ -434,23 +434,23 @@ def test_spark_overwrites_of_the_state_and_of_a_numbering_cannot_lose_a_concurre
     # The state's Spark write (no pyarrow) remembers its own snapshot, not the table's newest: another
     # apply's state commit landing just after it still conflicts with this run's next write.
     mine, other = (Lakehouse(spark, "lake", "spark_writes", "merge-on-read", None) for _ in range(2))
-    mine.read_state("p")
-    mine.write_state("p", {"public.t": TableState("t", 1, set(), "b0")}, by_driver=False)
+    mine.state.read_state("p")
+    mine.state.write_state("p", {"public.t": TableState("t", 1, set(), "b0")}, by_driver=False)
     loaded, armed = mine.iceberg_table, [True]
 
     def load_after_another_commit(target: str):
         if armed and target == "_pglogical_state":
             armed.clear()
-            other.read_state("p")
-            other.write_state("p", {"public.t": TableState("t", 7, set(), "b9")})
+            other.state.read_state("p")
+            other.state.write_state("p", {"public.t": TableState("t", 7, set(), "b9")})
         return loaded(target)
 
     monkeypatch.setattr(mine, "iceberg_table", load_after_another_commit)
-    mine.write_state("p", {"public.t": TableState("t", 2, set(), "b1")}, by_driver=False)
+    mine.state.write_state("p", {"public.t": TableState("t", 2, set(), "b1")}, by_driver=False)
     assert not armed
     with pytest.raises(ConcurrentCommit, match="_pglogical_state.*Nothing of this step was committed"):
-        mine.write_state("p", {"public.t": TableState("t", 3, set(), "b2")}, by_driver=False)
-    assert other.read_state("p")["public.t"].position == 7
+        mine.state.write_state("p", {"public.t": TableState("t", 3, set(), "b2")}, by_driver=False)
+    assert other.state.read_state("p")["public.t"].position == 7
 
     # Numbering a keyless table's copies overwrites it from what it read: a row committed meanwhile
     # refuses the overwrite instead of vanishing.

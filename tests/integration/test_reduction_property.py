@@ -14,7 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_pglogical.decoding.staged_tables import change_schema
@@ -50,7 +50,27 @@ def change(draw, index: int) -> dict:
 @st.composite
 def batches(draw) -> list[dict]:
     count = draw(st.integers(1, 10))
-    return [draw(change(index)) for index in range(count)]
+    rows = [draw(change(index)) for index in range(count)]
+    assume(possible(rows))
+    return rows
+
+
+def possible(rows: list[dict]) -> bool:
+    """PostgreSQL can produce the batch: in commit order, no row is updated (or moved away) after its
+    DELETE until an INSERT or a move brings the key back. (On such impossible histories the two
+    reductions differ: Spark keeps the value sent before the DELETE, pyarrow the lakehouse's.)"""
+    gone = set()
+    for row in sorted(rows, key=lambda r: r["lsn"]):  # stable: seq breaks ties
+        source = row.get("old", row["id"])
+        if row["op"] == "U" and source in gone:
+            return False
+        if row["op"] == "D":
+            gone.add(row["id"])
+        else:
+            gone.discard(row["id"])
+            if row["op"] == "U" and source != row["id"]:
+                gone.add(source)
+    return True
 
 
 def staged(rows: list[dict]) -> pa.Table:
@@ -98,7 +118,8 @@ def test_the_spark_and_the_pyarrow_reductions_agree_on_every_key(spark, tmp_path
     directory = tmp_path_factory.mktemp("batches")
     seen = []
 
-    @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much,
+                                                                HealthCheck.too_slow])
     @given(st.lists(batches(), min_size=1, max_size=25))
     def agree(drawn):
         expected, union = {}, []

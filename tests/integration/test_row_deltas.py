@@ -394,7 +394,7 @@ def test_the_state_commit_by_the_driver_or_by_spark_replaces_the_pipelines_parti
     # replaces the pipeline's partition in one commit, and reads back through Iceberg's reader
     spark = lake.spark
     lakehouse = Lakehouse(spark, "lake", "delta", "merge-on-read", None)
-    states = lakehouse.read_state("p")
+    states = lakehouse.state.read_state("p")
     assert set(states) == {f"public.{table}" for table in COLUMNS}
 
     def facts(read: dict) -> dict:
@@ -405,25 +405,25 @@ def test_the_state_commit_by_the_driver_or_by_spark_replaces_the_pipelines_parti
         snapshot = state_table.currentSnapshot().snapshotId()
         return {row[0] for row in lakehouse._state_rows_by_driver(state_table, snapshot, "p")}
 
-    state_table = lakehouse.state_table()
+    state_table = lakehouse.state.state_table()
     for by_driver in (False, True, True):
-        lakehouse.write_state("p", states, by_driver=by_driver)
-        assert facts(lakehouse.read_state("p")) == facts(states)
+        lakehouse.state.write_state("p", states, by_driver=by_driver)
+        assert facts(lakehouse.state.read_state("p")) == facts(states)
         assert spark.sql("SELECT count(*) AS n FROM lake.delta._pglogical_state.files").first().n == 1
         # the driver reads those rows itself, whoever wrote them (no Spark query)
         assert sources_read_by_driver() == set(states)
     # another pipeline's rows are another partition: neither read sees the other's
-    lakehouse.write_state("q", {"public.other": TableState("public__other", 7, {"s"}, "b")})
-    assert facts(lakehouse.read_state("p")) == facts(states)
-    assert facts(lakehouse.read_state("q")) == {"public.other": ("public__other", 7, {"s"}, "b")}
+    lakehouse.state.write_state("q", {"public.other": TableState("public__other", 7, {"s"}, "b")})
+    assert facts(lakehouse.state.read_state("p")) == facts(states)
+    assert facts(lakehouse.state.read_state("q")) == {"public.other": ("public__other", 7, {"s"}, "b")}
     # a delete file (another writer's merge-on-read DELETE): Iceberg's reader applies it; the
     # next state commit replaces the partition's files
     spark.sql("ALTER TABLE lake.delta._pglogical_state SET TBLPROPERTIES ('write.delete.mode'='merge-on-read')")
     spark.sql("DELETE FROM lake.delta._pglogical_state WHERE pipeline = 'p' AND source_table = 'public.bag'")
     assert sources_read_by_driver() == set(states) - {"public.bag"}
-    assert facts(lakehouse.read_state("p")) == {s: f for s, f in facts(states).items() if s != "public.bag"}
-    lakehouse.write_state("p", states)
-    assert facts(lakehouse.read_state("p")) == facts(states)
+    assert facts(lakehouse.state.read_state("p")) == {s: f for s, f in facts(states).items() if s != "public.bag"}
+    lakehouse.state.write_state("p", states)
+    assert facts(lakehouse.state.read_state("p")) == facts(states)
     assert sources_read_by_driver() == set(states)
 
 

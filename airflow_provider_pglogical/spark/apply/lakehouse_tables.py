@@ -40,8 +40,8 @@ class TableSize(NamedTuple):
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
-class Lakehouse(StateTable):
-    """One Iceberg namespace: its target tables and this job's state table."""
+class Lakehouse:
+    """One Iceberg namespace: its target tables, and this job's state table (:attr:`state`)."""
 
     def __init__(self, spark, catalog: str, namespace: str, write_mode: str, bucket_count: int | None,
                  format_version: int = DEFAULT_FORMAT_VERSION, upgrade_format_version: bool = False):
@@ -57,10 +57,10 @@ class Lakehouse(StateTable):
         self.upgrade_format_version = upgrade_format_version
         #: target -> the :data:`OWNER_PROPERTY` value a table created by this run records (``table_identity.py``)
         self.owners: dict[str, str] = {}
-        #: per pipeline, the state table's snapshot its rows were last read or written at
-        self._state_snapshots: dict[str, int | None] = {}
         if not self._namespace_exists() and not self._created_namespace():
             spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified(catalog, namespace)}")
+        #: ``_pglogical_state``: its own object, read at a run's start and committed once per round
+        self.state = StateTable(self)
 
     def _namespace_exists(self) -> bool:
         """Asks the catalog itself: in a fresh JVM, the first SQL statement costs about a second
@@ -288,7 +288,9 @@ class Lakehouse(StateTable):
                 + metadata_properties() + ")"
             )
         # Iceberg 1.6-1.9 Spark fails every merge-on-read MERGE/UPDATE/DELETE of a table with
-        # identifier fields (apache/iceberg#11709): there the key lives in KEY_PROPERTY only.
+        # identifier fields (apache/iceberg#11709); 1.10 no longer does (checked: MERGE, UPDATE and
+        # DELETE of such a table on the 1.10.1 runtime), but a cluster may name an older runtime
+        # (IcebergConfig(packages=...)), so on merge-on-read tables the key lives in KEY_PROPERTY only.
         if not_null and self.write_mode == "copy-on-write":
             fields = ", ".join(quote(name) for name in key)
             self.spark.sql(f"ALTER TABLE {self.name(table)} SET IDENTIFIER FIELDS {fields}")

@@ -84,7 +84,7 @@ class ApplyLease:
 
     def acquire(self) -> None:
         """Take the lease, or raise :class:`ApplyLeaseHeld` when another apply holds a live one."""
-        self._ops = self.lakehouse.state_table().operations()
+        self._ops = self.lakehouse.state.state_table().operations()
         started = time.monotonic()
         while True:
             try:

@@ -1,7 +1,7 @@
 """The apply job's state table: per pipeline and source table, the position the lakehouse holds.
 
-A mixin of :class:`~airflow_provider_pglogical.spark.apply.lakehouse_tables.Lakehouse`, which gives
-it ``spark``, ``name``, ``loaded_table`` and ``iceberg_table``; kept apart so each stays short.
+Its own small object (``Lakehouse.state``), not a base class of the lakehouse the appliers are
+handed: it uses the lakehouse's ``name``, ``loaded_table``, ``iceberg_table`` and ``create_by_catalog``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,16 @@ _STATE_COLUMNS = ("source_table", "target_table", "position", "applied_snapshots
 
 
 class StateTable:
-    """Reading and writing this job's state table (one partition per pipeline)."""
+    """Reading and writing this job's state table (one partition per pipeline).
 
-    _state_snapshots: dict[str, int | None]
-    format_version: int
+    :param lakehouse: the namespace it lives in (``lakehouse_tables.Lakehouse``).
+    """
+
+    def __init__(self, lakehouse) -> None:
+        self.lakehouse = lakehouse
+        self.spark = lakehouse.spark
+        #: per pipeline, the state table's snapshot its rows were last read or written at
+        self._state_snapshots: dict[str, int | None] = {}
 
     def read_state(self, pipeline: str) -> dict[str, TableState]:
         """This pipeline's rows of the state table (created when missing).
@@ -49,31 +55,31 @@ class StateTable:
     def state_table(self):
         """The state table (Iceberg's Java table), created on first use (by one of two applies that
         start at once: the other finds it)."""
-        table = self.loaded_table(STATE_TABLE)
+        table = self.lakehouse.loaded_table(STATE_TABLE)
         if table is not None:
             return table
         try:
             self._create_state_table()
         except Exception:
-            table = self.loaded_table(STATE_TABLE)
+            table = self.lakehouse.loaded_table(STATE_TABLE)
             if table is None:
                 raise
             return table
-        return self.iceberg_table(STATE_TABLE)
+        return self.lakehouse.iceberg_table(STATE_TABLE)
 
     def _create_state_table(self) -> None:
         columns = {"pipeline": ("string", False), "source_table": ("string", False), "target_table": ("string", True),
                    "position": ("string", True), "applied_snapshots": ("array<string>", True),
                    "last_batch": ("string", True), "updated_at": ("timestamp", True)}
-        properties = {"format-version": str(self.format_version), "write.update.mode": "copy-on-write",
+        properties = {"format-version": str(self.lakehouse.format_version), "write.update.mode": "copy-on-write",
                       "write.delete.mode": "copy-on-write", "write.merge.mode": "copy-on-write", **METADATA_PROPERTIES}
-        if self.create_by_catalog(STATE_TABLE, columns, properties, [("identity", "pipeline", None)]):
+        if self.lakehouse.create_by_catalog(STATE_TABLE, columns, properties, [("identity", "pipeline", None)]):
             return
         self.spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {self.name(STATE_TABLE)} (pipeline string NOT NULL, "
+            f"CREATE TABLE IF NOT EXISTS {self.lakehouse.name(STATE_TABLE)} (pipeline string NOT NULL, "
             "source_table string NOT NULL, target_table string, position string, applied_snapshots array<string>, "
             "last_batch string, updated_at timestamp) USING iceberg PARTITIONED BY (pipeline) "
-            f"TBLPROPERTIES ('format-version'='{int(self.format_version)}', 'write.update.mode'='copy-on-write', "
+            f"TBLPROPERTIES ('format-version'='{int(self.lakehouse.format_version)}', 'write.update.mode'='copy-on-write', "
             "'write.delete.mode'='copy-on-write', 'write.merge.mode'='copy-on-write'"
             + metadata_properties() + ")"
         )
@@ -103,7 +109,7 @@ class StateTable:
         ]
         read_at = self._state_snapshots.get(pipeline)
         if by_driver and pyarrow_missing() is None:
-            writer = DriverCommits(self.spark, self)
+            writer = DriverCommits(self.spark, self.lakehouse)
             table = writer.load(STATE_TABLE)
             self._state_snapshots[pipeline] = writer.replace_partition(
                 table, self._state_rows(writer, table, rows), "pipeline", pipeline, read_at=read_at)
@@ -111,7 +117,7 @@ class StateTable:
         schema = ("pipeline string, source_table string, target_table string, position string, "
                   "applied_snapshots array<string>, last_batch string")
         frame = self.spark.createDataFrame(rows, schema).withColumn("updated_at", F.current_timestamp())
-        written = validated_overwrite(self, STATE_TABLE, frame, col("pipeline") == F.lit(pipeline), read_at)
+        written = validated_overwrite(self.lakehouse, STATE_TABLE, frame, col("pipeline") == F.lit(pipeline), read_at)
         # its own snapshot, not the table's newest (another writer's commit after it must still conflict)
         self._state_snapshots[pipeline] = written if written is not None else read_at
 
@@ -156,5 +162,5 @@ def settle_orphans(lakehouse, orphaned: dict[str, dict], states: dict[str, Table
                                     f"({sql_string(ORPHANED_PROPERTY)} = {sql_string(info['why'])})")
             done[source] = "marked"
     if "dropped" in done.values():
-        lakehouse.write_state(pipeline, states)
+        lakehouse.state.write_state(pipeline, states)
     return done

@@ -7,7 +7,7 @@ equality delete file per table per tick. Housekeeping converts such a table: its
 to with the deletes applied, and this step then removes the equality delete files left applying
 to nothing. Iceberg applies an equality delete to the data files of lower data sequence number
 only, so once those files are rewritten (with a sequence number at least the delete's) it
-applies to nothing, yet stays in the table's delete manifests: Iceberg 1.9 drops such entries
+applies to nothing, yet stays in the table's delete manifests: Iceberg (1.9, 1.10) drops such entries
 only while it filters a delete manifest for another reason, and ``RemoveDanglingDeleteFiles``
 skips unpartitioned tables.
 

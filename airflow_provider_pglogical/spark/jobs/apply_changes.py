@@ -181,7 +181,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
     record = staging.read_file(PIPELINE_RECORD) or {}
     batches = staging.committed()  # again: an apply that ended meanwhile may have removed some
     keyed, multisets = KeyedTables(spark, staging, lakehouse, row_deltas), Multisets(spark, staging, lakehouse, row_deltas)
-    states = lakehouse.read_state(pipeline)
+    states = lakehouse.state.read_state(pipeline)
     known = set(states)
     phases.end("state_read")
     for source, state in states.items():
@@ -229,7 +229,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
                 _crash_point(len(summary["steps"]))
             phases.end("steps")
             lease.check()  # a run that outlived its lease records nothing: another may be applying
-            lakehouse.write_state(pipeline, states)
+            lakehouse.state.write_state(pipeline, states)
             phases.end("state_commits")
     lease.check()
     summary["orphaned"] = settle_orphans(lakehouse, orphaned, states, pipeline)
