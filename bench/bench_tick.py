@@ -115,7 +115,8 @@ def s3_lakehouse(pg):
 class Pipeline:
     """One pipeline over a throwaway database: initial sync, pulls and applies by the library calls.
 
-    :param lake: ``local`` or ``s3`` (:data:`LAKEHOUSES`; ``s3`` needs :func:`s3_lakehouse` first).
+    :param lake: ``local``, ``s3`` (:data:`LAKEHOUSES`; ``s3`` needs :func:`s3_lakehouse` first) or ``rest``
+        (``bench_catalogs.py``: the demo's REST lakehouse started first).
     """
 
     def __init__(self, pg, db: str, tmp: Path, tag: str, lake: str = "local", s3=None) -> None:
@@ -123,12 +124,18 @@ class Pipeline:
         self.submit_seconds = self.server_cpu = 0.0
         os.environ[f"AIRFLOW_CONN_BENCH_{tag.upper()}"] = pg.connection_uri(db)
         self.hook = PgLogicalHook(postgres_conn_id=f"bench_{tag}")
-        if lake == "s3":
-            from airflow_provider_pglogical.embedded.demo_lakehouse import BUCKET, CATALOG_CONN_ID, STORAGE_CONN_ID
+        if lake in ("s3", "rest"):  # rest: bench_catalogs.py's REST catalog, the warehouse through S3FileIO
+            from airflow_provider_pglogical.embedded.demo_lakehouse import (
+                BUCKET,
+                CATALOG_CONN_ID,
+                STORAGE_CONN_ID,
+                WAREHOUSE_PREFIX,
+            )
 
             self.staging = f"s3://{STORAGE_CONN_ID}@{BUCKET}/staging-{tag}"
-            self.iceberg = IcebergConfig(catalog_type="jdbc", catalog_conn_id=CATALOG_CONN_ID,
-                                         warehouse=f"s3a://{BUCKET}/warehouse-{tag}", storage_conn_id=STORAGE_CONN_ID,
+            self.iceberg = IcebergConfig(catalog_type="jdbc" if lake == "s3" else "rest", catalog_conn_id=CATALOG_CONN_ID,
+                                         warehouse=f"s3a://{BUCKET}/warehouse-{tag}" if lake == "s3"
+                                         else f"s3://{BUCKET}/{WAREHOUSE_PREFIX}", storage_conn_id=STORAGE_CONN_ID,
                                          namespace=f"bench_{tag}")
         else:
             self.staging = (tmp / f"staging-{tag}").as_uri()

@@ -34,6 +34,8 @@ TINY = {
     "bench_soak.py": (["--tiny"], "verification: all 2 lakehouse tables equal their source tables"),
     "bench_freshness.py": (["--tiny"], "freshness through the scheduler: p50"),
     "bench_s3_hashing.py": (["--tiny"], "hashes equal, the row deltas get the hashed bytes"),
+    # the REST catalog with S3FileIO against the local Hadoop catalog: ticks and a streaming round
+    "bench_catalogs.py": (["--tiny"], "rest catalog with S3FileIO / local Hadoop catalog: 1-table tick"),
 }
 #: scripts in bench/ that do not run here, and why
 NOT_RUN = {

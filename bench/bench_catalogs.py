@@ -1,0 +1,156 @@
+"""The REST catalog with S3FileIO against the local Hadoop catalog, in one run (issue 48).
+
+    python bench/bench_catalogs.py [--tables 1,50] [--ticks 3] [--rounds 5] [--tiny]
+
+Two pipelines over the same tables and changes (``bench_tick.py``'s tables: 1,000 rows each, 100
+changes per table per tick): ``local`` (a Hadoop catalog and staging on the local disk, the
+embedded default) and ``rest`` (the demo's ``--lakehouse rest``: Iceberg's REST catalog fixture on
+loopback behind OAuth2 client credentials, the warehouse on moto's S3 server through S3FileIO,
+staging on the same bucket through S3A). For each table count: an initial sync and a first apply
+(not timed), then ``--ticks`` ticks, each a pull and the apply task (spark-submit included), the
+two lakehouses interleaved so each meets the same machine state. Then a **streaming round** on
+the 1-table pipelines: an apply window (``keep_running``) runs, and each of ``--rounds`` rounds is
+the 100 changes, a pull, and the window's round that applies them (its own time from the apply
+history, and the time from the pull's end to the round's record). Prints the medians, and each
+REST figure as a multiple of the local one (the issue's goal: at most 1.5x).
+
+``--tiny`` (CI): one table, one tick, one round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.bench_tick import Pipeline, change_tables, create_tables, load  # noqa: E402  (prepares the environment)
+from bench.common import cluster  # noqa: E402
+from airflow_provider_pglogical.embedded.demo_lakehouse import rest_lakehouse  # noqa: E402
+from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
+from airflow_provider_pglogical.ui.history import read_history  # noqa: E402
+
+LAKES = ("local", "rest")
+
+
+def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick: int) -> list[tuple[float, float]]:
+    """An apply window on ``pipeline``, and ``rounds`` rounds of changes, pull, the window's round:
+    (the round's own seconds, seconds from the pull's end to the round's record) per round."""
+    pipeline.pull()  # catch up with the changes the other lakehouse's rounds made (not timed)
+    pipeline.apply()
+    operator = IcebergApplyOperator(task_id="window", staging_root=pipeline.staging, pipeline="p",
+                                    iceberg=pipeline.iceberg, keep_running=3600, poll_interval=0.2)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            operator.execute({})
+        except BaseException as error:  # ended by on_kill below; anything earlier is reported
+            failed.append(error)
+
+    def wait_for_round(number: int) -> dict:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                pipeline.root.fs.invalidate_cache()  # s3fs would read the file it rewrote by its old ETag
+                entries = [e for e in read_history(pipeline.root, "p", "apply") if e.get("round") == number
+                           and e.get("at", "") >= begun]
+            except OSError:  # the window rewrites the history file whole (gone, or changed mid-read): again
+                entries = []
+            if entries:
+                return entries[-1]
+            if failed:
+                raise RuntimeError(f"the apply window ended early: {failed[0]!r}")
+            time.sleep(0.05)
+        raise TimeoutError(f"round {number} of the window was not recorded within 600 s")
+
+    begun = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    thread = threading.Thread(target=run, name="apply-window", daemon=True)
+    thread.start()
+    results = []
+    try:
+        wait_for_round(1)  # the window's first round: what was pending at its start (nothing)
+        for number in range(2, rounds + 2):
+            change_tables(pg, db, names, tick + number)
+            pipeline.pull()
+            pulled = time.perf_counter()
+            entry = wait_for_round(number)
+            results.append((float(entry["seconds"]), time.perf_counter() - pulled))
+    finally:
+        operator.on_kill()  # the window's spark-submit; its lease expires with it (nothing follows)
+        thread.join(timeout=120)
+    return results
+
+
+def ratio(rest: float, local: float) -> str:
+    return f"{rest / local:.2f}x local" if local else "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", default="1,50")
+    parser.add_argument("--ticks", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tiny", action="store_true", help="one table, one tick, one round (CI)")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.tables, args.ticks, args.rounds = "1", 1, 1
+    with tempfile.TemporaryDirectory() as tmp, cluster("bench_catalogs") as pg:
+        tmp_path = Path(tmp)
+        lake = rest_lakehouse(tmp_path)
+        os.environ.update(lake.env)
+        print(f"lakehouse rest: {lake.where}; load {load()}", flush=True)
+        medians: dict[tuple[int, str], float] = {}
+        streamed: dict[str, list[tuple[float, float]]] = {}
+        try:
+            for count in [int(c) for c in args.tables.split(",")]:
+                db = f"cat{count}"
+                pg.create_database(db)
+                names = create_tables(pg, db, count)
+                pipelines = {name: Pipeline(pg, db, tmp_path, f"{db}_{name}", name, lake if name == "rest" else None)
+                             for name in LAKES}
+                for pipeline in pipelines.values():
+                    pipeline.sync()
+                    pipeline.apply()  # warms up, not timed
+                walls: dict[str, list[float]] = {name: [] for name in LAKES}
+                for tick in range(1, args.ticks + 1):
+                    change_tables(pg, db, names, tick)
+                    for name, pipeline in pipelines.items():
+                        pipeline.pull()
+                        wall, job = pipeline.apply()
+                        walls[name].append(wall)
+                        print(f"  {count} tables, tick {tick}, {name}: apply task {wall:.2f} s (in-job {job:.2f} s), "
+                              f"load {load()}", flush=True)
+                for name in LAKES:
+                    medians[count, name] = statistics.median(walls[name])
+                print(f"{count:>3} tables x 100 changes: apply task median local {medians[count, 'local']:.2f} s, "
+                      f"rest {medians[count, 'rest']:.2f} s ({ratio(medians[count, 'rest'], medians[count, 'local'])})",
+                      flush=True)
+                if count == 1 and args.rounds:
+                    for offset, (name, pipeline) in enumerate(pipelines.items()):  # each round's changes are new
+                        streamed[name] = stream(pipeline, pg, db, names, args.rounds,
+                                                args.ticks + offset * (args.rounds + 2))
+                        print(f"  streaming rounds, {name}: " + ", ".join(
+                            f"{own:.2f} s (pull to record {seen:.2f} s)" for own, seen in streamed[name]), flush=True)
+        finally:
+            lake.close(False)
+    if streamed:
+        own = {name: statistics.median(o for o, _ in streamed[name]) for name in LAKES}
+        seen = {name: statistics.median(s for _, s in streamed[name]) for name in LAKES}
+        print(f"streaming round (1 table x 100 changes): median local {own['local']:.2f} s, rest {own['rest']:.2f} s "
+              f"({ratio(own['rest'], own['local'])}); pull to round recorded: local {seen['local']:.2f} s, "
+              f"rest {seen['rest']:.2f} s ({ratio(seen['rest'], seen['local'])})")
+    print("rest catalog with S3FileIO / local Hadoop catalog: " + ", ".join(
+        f"{count}-table tick {ratio(medians[count, 'rest'], medians[count, 'local'])}"
+        for count in sorted({c for c, _ in medians})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
