@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from psycopg2 import sql
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
-from airflow_provider_pglogical.spark.apply import keyed, lakehouse_tables, lease, steps  # noqa: E402
+from airflow_provider_pglogical.spark.apply import keyed, lakehouse_tables, lease, state_table, steps  # noqa: E402
 from airflow_provider_pglogical.spark.common import hadoop_files  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
@@ -67,8 +67,8 @@ def timed(owner, name: str, label: str | None = None) -> None:
 def instrument() -> None:
     from pyspark.sql import dataframe, session
 
-    timed(lakehouse_tables.Lakehouse, "read_state")
-    timed(lakehouse_tables.Lakehouse, "write_state")
+    timed(state_table.StateTable, "read_state")
+    timed(state_table.StateTable, "write_state")
     timed(lakehouse_tables.Lakehouse, "ensure_table")
     timed(steps.StepApplier, "read_batch")
     timed(keyed, "reduce_changes")
