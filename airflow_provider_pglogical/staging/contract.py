@@ -123,6 +123,14 @@ SOURCE_NAME = "source_name"
 CHANGE_FACTS = "change_facts"
 
 
+#: in a folded step's table manifest (``spark/apply/plan.py``: ``fold_changes``), each file entry
+#: names the batch directory it lies in
+FOLDED_FROM = "folded_from"
+#: a streaming window folds the pending change batches of a table into one step of at most this
+#: many staged rows (``ApplyOptions.fold_rows``)
+DEFAULT_FOLD_ROWS = 500_000
+
+
 def facts_decide(details: dict, position: int) -> dict | None:
     """The pull's facts of a table's change rows when they answer what the apply job would
     otherwise aggregate: every row is at or after ``position``, none is a TRUNCATE and none keeps

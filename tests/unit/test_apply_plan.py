@@ -195,3 +195,37 @@ def test_only_a_table_large_next_to_its_batch_gets_its_scan_pruned():
     assert prunes(20_000, 400, 92 * mb)
     least = PRUNED_MERGE_BYTES + PRUNED_BYTES_PER_BATCH_ROW * 400
     assert prunes(20_000, 400, least) and not prunes(20_000, 400, least - 1)
+
+
+def folding_batch(start: int, end: int, rows: int = 10, columns=("id", "qty"), details=None) -> Batch:
+    table = {"key": ["id"], "columns": [{"name": c} for c in columns], "replica_identity": "d", "rows": rows,
+             "files": [{"path": f"part-{start}.parquet"}], "details": details or {"truncated": False}}
+    return Batch(batch_name(Lsn(start), Lsn(end), "changes"), start, end, "changes", {"tables": {T: table}})
+
+
+def test_consecutive_change_batches_fold_into_one_step_up_to_the_row_limit_and_not_across_a_schema_change():
+    from airflow_provider_pglogical.spark.apply.plan import files_read, fold_changes
+
+    batches = [folding_batch(10, 20), folding_batch(20, 30), folding_batch(30, 40, details={"truncated": True}),
+               folding_batch(40, 50, columns=("id", "qty", "note")), folding_batch(50, 60, columns=("id", "qty", "note"))]
+    steps, _ = plan_table(T, batches, TableState("orders", 15))
+    folded = fold_changes(T, steps, 1000)
+    # a schema change (a column added) starts a new fold; the TRUNCATE folds (the reduction keeps the last one)
+    assert [[b.start for b in s.folded or [s.batch]] for s in folded] == [[10, 20, 30], [40, 50]]
+    first = folded[0]
+    assert (first.position, first.end(), first.batch.name) == (15, 40, batches[2].name)
+    table = first.batch.manifest["tables"][T]
+    assert table["rows"] == 30 and table["details"]["truncated"] is True
+    # each file is read from the directory of the batch that staged it; every staged batch is checked
+    assert [f["folded_from"] for f in table["files"]] == [b.name for b in batches[:3]]
+    assert sorted(files_read({T: folded})) == sorted(b.name for b in batches)
+    assert [len(s.folded or [s.batch]) for s in fold_changes(T, steps, 25)] == [2, 1, 2]  # at most 25 rows a step
+    assert fold_changes(T, steps, 0) == steps  # 0: one step per batch
+
+
+def test_fold_rows_is_checked_and_folds_only_in_a_window_by_default():
+    assert ApplyOptions("file:///s", "p").folding() == 0
+    assert ApplyOptions("file:///s", "p", keep_running=60).folding() > 0
+    assert ApplyOptions("file:///s", "p", keep_running=60, fold_rows=0).folding() == 0
+    assert ApplyOptions("file:///s", "p", fold_rows=-1).problems() == [
+        "fold_rows must be 0 (one step per batch) or a number of staged rows, not -1"]

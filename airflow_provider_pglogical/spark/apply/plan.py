@@ -13,6 +13,8 @@ from airflow_provider_pglogical.spark.common.batch import Batch  # noqa: F401 (p
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.identifiers import quote, sql_literal
 from airflow_provider_pglogical.staging.contract import (
+    CHANGE_FACTS,
+    FOLDED_FROM,
     MANIFEST,
     PREVIOUS_END,
     SNAPSHOT_BATCH,
@@ -50,6 +52,9 @@ class Step:
     #: the step leaves the table at one source position: False while a keyed table's ranged
     #: snapshot catches up (the range is at the step's position, the other rows further on)
     cut: bool = True
+    #: consecutive change batches folded into this one step (``fold_changes``): ``batch`` is then
+    #: their union (the last one's name, the first one's start), these are the staged batches
+    folded: list[Batch] | None = None
 
     def end(self) -> int:
         """The position the table holds once the step is applied."""
@@ -148,6 +153,74 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
             steps.append(Step("changes", batch, position, cut=batch.end >= mixed_until))
             position = batch.end
     return steps, superseded
+
+
+#: the details a change batch's table may carry and still fold: facts the fold adds up, or that
+#: are the same in every batch; a schema change (``column_evolution``, a new source name) does not
+FOLDABLE_DETAILS = {"partitioned", "truncated", "toast_fetch", CHANGE_FACTS}
+#: the manifest fields that must agree for two batches of a table to fold
+SAME_SHAPE = ("columns", "key", "replica_identity", "keyless")
+
+
+def fold_changes(source: str, steps: list[Step], max_rows: int) -> list[Step]:
+    """``steps`` with each run of consecutive change steps folded into one step of at most
+    ``max_rows`` staged rows (0: no folding).
+
+    When the apply is behind, several batches of a table are pending; each step costs a commit, a
+    state commit and its fixed Spark work, so one step over their union catches up with fewer. It
+    is exact: a change batch's boundaries are only where a pull happened to stop, and the
+    reduction of a keyed table (last change per key, unchanged values, key changes, the last
+    TRUNCATE) and a keyless table's net copies per row value are defined on any run of
+    consecutive changes. Batches of different shape (a schema change between them) stay apart.
+    """
+    if max_rows <= 0:
+        return steps
+    out: list[Step] = []
+    for step in steps:
+        before = out[-1] if out else None
+        if before is not None and _foldable(before, step, source, max_rows):
+            out[-1] = _folded(before, step, source)
+        else:
+            out.append(step)
+    return out
+
+
+def _foldable(before: Step, step: Step, source: str, max_rows: int) -> bool:
+    if not all(s.kind == "changes" and s.cut and s.window is None for s in (before, step)):
+        return False
+    if step.position != before.end():
+        return False
+    tables = [before.batch.manifest["tables"][source], step.batch.manifest["tables"][source]]
+    if any(set(t.get("details") or {}) - FOLDABLE_DETAILS for t in tables):
+        return False
+    if any(tables[0].get(name) != tables[1].get(name) for name in SAME_SHAPE):
+        return False
+    return sum(int(t.get("rows") or 0) for t in tables) <= max_rows
+
+
+def _folded(before: Step, step: Step, source: str) -> Step:
+    """One change step over ``before``'s batches and ``step``'s batch."""
+    parts = [*(before.folded or [before.batch]), step.batch]
+    tables = [b.manifest["tables"][source] for b in parts]
+    table = dict(tables[-1])
+    table["files"] = [{**f, FOLDED_FROM: f.get(FOLDED_FROM, b.name)} for b, t in zip(parts, tables) for f in t["files"]]
+    table["rows"] = sum(int(t.get("rows") or 0) for t in tables)
+    details = {"partitioned": (tables[-1].get("details") or {}).get("partitioned", False),
+               "truncated": any((t.get("details") or {}).get("truncated") for t in tables)}
+    facts = [(t.get("details") or {}).get(CHANGE_FACTS) for t in tables]
+    if all(facts):
+        lsns = [f["first_commit_lsn"] for f in facts if f.get("first_commit_lsn") is not None]
+        first = [f.get("first_commit_ts") for f in facts if f.get("first_commit_ts")]
+        last = [f.get("last_commit_ts") for f in facts if f.get("last_commit_ts")]
+        details[CHANGE_FACTS] = {"rows": sum(f["rows"] for f in facts), "first_commit_lsn": min(lsns, default=None),
+                                 "unchanged": any(f["unchanged"] for f in facts),
+                                 "old_keys": any(f["old_keys"] for f in facts),
+                                 "first_commit_ts": min(first, default=None), "last_commit_ts": max(last, default=None)}
+    table["details"] = details
+    last_batch = parts[-1]
+    union = Batch(last_batch.name, parts[0].start, last_batch.end, "changes",
+                  {**last_batch.manifest, "tables": {source: table}}, last_batch.committed_ms)
+    return Step("changes", union, before.position, folded=parts)
 
 
 def batches_that_matter(batches: list[Batch], states: dict[str, TableState]) -> list[Batch]:
@@ -262,6 +335,6 @@ def files_read(plans: dict[str, list[Step]]) -> dict[str, tuple[Batch, set[str]]
     out: dict[str, tuple[Batch, set[str]]] = {}
     for source, steps in plans.items():
         for step in steps:
-            for batch in [step.batch, *(step.window or [])]:
+            for batch in [*(step.folded or [step.batch]), *(step.window or [])]:
                 out.setdefault(batch.name, (batch, set()))[1].add(source)
     return out

@@ -6,9 +6,10 @@ handed: it uses the lakehouse's ``name``, ``loaded_table``, ``iceberg_table`` an
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.spark.apply.plan import TableState
+from airflow_provider_pglogical.spark.apply.plan import Batch, TableState
 from airflow_provider_pglogical.spark.common.identifiers import col, sql_string
-from airflow_provider_pglogical.staging.contract import ORPHANED_PROPERTY, STATE_TABLE, hex16
+from airflow_provider_pglogical.staging.contract import (
+    ORPHANED_PROPERTY, SNAPSHOT_BATCH, SNAPSHOT_FROM_LSN, SNAPSHOT_LSN, SNAPSHOT_PIPELINE, STATE_TABLE, hex16)
 
 #: every commit writes a ``v<N>.metadata.json``: keep the last 100 and delete older ones at commit,
 #: so a table's metadata stays flat however often it is applied (the state table commits every round)
@@ -164,3 +165,38 @@ def settle_orphans(lakehouse, orphaned: dict[str, dict], states: dict[str, Table
     if "dropped" in done.values():
         lakehouse.state.write_state(pipeline, states)
     return done
+
+
+#: how many snapshots back :func:`landed_position` looks for the pipeline's newest commit
+#: (housekeeping commits without the pipeline's stamp may lie on top of it)
+LANDED_LOOKBACK = 20
+
+
+def landed_position(lakehouse, state: TableState, pipeline: str) -> tuple[int, str] | None:
+    """(position, batch) of a change step whose data commit landed in ``state.target`` past
+    ``state.position`` without its state commit (a crash, or a failed round, between the two);
+    None when the state holds the table's newest commit.
+
+    Only a folded step's (``plan.fold_changes``; its commit applied from before its last batch's
+    start): a keyless step skips the row values the same step marked already, so its re-run is
+    exact only when it folds the same batches, and a re-run after more batches arrived, or a
+    one-off apply that does not fold, would not. Each commit's summary says which position it holds
+    (``commit_stamp.py``), so the state moves there and the next step starts after it."""
+    table = lakehouse.loaded_table(state.target)
+    snapshot = table.currentSnapshot() if table is not None else None
+    for _ in range(LANDED_LOOKBACK):
+        if snapshot is None:
+            return None
+        summary = snapshot.summary()
+        if summary.get(SNAPSHOT_PIPELINE) == pipeline:
+            batch, lsn = Batch.parse(summary.get(SNAPSHOT_BATCH) or ""), summary.get(SNAPSHOT_LSN)
+            if batch is None or batch.kind != "changes" or not lsn or int(lsn, 16) <= state.position:
+                return None
+            # a folded step applied from before its (last) batch's start; a step of one batch is
+            # exact to apply again (its marks), as it always was
+            if int(summary.get(SNAPSHOT_FROM_LSN) or "0", 16) >= batch.start:
+                return None
+            return int(lsn, 16), batch.name
+        parent = snapshot.parentId()
+        snapshot = table.snapshot(parent) if parent is not None else None
+    return None

@@ -27,6 +27,7 @@ from airflow_provider_pglogical.spark.common.batch import Batch
 from airflow_provider_pglogical.staging.contract import (
     FILE_SHA256,
     FILE_SIZE,
+    FOLDED_FROM,
     MANIFEST,
     RESULT_CONF,
     STAGING_FILE_MODE_CONF,
@@ -335,7 +336,9 @@ class Staging:
         return copy.deepcopy(self._manifests[batch.name])
 
     def files(self, batch: Batch, source: str) -> list[str]:
-        return [f"{self.directory}/{batch.name}/{f['path']}" for f in batch.manifest["tables"][source]["files"]]
+        # a folded step's files lie in the directories of the batches it folds (``plan.fold_changes``)
+        return [f"{self.directory}/{f.get(FOLDED_FROM, batch.name)}/{f['path']}"
+                for f in batch.manifest["tables"][source]["files"]]
 
 
 def _batch_file(uri: str) -> str:

@@ -88,9 +88,10 @@ from airflow_provider_pglogical.spark.common.session import (  # noqa: F401 (tun
 )
 from airflow_provider_pglogical.spark.common.errors import ApplyError, job_error
 from airflow_provider_pglogical.spark.housekeeping.delete_compaction import compact_written
-from airflow_provider_pglogical.spark.apply.plan import Step, TableState, batches_that_matter, caught_up, plan_table
+from airflow_provider_pglogical.spark.apply.plan import (
+    Step, TableState, batches_that_matter, caught_up, fold_changes, plan_table)
 from airflow_provider_pglogical.spark.apply.retention import apply_retention, prove_staging
-from airflow_provider_pglogical.spark.apply.state_table import settle_orphans
+from airflow_provider_pglogical.spark.apply.state_table import landed_position, settle_orphans
 from airflow_provider_pglogical.spark.apply.table_identity import adopt_legacy_keys, check_run, normal_table_map
 from airflow_provider_pglogical.spark.jobs.apply_window import (
     Phases, commit_conflict, first_commits, keep_applying, loaded, record_round, window_after_handover)
@@ -108,6 +109,7 @@ from airflow_provider_pglogical.staging.contract import (
     SOURCE_IDENTITY,
     default_target_name,
     format_lsn,
+    is_multiset,
 )
 
 log = logging.getLogger("pglogical.apply")
@@ -208,7 +210,13 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
         state = states[source]
         steps, superseded = plan_table(source, wanted, state)
         state.snapshots.update(superseded)
-        plans[source] = steps
+        if steps and steps[0].kind == "changes" and is_multiset(steps[0].batch.manifest["tables"][source]):
+            landed = landed_position(lakehouse, state, pipeline)  # a keyless step's commit without its state
+            if landed is not None:
+                log.info("%s: its batch %s landed without its state commit: it continues from there", source, landed[1])
+                state.position, state.last_batch = landed
+                steps, _ = plan_table(source, wanted, state)
+        plans[source] = fold_changes(source, steps, options.folding())
     prove_staging(staging, pipeline, batches, plans, states, staging.read_file(RETENTION_RECORD), record)
     check_run(lakehouse, pipeline, (record.get("extra") or {}).get(SOURCE_IDENTITY), plans, states, known)
     for source, position in caught_up(plans, states, batches).items():  # recorded by the rounds' state commits
@@ -284,7 +292,7 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
     log.info("%s: applied %s %s (%d rows, %s) in %.2fs (%d Spark jobs, %d stages)", source, step.kind,
              step.batch.name, rows, f"{adopted} staged files adopted" if adopted else path.value, seconds, jobs, stages)
     return {"table": source, "target": state.target, "kind": step.kind, "batch": step.batch.name,
-            "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta,
+            "folded": [b.name for b in step.folded or [step.batch]], "rows": rows, "seconds": seconds, "spark_jobs": jobs, "spark_stages": stages, "row_delta": row_delta,
             "adopted_files": adopted, "path": path.value}
 
 

@@ -179,7 +179,8 @@ def first_commits(steps: list[dict], manifests: dict[str, dict]) -> dict[str, st
     for step in steps:
         if step.get("kind") != "changes":
             continue
-        table = (manifests.get(step["batch"]) or {}).get("tables", {}).get(step["table"]) or {}
+        first_batch = (step.get("folded") or [step["batch"]])[0]  # a folded step: its first batch's
+        table = (manifests.get(first_batch) or {}).get("tables", {}).get(step["table"]) or {}
         first = ((table.get("details") or {}).get(CHANGE_FACTS) or {}).get("first_commit_ts")
         if first and (step["table"] not in out or _instant(first) < _instant(out[step["table"]])):
             out[step["table"]] = first

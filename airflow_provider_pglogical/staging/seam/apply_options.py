@@ -16,6 +16,7 @@ from airflow_provider_pglogical.staging.contract import (
     DEFAULT_APPLY_LEASE_SECONDS,
     DEFAULT_COMPACT_DELETES_AT,
     DEFAULT_CONCURRENCY,
+    DEFAULT_FOLD_ROWS,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_RETENTION_HOURS,
     WRITE_MODES,
@@ -50,6 +51,10 @@ class ApplyOptions:
         existing table of another version is refused before any write (``spark/apply/format_versions.py``).
     :param upgrade_format_version: upgrade existing tables of an older version to ``format_version``.
     :param log_level: Spark's log level inside the job.
+    :param fold_rows: fold each table's consecutive pending change batches into one step of at most
+        this many staged rows (``plan.fold_changes``); 0 applies one step per batch; None (the
+        default) folds in a window (``keep_running``: the apply is behind when batches pile up
+        between its polls) up to ``DEFAULT_FOLD_ROWS``, and not in a one-off apply.
     """
 
     staging_root: str
@@ -72,6 +77,7 @@ class ApplyOptions:
     format_version: int = 2
     upgrade_format_version: bool = False
     log_level: str = "WARN"
+    fold_rows: int | None = None
 
     def problems(self) -> list[str]:
         """What makes these options unusable, each naming the option and the fix (empty: usable)."""
@@ -91,9 +97,18 @@ class ApplyOptions:
             found.append(f"concurrency must be 1 or more tables at once, not {self.concurrency}")
         if self.retention_hours is not None and self.retention_hours < 0:
             found.append(f"retention_hours must not be negative, not {self.retention_hours}; None keeps every batch")
+        if self.fold_rows is not None and (isinstance(self.fold_rows, bool) or not isinstance(self.fold_rows, int)
+                                           or self.fold_rows < 0):
+            found.append(f"fold_rows must be 0 (one step per batch) or a number of staged rows, not {self.fold_rows!r}")
         if self.format_version not in (2, 3):
             found.append(f"format_version must be 2 (the default, read by every engine) or 3, not {self.format_version!r}")
         return found
+
+    def folding(self) -> int:
+        """The most staged rows one folded step holds (0: no folding); see ``fold_rows``."""
+        if self.fold_rows is not None:
+            return self.fold_rows
+        return DEFAULT_FOLD_ROWS if self.keep_running else 0
 
     def replace(self, **changes: Any) -> ApplyOptions:
         """These options with ``changes``."""
