@@ -33,6 +33,8 @@ TINY = {
     "bench_housekeeping.py": (["--tiny"], "small shuffles, 4 at a time: median"),
     "bench_soak.py": (["--tiny"], "verification: all 2 lakehouse tables equal their source tables"),
     "bench_freshness.py": (["--tiny"], "freshness through the scheduler: p50"),
+    # the streaming windows at rising change rates: freshness by Iceberg snapshots, CPU, busy stages
+    "bench_rate.py": (["--tiny"], "sustained rate:"),
     "bench_s3_hashing.py": (["--tiny"], "hashes equal, the row deltas get the hashed bytes"),
     # the REST catalog with S3FileIO against the local Hadoop catalog: ticks and a streaming round
     "bench_catalogs.py": (["--tiny"], "rest catalog with S3FileIO / local Hadoop catalog: 1-table tick"),
