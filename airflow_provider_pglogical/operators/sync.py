@@ -77,8 +77,8 @@ class PgInitialSyncOperator(CaptureOperator):
         snapshot, one transaction open for the whole copy; ``SnapshotMode.CHUNKED``: each table in key
         chunks of about ``chunk_rows`` rows, each chunk in its own short transaction, reconciled with the
         slot by watermarks, resumable after a kill at the first chunk not staged. Chunked refuses tables
-        without a primary key or replica identity index, partitioned roots and keys that are not an
-        integer or text, before anything is created (docs/snapshots.md says when to use which).
+        without a primary key or replica identity index and keys that do not start with an integer or
+        text column, before anything is created (docs/snapshots.md says when to use which).
     :param chunk_rows: rows per chunk of a chunked load.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """

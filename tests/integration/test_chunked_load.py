@@ -117,6 +117,36 @@ def test_chunked_load_equals_the_source_under_concurrent_writes(publisher, publi
     _assert_equal_to_source(publisher, root)
 
 
+def test_a_partitioned_table_published_through_its_root_equals_the_source(publisher, publisher_hook, root):
+    publisher.execute("""
+        CREATE TABLE parts(id int, region int, v text, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+        CREATE TABLE parts_a PARTITION OF parts FOR VALUES IN (1, 2);
+        CREATE TABLE parts_b PARTITION OF parts FOR VALUES IN (3, 4);
+        INSERT INTO parts SELECT g, 1 + g % 4, 'v' || g FROM generate_series(1, 1200) g;
+    """)
+    publisher_hook.create_publication("p", [PublishedTable("parts")], publish_via_partition_root=True)
+    conn, rng = publisher.connect(), random.Random(3)
+
+    def burst(event) -> None:  # rows move between partitions, across chunks, inside and between reads
+        with conn.cursor() as cur:
+            for _ in range(5):
+                key = rng.randint(1, 1300)
+                cur.execute("UPDATE parts SET region = 1 + (region + 1) %% 4, v = v || '>' WHERE id = %s AND NOT "
+                            "EXISTS (SELECT FROM parts o WHERE o.id = parts.id AND o.region = 1 + (parts.region + 1) %% 4)",
+                            (key,))
+                cur.execute("INSERT INTO parts VALUES (%s, %s, 'late') ON CONFLICT DO NOTHING",
+                            (rng.randint(1, 1400), rng.randint(1, 4)))
+                cur.execute("DELETE FROM parts WHERE id = %s", (rng.randint(1, 1300),))
+
+    run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=200,
+                     hooks=ChunkHooks(low=burst, read=burst))
+    assert read_load(root, "p").tables["public.parts"].chunks >= 6
+    burst(None)
+    _drain(publisher_hook, root)
+    assert table_rows(replay(root, "p"), "public.parts", ["id", "region", "v"]) == sorted(
+        publisher.query("SELECT id, region, v FROM parts"))
+
+
 def test_no_transaction_is_held_between_chunks(publisher, publisher_hook, root):
     publisher.execute(SOURCE)
     publisher_hook.create_publication("p", [PublishedTable("items"), PublishedTable("notes")])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import psycopg2
+import pyarrow as pa
 
 from airflow_provider_pglogical.capture import snapshot
 from airflow_provider_pglogical.capture.chunked import plan, watermarks
@@ -99,14 +100,17 @@ class ChunkReader:
         writer = BatchWriter(self.root, manifest)
         writer.add_table(TableManifest(**{**spec.manifest.__dict__, "files": [], "rows": 0,
                                           "details": {**spec.manifest.details, "extra_where": where}}))
-        unit = snapshot.WorkUnit(table, (table.schema, table.name), 0, None, 0)
-        progress = snapshot.Progress([unit], lambda line: None, every=float("inf"))
         try:
             with self.conn.cursor() as cur:
                 cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                units = [snapshot.WorkUnit(table, source, 0, None, 0) for source in plan.relations_read(cur, spec.chunked)]
+            progress = snapshot.Progress(units, lambda line: None, every=float("inf"))
             try:
-                rows = snapshot._copy_unit(self.conn, unit, writer, where, progress, self.trusted_utf8, spec.mapping,
-                                           spec.staged_as)
+                rows = sum(snapshot._copy_unit(self.conn, unit, writer, where, progress, self.trusted_utf8,
+                                               spec.mapping, spec.staged_as) for unit in units)
+                if not units:  # a partitioned table without partitions: an empty part, as the exported copy has
+                    with writer.part_writer(spec.staged_as, pa.schema([pa.field(n, m.arrow) for n, m in spec.mapping.items()])):
+                        pass
                 self.hooks.read(ChunkEvent(**{**event.__dict__, "rows": rows, "low": str(low)}))
             finally:
                 with self.conn.cursor() as cur:

@@ -72,10 +72,6 @@ def table_problem(table: ResolvedTable, column: tuple[str, str] | None) -> str |
                 f"{ {'f': 'FULL', 'n': 'NOTHING'}.get(table.replica_identity, 'DEFAULT without a primary key') }): "
                 "its rows are a multiset, and a chunk cannot tell its copy of a row from an identical row "
                 "changed while the chunk was read, so duplicates could be doubled or lost; " + fix)
-    if table.relkind == "p":
-        return (f"table {name} is a partitioned table published through its root (publish_via_partition_root): "
-                "the chunked load reads plain tables only; " + fix.split(", or")[0]
-                + ", or publish its partitions without publish_via_partition_root")
     attname, typname = column
     if attname not in table.column_names:
         return f"table {name}: its key column {attname!r} is not published (column list); " + fix
@@ -116,6 +112,28 @@ def range_condition(chunked: ChunkedTable, start: Any, end: Any) -> sql.Composed
     return sql.SQL(" AND ").join(parts)
 
 
+_LEAVES = """
+SELECT n.nspname, c.relname FROM pg_partition_tree(%s::oid::regclass) t
+  JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE t.isleaf ORDER BY 1, 2
+"""
+
+
+def relations_read(cursor, chunked: ChunkedTable) -> list[tuple[str, str]]:
+    """What a chunk reads (``FROM ONLY``): the table, or each leaf of a partitioned table published
+    through its root (all in the chunk's one transaction, so the range is read at one moment)."""
+    if chunked.table.relkind != "p":
+        return [(chunked.table.schema, chunked.table.name)]
+    cursor.execute(_LEAVES, (chunked.table.oid,))
+    return [tuple(row) for row in cursor.fetchall()]
+
+
+def _relation(chunked: ChunkedTable) -> sql.Composable:
+    """The table to walk for boundaries: ``ONLY`` a plain table, a partitioned one with its leaves."""
+    name = sql.Identifier(chunked.table.schema, chunked.table.name)
+    return name if chunked.table.relkind == "p" else sql.SQL("ONLY {}").format(name)
+
+
 def next_boundary(cursor, chunked: ChunkedTable, start: Any, rows: int) -> Any:
     """The end of the chunk that starts at ``start`` and holds about ``rows`` rows: the first column
     value past them (None: the chunk runs to the end of the table). Read in its own statement: any
@@ -124,14 +142,14 @@ def next_boundary(cursor, chunked: ChunkedTable, start: Any, rows: int) -> Any:
     Counts rows of the whole table, not only those the row filter publishes: an index-only walk."""
     column = _column(chunked)
     after = sql.SQL(" WHERE {} >= {}").format(column, sql.Literal(start)) if start is not None else sql.SQL("")
-    cursor.execute(sql.SQL("SELECT {c} FROM ONLY {t}{w} ORDER BY {c} OFFSET {n} LIMIT 1").format(
-        c=column, t=sql.Identifier(chunked.table.schema, chunked.table.name), w=after, n=sql.Literal(rows)))
+    cursor.execute(sql.SQL("SELECT {c} FROM {t}{w} ORDER BY {c} OFFSET {n} LIMIT 1").format(
+        c=column, t=_relation(chunked), w=after, n=sql.Literal(rows)))
     found = cursor.fetchone()
     if found is None:
         return None
     if start is not None and found[0] == start:  # more than ``rows`` rows share the first key column's value
-        cursor.execute(sql.SQL("SELECT min({c}) FROM ONLY {t} WHERE {c} > {s}").format(
-            c=column, t=sql.Identifier(chunked.table.schema, chunked.table.name), s=sql.Literal(start)))
+        cursor.execute(sql.SQL("SELECT min({c}) FROM {t} WHERE {c} > {s}").format(
+            c=column, t=_relation(chunked), s=sql.Literal(start)))
         return cursor.fetchone()[0]
     return found[0]
 

@@ -45,20 +45,23 @@ def emit(cursor, kind: str, **content) -> Lsn:
 _WRITERS = """
 SELECT DISTINCT l.virtualtransaction, coalesce(l.pid, 0)
   FROM pg_locks l
- WHERE l.locktype = 'relation' AND l.granted AND l.relation = %s::oid
+ WHERE l.locktype = 'relation' AND l.granted
+   AND l.relation IN (SELECT relid FROM pg_partition_tree(%s::oid::regclass))
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.pid IS DISTINCT FROM pg_backend_pid()
    AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
 """
 _STILL_RUNNING = """
 SELECT DISTINCT l.virtualtransaction, coalesce(l.pid, 0) FROM pg_locks l
- WHERE l.locktype = 'relation' AND l.relation = %s::oid AND l.virtualtransaction = ANY(%s)
+ WHERE l.locktype = 'relation' AND l.relation IN (SELECT relid FROM pg_partition_tree(%s::oid::regclass))
+   AND l.virtualtransaction = ANY(%s)
 """
 
 
 def wait_for_writers(cursor, table_oid: int, table: str, timeout: float,
                      clock: Callable[[], float] = time.monotonic) -> int:
-    """Wait until the transactions that hold a write lock on the table now have ended; returns
+    """Wait until the transactions that hold a write lock on the table (or on any partition of it)
+    now have ended; returns
     how many there were. Polls in autocommit (no snapshot is held while waiting).
 
     :raises WriterWaitTimeout: one is still open after ``timeout`` seconds, named with its pid.
