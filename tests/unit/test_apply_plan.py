@@ -229,3 +229,20 @@ def test_fold_rows_is_checked_and_folds_only_in_a_window_by_default():
     assert ApplyOptions("file:///s", "p", keep_running=60, fold_rows=0).folding() == 0
     assert ApplyOptions("file:///s", "p", fold_rows=-1).problems() == [
         "fold_rows must be 0 (one step per batch) or a number of staged rows, not -1"]
+
+
+def test_a_chunked_load_is_no_cut_until_its_last_chunk_and_the_changes_after_it_are_applied():
+    def chunk(start: int, end_key):
+        return batch("snapshot", start, details={"key_range": {"column": "id", "start": 1, "end": end_key},
+                                                 "chunked_load": {"slot": "s"}})
+    empty = batch("snapshot", 100, details={"chunked_load": {"slot": "s", "empty_start": True}})
+    batches = [empty, batch("changes", 100, 400), chunk(150, 50), chunk(200, 90), chunk(250, None)]
+    steps, _ = plan_table(T, sorted(batches, key=lambda b: b.name), TableState("t"))
+    assert [(s.kind, s.batch.start, s.position, s.cut) for s in steps] == [
+        ("snapshot", 100, 100, False),  # the empty start
+        ("changes", 100, 100, False),
+        ("snapshot", 150, 150, False), ("changes", 100, 150, False),
+        ("snapshot", 200, 200, False), ("changes", 100, 200, False),
+        # the last chunk: the other ranges are at 400 already, so only its replay to 400 is a cut
+        ("snapshot", 250, 250, False), ("changes", 100, 250, True),
+    ]
