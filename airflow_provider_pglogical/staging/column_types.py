@@ -7,8 +7,10 @@ jobs ship it too (``spark/launch.py``).
 from __future__ import annotations
 
 import re
+from typing import Any, Mapping
 
 from airflow_provider_pglogical.staging.contract import COMMIT_LSN, COMMIT_TS, OLD_KEY_PREFIX, OP, SEQ, UNCHANGED, XID, staged_name
+from airflow_provider_pglogical.staging.seam.manifests import Column, TableManifest
 
 #: PostgreSQL base type (``pg_type.typname``) -> Spark SQL type; any type not listed is a string
 SPARK_TYPES = {
@@ -44,13 +46,14 @@ def spark_type(type_name: str, element_type: str | None = None, formatted: str |
     return SPARK_TYPES.get(type_name, "string")
 
 
-def column_type(column: dict) -> str:
-    """Spark SQL type of a manifest column entry, honouring its ``override``."""
-    override = column.get("override")
+def column_type(column: "Column | Mapping[str, Any]") -> str:
+    """Spark SQL type of a manifest column (or the decoder's column entry), honouring its ``override``."""
+    column = Column.from_dict(column)
+    override = column.override
     if override is None:
-        return spark_type(column["type"], column.get("element_type"), column.get("formatted"))
+        return spark_type(column.type, column.element_type, column.formatted)
     if override not in OVERRIDE_TYPES:
-        raise ValueError(f"column {column['name']}: unknown type override {override!r}; "
+        raise ValueError(f"column {column.name}: unknown type override {override!r}; "
                          f"supported are {', '.join(map(repr, OVERRIDE_TYPES))}")
     return OVERRIDE_TYPES[override]
 
@@ -60,15 +63,16 @@ CHANGE_METADATA_TYPES = {OP: "string", COMMIT_LSN: "bigint", SEQ: "bigint", XID:
                          UNCHANGED: "array<string>"}
 
 
-def staged_columns(table_manifest: dict, *, changes: bool) -> dict[str, str]:
+def staged_columns(table_manifest: "TableManifest | Mapping[str, Any]", *, changes: bool) -> dict[str, str]:
     """Staged column name -> Spark type of one table's files in a batch, from its manifest entry.
 
     The job reads the files with this schema instead of inferring it (inference costs a Spark job
     per read); a column a part file lacks (added later in the batch) reads as NULL.
     """
-    columns = {column["name"]: column_type(column) for column in table_manifest["columns"]}
+    table = TableManifest.from_dict(table_manifest)
+    columns = {column.name: column_type(column) for column in table.columns}
     if not changes:
         return columns
     return {**CHANGE_METADATA_TYPES, **{staged_name(name): kind for name, kind in columns.items()},
-            **{OLD_KEY_PREFIX + key: columns[key] for key in table_manifest["key"]}}
+            **{OLD_KEY_PREFIX + key: columns[key] for key in table.key}}
 

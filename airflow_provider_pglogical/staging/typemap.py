@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError
 from airflow_provider_pglogical.staging import column_types, contract
+from airflow_provider_pglogical.staging.seam.manifests import Column
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,10 @@ def map_type(type_name: str, *, element_type: str | None = None, formatted: str 
 OVERRIDE_TYPES: dict[str, MappedType] = {name: _STRING for name in column_types.OVERRIDE_TYPES}
 
 
-def map_column(entry: Mapping) -> MappedType:
-    """Mapping of a manifest column entry (``type``/``element_type``/``formatted``), honouring its ``override``."""
+def map_column(entry: "Mapping | Column") -> MappedType:
+    """Mapping of a manifest column (``type``/``element_type``/``formatted``), honouring its ``override``."""
+    if isinstance(entry, Column):
+        entry = entry.to_dict()
     override = entry.get("override")
     if override is not None:
         return OVERRIDE_TYPES[override]

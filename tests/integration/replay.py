@@ -20,7 +20,7 @@ def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
         for qualified, table in manifest.tables.items():
             rows = batches.read_table(root, pipeline, name, table).to_pylist()
             key = table.key
-            columns = [c["name"] for c in table.columns]
+            columns = [c.name for c in table.columns]
             if kind == "snapshot":
                 state[qualified] = {tuple(r[k] for k in key): r for r in rows}
                 position[qualified] = start

@@ -14,16 +14,15 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.format_versions import DEFAULT_FORMAT_VERSION, FORMAT_VERSIONS
 from airflow_provider_pglogical.spark.apply.state_table import METADATA_PROPERTIES, StateTable, metadata_properties
 from airflow_provider_pglogical.staging.contract import (
-    COLUMN_EVOLUTION,
     KEY_PROPERTY,
     MULTISET_COLUMNS,
     NUMBERED_PROPERTY,
     OCCURRENCE,
     OWNER_PROPERTY,
     WRITTEN_BY,
-    is_multiset,
 )
 from airflow_provider_pglogical.staging.column_types import column_type
+from airflow_provider_pglogical.staging.seam.manifests import ColumnEvolution, TableManifest
 
 log = logging.getLogger("pglogical.apply")
 
@@ -205,19 +204,19 @@ class Lakehouse:
         return {f.name: f.dataType.simpleString() for f in StructType.fromJson(json.loads(converted.json())).fields}
 
     # tables --------------------------------------------------------------------------------
-    def ensure_table(self, table: str, manifest: dict) -> dict[str, str]:
+    def ensure_table(self, table: str, manifest: TableManifest) -> dict[str, str]:
         """Create or evolve the table for a table manifest; returns column name -> Spark type."""
         try:
-            wanted = {column["name"]: column_type(column) for column in manifest["columns"]}
+            wanted = {column.name: column_type(column) for column in manifest.columns}
         except ValueError as error:
             raise ApplyError(f"table {self.name(table)}: {error}") from None
         iceberg_table = self.loaded_table(table)
         if iceberg_table is None:
             return self._create(table, manifest, wanted)
         current = self.spark_types(iceberg_table)
-        if self._follow_columns(table, (manifest.get("details") or {}).get(COLUMN_EVOLUTION), current, wanted):
+        if self._follow_columns(table, manifest.column_evolution, current, wanted):
             current = self.spark_types(self.iceberg_table(table))
-        if is_multiset(manifest) and self._unnumbered(table, current, iceberg_table):
+        if manifest.is_multiset and self._unnumbered(table, current, iceberg_table):
             current = self._number_copies(table, current)
         for name, kind in wanted.items():
             if name not in current:
@@ -233,17 +232,17 @@ class Lakehouse:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ALTER COLUMN {quote(name)} TYPE {kind}")
         return {**current, **wanted}
 
-    def _follow_columns(self, table: str, evolution: dict | None, current: dict[str, str],
+    def _follow_columns(self, table: str, evolution: ColumnEvolution | None, current: dict[str, str],
                         wanted: dict[str, str]) -> bool:
         """Rename (same field id, same values) and drop the columns the source renamed and dropped
         (``capture/ddl.py`` proved it by attnum); a re-run finds them done. Returns whether it changed any."""
         changed = False
-        for old, new in ((evolution or {}).get("renamed") or {}).items():
+        for old, new in (evolution.renamed if evolution else {}).items():
             if old in current and new not in current:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} RENAME COLUMN {quote(old)} TO {quote(new)}")
                 log.info("renamed column %s of %s to %s", old, table, new)
                 changed = True
-        for name in (evolution or {}).get("dropped") or ():
+        for name in evolution.dropped if evolution else ():
             if name in current and name not in wanted:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} DROP COLUMN {quote(name)}")
                 log.info("dropped column %s of %s", name, table)
@@ -259,17 +258,17 @@ class Lakehouse:
             self.owners.setdefault(table, owner)
         self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)} PURGE")
 
-    def _create(self, table: str, manifest: dict, wanted: dict[str, str]) -> dict[str, str]:
-        key = manifest["key"]
-        not_null = not is_multiset(manifest) and key
+    def _create(self, table: str, manifest: TableManifest, wanted: dict[str, str]) -> dict[str, str]:
+        key = manifest.key
+        not_null = not manifest.is_multiset and key
         columns = ", ".join(
             f"{quote(name)} {kind}{' NOT NULL' if not_null and name in key else ''}" for name, kind in wanted.items()
         )
-        if is_multiset(manifest):
+        if manifest.is_multiset:
             wanted = {**wanted, **MULTISET_COLUMNS}
             columns += "".join(f", {quote(name)} {kind}" for name, kind in MULTISET_COLUMNS.items())
         mode = sql_string(self.write_mode)
-        properties = {KEY_PROPERTY: json.dumps(key), **({NUMBERED_PROPERTY: "true"} if is_multiset(manifest) else {}),
+        properties = {KEY_PROPERTY: json.dumps(key), **({NUMBERED_PROPERTY: "true"} if manifest.is_multiset else {}),
                       **({OWNER_PROPERTY: self.owners[table]} if table in self.owners else {})}
         partitioning = ""
         if self.bucket_count and key:
