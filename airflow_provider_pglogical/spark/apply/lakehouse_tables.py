@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import NamedTuple
 
 from airflow_provider_pglogical.spark.common.hadoop_files import unreadable_table_error
@@ -23,6 +22,7 @@ from airflow_provider_pglogical.staging.contract import (
 )
 from airflow_provider_pglogical.staging.column_types import column_type
 from airflow_provider_pglogical.staging.seam.manifests import ColumnEvolution, TableManifest
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 
 log = logging.getLogger("pglogical.apply")
 
@@ -35,8 +35,6 @@ class TableSize(NamedTuple):
     rows: int
     bytes: int
 
-
-_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
 class Lakehouse:
@@ -337,9 +335,6 @@ class Lakehouse:
         return {**current, **MULTISET_COLUMNS}
 
 
-_ARRAY = re.compile(r"^array<(.+)>$")
-
-
 def spark_data_type(kind: str):
     """The PySpark ``DataType`` of a Spark SQL type name the staging contract produces (primitives,
     ``decimal(p,s)``, ``array<...>``); None for any other (its SQL then decides)."""
@@ -348,20 +343,15 @@ def spark_data_type(kind: str):
     primitives = {"boolean": T.BooleanType, "smallint": T.ShortType, "int": T.IntegerType, "bigint": T.LongType,
                   "float": T.FloatType, "double": T.DoubleType, "string": T.StringType, "binary": T.BinaryType,
                   "date": T.DateType, "timestamp": T.TimestampType, "timestamp_ntz": T.TimestampNTZType}
-    if kind in primitives:
-        return primitives[kind]()
-    decimal = _DECIMAL.fullmatch(kind)
-    if decimal:
-        return T.DecimalType(int(decimal.group(1)), int(decimal.group(2)))
-    array = _ARRAY.match(kind)
-    element = spark_data_type(array.group(1)) if array else None
+    spark_type = SparkType.parse(kind)
+    if spark_type.kind in primitives:
+        return primitives[spark_type.kind]()
+    if spark_type.kind == "decimal" and spark_type.precision is not None:
+        return T.DecimalType(spark_type.precision, spark_type.scale)
+    element = spark_data_type(spark_type.element.sql) if spark_type.is_array else None
     return T.ArrayType(element, True) if element is not None else None
 
 
 def widens(old: str, new: str) -> bool:
     """Iceberg's in-place type promotions: int -> bigint, float -> double, wider decimal precision."""
-    if (old, new) in {("int", "bigint"), ("float", "double")}:
-        return True
-    old_dec, new_dec = _DECIMAL.match(old), _DECIMAL.match(new)
-    return bool(old_dec and new_dec and old_dec.group(2) == new_dec.group(2)
-                and int(new_dec.group(1)) > int(old_dec.group(1)))
+    return SparkType.parse(old).widens_to(SparkType.parse(new))

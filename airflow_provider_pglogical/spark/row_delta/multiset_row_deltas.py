@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.lookups.table_rows import TooManyRows, arrow_values, read_rows
-from airflow_provider_pglogical.spark.row_delta.row_deltas import FLOAT_TYPES, RowDeltas, batch_ineligible, lookup_type
+from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, batch_ineligible, lookup_type
 from airflow_provider_pglogical.staging.contract import (
     MULTISET_COLUMNS,
     OCCURRENCE,
@@ -40,6 +40,7 @@ from airflow_provider_pglogical.staging.contract import (
     staged_name,
 )
 from airflow_provider_pglogical.staging.seam.manifests import TableManifest
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 
 #: a prefilter column's distinct values above this are not listed in the lookup's filter (each
 #: literal is a round trip to the JVM); the rows read are still matched exactly
@@ -57,7 +58,7 @@ def multiset_ineligible(manifest: TableManifest, types: dict[str, str], position
     reason = batch_ineligible(manifest, values, position)
     if reason is not None:
         return reason
-    if any(kind in FLOAT_TYPES or kind.startswith("array<") for kind in values.values()):
+    if any((spark_type := SparkType.parse(kind)).is_float or spark_type.is_array for kind in values.values()):
         return "a column is a float or an array (compared in Python, they would not count as PostgreSQL counts)"
     if manifest.change_facts.unchanged:  # batch_ineligible: the facts are there
         return "a row left a TOAST value out"

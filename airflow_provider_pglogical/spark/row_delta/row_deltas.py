@@ -50,6 +50,7 @@ from airflow_provider_pglogical.staging.contract import (
     staged_name,
 )
 from airflow_provider_pglogical.staging.seam.manifests import TableManifest
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 from airflow_provider_pglogical.staging.column_types import column_type
 
 log = logging.getLogger("pglogical.apply")
@@ -58,17 +59,11 @@ log = logging.getLogger("pglogical.apply")
 #: and each row the read of the replaced rows finds crosses py4j value by value
 #: (``lookups/table_rows.py``, about 0.1 ms a value), where a MERGE's cost barely grows
 ROW_DELTA_MAX_ROWS = 2_000
-#: lakehouse types whose staged Arrow values are the Iceberg values as they are (no cast)
-_SIMPLE_TYPES = {"boolean", "int", "bigint", "float", "double", "string", "binary", "date", "timestamp",
-                 "timestamp_ntz"}
-FLOAT_TYPES = {"float", "double"}
 
 
 def _plain_type(kind: str) -> bool:
     """A Spark type the driver writes exactly as staged: a simple type or a decimal, or an array of one."""
-    if kind.startswith("array<") and kind.endswith(">"):
-        kind = kind[len("array<"):-1]
-    return kind in _SIMPLE_TYPES or kind.startswith("decimal(")
+    return SparkType.parse(kind).plain
 
 
 def ineligible(manifest: TableManifest, types: dict[str, str], position: int) -> str | None:
@@ -81,8 +76,8 @@ def ineligible(manifest: TableManifest, types: dict[str, str], position: int) ->
     if odd:  # the rows a batch replaces are found by key, compared in Python
         return (f"key column {odd[0]} is {types[odd[0]]}, whose values the read of the rows the batch "
                 "replaces does not compare exactly")
-    if manifest.change_facts.unchanged and any(kind.startswith("array<timestamp")
-                                                              for kind in types.values()):
+    if manifest.change_facts.unchanged and any(
+            (spark_type := SparkType.parse(kind)).is_array and spark_type.element.is_timestamp for kind in types.values()):
         return "values are kept from the lakehouse and a column is an array of timestamps"
     return None
 
@@ -111,7 +106,7 @@ def batch_ineligible(manifest: TableManifest, types: dict[str, str], position: i
 def lookup_type(kind: str) -> bool:
     """A type whose values read back from Spark equal the staged ones (no time zone, hashable):
     a key the kept values are looked up by, or a keyless table's column its copies are narrowed by."""
-    return kind in ("int", "bigint", "string", "date") or kind.startswith("decimal(")
+    return SparkType.parse(kind).lookup_safe
 
 
 @dataclass
