@@ -41,6 +41,7 @@ TINY = {
 NOT_RUN = {
     "dlt_baseline.py": "needs dlt, which is not a dependency: bench_snapshot.py runs it with --dlt-python",
     "common.py": "helpers, not a benchmark",
+    "snapshot_judge.py": "bench_freshness.py's judge (Iceberg snapshots by time travel), not a benchmark",
 }
 
 
