@@ -103,8 +103,8 @@ def test_without_files_is_a_copy():
 MANIFEST_KEYS = {"files", "replica_identity", "keyless", "schema_changes", "previous_end", "change_facts",
                  "column_evolution", "key_range", "extra_where", "truncated", "replace_table", "sha256", "type_oid",
                  "typmod", "element_type", "formatted", "override", "first_commit_lsn", "first_commit_ts", "old_keys",
-                 "source_name", "initial"}
-CONTRACT_KEYS = {"CHANGE_FACTS", "COLUMN_EVOLUTION", "REPLACE_TABLE", "FILE_SIZE", "FILE_SHA256", "PREVIOUS_END",
+                 "source_name", "initial", "chunked_load"}
+CONTRACT_KEYS = {"CHANGE_FACTS", "COLUMN_EVOLUTION", "REPLACE_TABLE", "FILE_SIZE", "FILE_SHA256", "PREVIOUS_END", "CHUNKED_LOAD",
                  "SOURCE_NAME"}
 MANIFEST_LIKE = re.compile(r"manifest|details|facts|evolution|key_range", re.IGNORECASE)
 

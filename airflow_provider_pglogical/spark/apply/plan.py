@@ -97,6 +97,15 @@ def is_ranged(batch: Batch, source: str) -> bool:
     return batch.manifest.snapshot_scope(source).ranged
 
 
+def loading_in_chunks(batch: Batch, source: str) -> bool:
+    """The snapshot is a chunked load's empty start or one of its chunks but the table's last: the
+    table holds the source at no single position until the last chunk is applied."""
+    scope = batch.manifest.snapshot_scope(source)
+    if not scope.chunked_load:
+        return False
+    return scope.chunked_load.empty_start or (scope.key_range is not None and scope.key_range.end is not None)
+
+
 def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[list[Step], list[str]]:
     """The steps that bring one table from ``state`` to the end of ``batches`` (name order).
 
@@ -112,13 +121,15 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
     steps: list[Step] = []
     position = state.position
     mixed_until = 0  # a keyed ranged snapshot: the other rows are at the table's position before it
+    loading = False  # a chunked load's chunks are still to come: no step leaves the table at a cut
     for index in range(first, len(mine)):
         batch = mine[index]
         if batch.kind == "snapshot":
             if batch.name in state.snapshots:
                 continue
             ranged = is_ranged(batch, source)
-            mixed_until = max(mixed_until, state.position) if ranged else 0
+            # the other rows are where the steps before it left them (the lakehouse's position at the first)
+            mixed_until = max(mixed_until, state.position, position) if ranged else 0
             if ranged and batch.manifest.tables[source].is_multiset:
                 # Re-applying changes from the snapshot would count the rows outside the range
                 # twice (a multiset has no key to make it idempotent): the step folds the range's
@@ -128,15 +139,16 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
                 steps.append(Step("snapshot", batch, batch.start, window=window, through=through))
                 position = through
                 continue
-            steps.append(Step("snapshot", batch, batch.start, cut=batch.start >= mixed_until))
+            loading = loading_in_chunks(batch, source)
+            steps.append(Step("snapshot", batch, batch.start, cut=batch.start >= mixed_until and not loading))
             position = batch.start
             # change batches named before the snapshot that hold commits at or after it
             for earlier in mine[:index]:
                 if earlier.kind == "changes" and earlier.end > position:
-                    steps.append(Step("changes", earlier, position, cut=earlier.end >= mixed_until))
+                    steps.append(Step("changes", earlier, position, cut=earlier.end >= mixed_until and not loading))
                     position = earlier.end
         elif batch.end > position:
-            steps.append(Step("changes", batch, position, cut=batch.end >= mixed_until))
+            steps.append(Step("changes", batch, position, cut=batch.end >= mixed_until and not loading))
             position = batch.end
     return steps, superseded
 

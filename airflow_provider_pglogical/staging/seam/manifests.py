@@ -125,12 +125,22 @@ class KeyRange:
 
 
 @dataclass(frozen=True)
+class ChunkedLoad:
+    """A snapshot that is part of a chunked initial load (``contract.CHUNKED_LOAD``): its empty
+    start, or one of its chunks (the chunk's ``key_range`` ends the table when its end is null)."""
+
+    empty_start: bool = False
+
+
+@dataclass(frozen=True)
 class SnapshotScope:
     """What a snapshot says of the rows it holds: all of the table, or a range of it."""
 
     key_range: KeyRange | None = None
     #: the PostgreSQL filter it was copied with (Spark cannot evaluate it: a key range must say the rows)
     extra_where: str | None = None
+    #: part of a chunked initial load; None for any other snapshot
+    chunked_load: ChunkedLoad | None = None
 
     @property
     def ranged(self) -> bool:
@@ -257,8 +267,10 @@ class BatchManifest:
         """The range a snapshot of ``source`` covers, from :meth:`scope`."""
         merged = self.scope(source)
         key_range = merged.get("key_range")
+        chunked = merged.get(contract.CHUNKED_LOAD)
         return SnapshotScope(KeyRange(key_range["column"], key_range.get("start"), key_range.get("end"))
-                             if key_range else None, merged.get("extra_where") or None)
+                             if key_range else None, merged.get("extra_where") or None,
+                             ChunkedLoad(bool(chunked.get("empty_start"))) if chunked else None)
 
     def without_files(self) -> "BatchManifest":
         """A copy listing no files (what retention keeps of a removed initial snapshot)."""
