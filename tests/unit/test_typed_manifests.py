@@ -104,8 +104,8 @@ MANIFEST_KEYS = {"files", "replica_identity", "keyless", "schema_changes", "prev
                  "column_evolution", "key_range", "extra_where", "truncated", "replace_table", "sha256", "type_oid",
                  "typmod", "element_type", "formatted", "override", "first_commit_lsn", "first_commit_ts", "old_keys",
                  "source_name", "initial", "chunked_load"}
-CONTRACT_KEYS = {"CHANGE_FACTS", "COLUMN_EVOLUTION", "REPLACE_TABLE", "FILE_SIZE", "FILE_SHA256", "PREVIOUS_END", "CHUNKED_LOAD",
-                 "SOURCE_NAME"}
+CONTRACT_KEYS = {"CHANGE_FACTS", "COLUMN_EVOLUTION", "REPLACE_TABLE", "FILE_SIZE", "FILE_SHA256", "PREVIOUS_END",
+                 "CHUNKED_LOAD", "SOURCE_NAME"}
 MANIFEST_LIKE = re.compile(r"manifest|details|facts|evolution|key_range", re.IGNORECASE)
 
 
