@@ -113,6 +113,9 @@ def test_chunked_load_equals_the_source_under_concurrent_writes(publisher, publi
     load = read_load(root, "p")
     assert load.complete and load.tables["public.items"].chunks >= 6 and load.tables["public.notes"].chunks >= 3
     assert result["tables"]["public.items"] == load.tables["public.items"].rows
+    listing = sorted(p.name for p in (root / "p").iterdir())
+    again = run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=300)
+    assert again == result and sorted(p.name for p in (root / "p").iterdir()) == listing  # a re-run: nothing to do
     writer.burst(20)  # after the load: the pull's changes continue it
     _drain(publisher_hook, root)
     _assert_equal_to_source(publisher, root)

@@ -73,7 +73,9 @@ def run_chunked_sync(
         ours = load is not None and record is not None and load.slot == slot and load.created_lsn == record.created_lsn
         if ours and load.complete:
             report(f"the chunked load of slot {slot} is complete already; nothing to do")
-            return snapshot_result(root, read_manifest(root, pipeline, record.snapshot_batch))
+            done = _initial_snapshot_batch(root, pipeline, slot, record)  # kept by retention when applied
+            result = snapshot_result(root, done) if done is not None else {"batch": None, "lsn": record.created_lsn}
+            return {**result, "tables": {name: t.rows for name, t in load.tables.items()}}
         if not ours:
             done = _initial_snapshot_batch(root, pipeline, slot, record)
             if done is not None and existing is not None and record is not None and record.state == STREAMING:
