@@ -104,12 +104,10 @@ from airflow_provider_pglogical.staging.contract import (
     OCCURRENCE,
     ORPHANED_TABLES,
     PIPELINE_RECORD,
-    REPLACE_TABLE,
     RETENTION_RECORD,
     SOURCE_IDENTITY,
     default_target_name,
     format_lsn,
-    is_multiset,
 )
 
 log = logging.getLogger("pglogical.apply")
@@ -194,7 +192,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
     wanted = batches_that_matter(batches, states)
     for batch in wanted:
         batch.manifest = staging.read_manifest(batch)
-    staged = {source for batch in wanted for source in batch.manifest["tables"]}
+    staged = {source for batch in wanted for source in batch.manifest.tables}
     adopt_legacy_keys(states, staged)
     known |= set(states)
     orphaned = (record.get("extra") or {}).get(ORPHANED_TABLES) or {}  # dropped ones are never rebuilt
@@ -210,7 +208,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
         state = states[source]
         steps, superseded = plan_table(source, wanted, state)
         state.snapshots.update(superseded)
-        if steps and steps[0].kind == "changes" and is_multiset(steps[0].batch.manifest["tables"][source]):
+        if steps and steps[0].kind == "changes" and steps[0].batch.manifest.tables[source].is_multiset:
             landed = landed_position(lakehouse, state, pipeline)  # a keyless step's commit without its state
             if landed is not None:
                 log.info("%s: its batch %s landed without its state commit: it continues from there", source, landed[1])
@@ -264,8 +262,8 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
                 step: Step, pipeline: str = "") -> dict:
     started = time.monotonic()
     group = spark_job_group(keyed.spark, f"{source} {step.kind} {step.batch.name}")
-    manifest = step.batch.manifest["tables"][source]
-    replace = (manifest.get("details") or {}).get(REPLACE_TABLE)
+    manifest = step.batch.manifest.tables[source]
+    replace = manifest.replace_table
     # every snapshot the step commits records the position it holds (commit_stamp.py)
     with stamped(keyed.spark, step.commit_properties(pipeline)):
         if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)
