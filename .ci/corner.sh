@@ -24,7 +24,7 @@ corner() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     { "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip setuptools wheel &&
       "$venv/bin/python" -m pip install --disable-pip-version-check -q -c "$constraints" -e . \
-        "pytest>=8" "hypothesis>=6.100"; } >"$venv/pip-install.log" 2>&1 \
+        "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"; } >"$venv/pip-install.log" 2>&1 \
       || { tail -n 40 "$venv/pip-install.log"; echo "corner $name: pip install failed"; exit 1; }
     echo "$want" > "$stamp"
   fi

@@ -6,20 +6,25 @@
 Starts its own PostgreSQL (the demo's schema), then Airflow's ``api-server``, ``scheduler``
 (LocalExecutor) and ``dag-processor`` on loopback with an example DAG copied under the id
 ``pglogical_freshness``, unpaused, every ``spark-submit`` as the DAG has it. A writer commits one
-UPDATE every ``--every`` seconds for ``--minutes``.
+UPDATE every ``--every`` seconds for ``--minutes``: the commit ``seq`` sets one of 600 marker rows of
+``events`` to ``m<seq>`` (``snapshot_judge.py``).
+
+**The judge is Iceberg's own snapshots** (issue 51): a commit's freshness is the commit timestamp
+of the first snapshot of the events table that holds it, read by time travel, minus the commit's
+time (``snapshot_judge.py``: each new snapshot's added marker rows, read while the run goes, checked
+against a time-travel read of the newest snapshot every ``--verify-every`` seconds). Prints p50/p95/
+p99/max, and writes them every minute to ``WORKDIR/progress.json`` while the run goes.
 
 ``--dag stream`` (default): the streaming DAG (``pglogical_lakehouse_stream``: pull and apply
 windows of ``--window-minutes``, a pull every ``--pull-every`` seconds, the apply looking for new
 batches every ``--poll`` seconds). The writer starts once the
-initial snapshot is applied. A commit's freshness is the time of the first apply round (from the
-pipeline's apply history, one entry per round with its end position) whose end position covers
-the commit's LSN, minus the commit's time. Prints p50/p95/max, the rounds, where a round's time
-goes (pull, apply round, poll), the gap at window boundaries and the share of commits that waited
+initial snapshot is applied. Beside the judge's figures, the pipeline's own view: the time of the
+first apply round (its apply history) whose end position covers the commit's LSN. Prints the
+rounds, where a round's time goes (pull, apply round, poll), the gap at window boundaries and the share of commits that waited
 for one, and the drift of the apply round's cost from the first fifth of the rounds to the last.
 
-``--dag sync``: the sync DAG on ``@continuous`` (the issue's baseline): a commit's freshness is
-the end of the first successful apply whose run's pull covered the commit's LSN, minus the
-commit's time; prints where a tick's time goes and the apply's drift.
+``--dag sync``: the sync DAG on ``@continuous`` (the issue's baseline): beside the judge, the end
+of the first successful apply whose run's pull covered the commit's LSN; prints where a tick's time goes and the apply's drift.
 
 ``--tiny`` writes for 5 seconds (CI; with the stream DAG, windows of 3 minutes, ended by the bench).
 """
@@ -52,6 +57,9 @@ from airflow_provider_pglogical.embedded import demo  # noqa: E402
 from airflow_provider_pglogical.embedded.postgres import LocalPostgres, wait_until  # noqa: E402
 from airflow_provider_pglogical.lsn import Lsn  # noqa: E402
 from tests.support.airflow_server import answers, free_port  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from snapshot_judge import SnapshotJudge, create_markers, events_table, mark  # noqa: E402
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DAG_ID = "pglogical_freshness"
@@ -182,26 +190,28 @@ def stamp(value: str) -> float:
 
 
 class Writer(threading.Thread):
-    """One UPDATE every ``every`` seconds in autocommit; records (commit time, LSN after the commit)."""
+    """One UPDATE of a marker row every ``every`` seconds in autocommit; records (commit time, LSN
+    after the commit) and (commit time, seq)."""
 
     def __init__(self, pg: LocalPostgres, db: str, every: float) -> None:
         super().__init__(daemon=True)
         self.pg, self.db, self.every = pg, db, every
         self.commits: list[tuple[float, Lsn]] = []
+        self.marks: list[tuple[float, int]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
         conn = self.pg.connect(self.db)
         conn.autocommit = True
-        rng = random.Random(5)
         with conn.cursor() as cur:
             next_at = time.monotonic()
             while not self.done.is_set():
-                cur.execute("UPDATE orders SET status = %s WHERE id = (SELECT min(id) FROM orders) + %s",
-                            (f"s{rng.randint(0, 999)}", rng.randint(0, 50)))
+                seq = len(self.marks)
+                mark(cur, seq)
                 committed = time.time()
                 cur.execute("SELECT pg_current_wal_lsn()::text")
                 self.commits.append((committed, Lsn.parse(cur.fetchone()[0])))
+                self.marks.append((committed, seq))
                 next_at += self.every
                 self.done.wait(max(0.0, next_at - time.monotonic()))
         conn.close()
@@ -364,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-dag", type=Path, default=None,
                         help="another version of the stream DAG's file (the one before issue 51: git show "
                              "58b1f38:dags/pglogical_lakehouse_stream.py)")
+    parser.add_argument("--verify-every", type=float, default=300.0,
+                        help="seconds between the judge's time-travel checks of its reconstruction")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--tiny", action="store_true", help="write for 5 seconds (CI)")
     args = parser.parse_args(argv)
@@ -380,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pg.create_database("shop")
         demo.load(pg, "shop", random.Random(3))
+        conn = pg.connect("shop")
+        create_markers(conn)
+        conn.close()
         continuous_dags(home / "dags", args.dag, args.stream_dag)
         port = free_port()
         env = demo.airflow_env(home, pg, "shop")
@@ -404,12 +419,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"initial snapshot applied {time.monotonic() - started:.0f} s after the services started; writing "
               f"for {seconds:.0f} s, one UPDATE every {args.every} s", flush=True)
         since = time.time()
+        judge = SnapshotJudge(events_table(home / "warehouse"), verify_every=0.0 if args.tiny else args.verify_every)
+        judge.poll()
         writer = Writer(pg, "shop", args.every)
         writer.start()
         until = time.monotonic() + seconds
+        progress_at = time.monotonic() + 60
         while not writer.done.wait(max(0.0, min(5.0, until - time.monotonic()))):  # the history keeps 500 entries
             history.collect()
+            judge.poll()
             loads.append(os.getloadavg())
+            if time.monotonic() >= progress_at:
+                progress_at += 60
+                write_progress(home / "progress.json", judge, list(writer.marks), loads, since)
             if time.monotonic() >= until:
                 writer.done.set()
         writer.join()
@@ -420,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         last = writer.commits[-1][1]
         done = (lambda: history.applied_past(last)) if stream else (lambda: metadata.finished_past(last))
         wait_until(done, timeout=900, interval=1, message="an apply that covers the writer's last commit")
+        last_seq = writer.marks[-1][1]
+        wait_until(lambda: judge.poll() or judge.held_at(last_seq) is not None, timeout=900, interval=2,
+                   message="an Iceberg snapshot that holds the writer's last commit")
+        judge.verify_every = 0.0
+        judge.poll()  # and a last time-travel check
         history.collect()
         loads.append(os.getloadavg())
     finally:
@@ -427,17 +454,45 @@ def main(argv: list[str] | None = None) -> int:
             services.stop()
         pg.stop()
     load = [round(statistics.mean(x[i] for x in loads), 2) for i in range(3)] if loads else None
+    judged = judged_figures(judge, writer.marks, loads)
     if stream:
-        return report_stream(writer.commits, history, since, load, window_minutes, metadata)
-    values = freshness(writer.commits, metadata.coverage())
-    breakdown = tick_breakdown(metadata, since)
-    print(json.dumps({"commits": len(writer.commits), "measured": len(values), **breakdown,
-                      "load_average_1_5_15_mean": load}, indent=1))
-    if len(values) != len(writer.commits):
-        raise SystemExit(f"{len(writer.commits) - len(values)} commit(s) never became readable")
-    print(f"freshness through the scheduler: p50 {percentile(values, 0.5):.1f} s, p95 {percentile(values, 0.95):.1f} s, "
-          f"max {max(values):.1f} s over {len(values)} commits and {breakdown['ticks']} ticks (sync DAG)")
+        report_stream(writer.commits, history, since, load, window_minutes, metadata)
+    else:
+        values = freshness(writer.commits, metadata.coverage())
+        breakdown = tick_breakdown(metadata, since)
+        print(json.dumps({"commits": len(writer.commits), "history_measured": len(values), **breakdown,
+                          "history_p50_s": round(percentile(values, 0.5), 2) if values else None,
+                          "history_p95_s": round(percentile(values, 0.95), 2) if values else None}, indent=1))
+    print(json.dumps(judged, indent=1))
+    if judged["measured"] != len(writer.marks):
+        raise SystemExit(f"{len(writer.marks) - judged['measured']} commit(s) never reached an Iceberg snapshot")
+    print(f"freshness through the scheduler: p50 {judged['p50_s']:.1f} s, p95 {judged['p95_s']:.1f} s, "
+          f"p99 {judged['p99_s']:.1f} s, max {judged['max_s']:.1f} s over {judged['measured']} commits, judged by "
+          f"{judged['snapshots']} Iceberg snapshots ({judged['time_travel_checks']} time-travel checks; "
+          f"{args.dag} DAG; load average 1/5/15 min {load})")
     return 0
+
+
+def judged_figures(judge: SnapshotJudge, marks: list[tuple[float, int]], loads: list) -> dict:
+    """The freshness of every commit by the first Iceberg snapshot that holds it."""
+    values = [v for v in judge.freshness(marks) if v is not None]
+    figures = {"commits": len(marks), "measured": len(values), "snapshots": len(judge.snapshots),
+               "time_travel_checks": judge.verified, "judge_read_s": round(judge.read_seconds, 1),
+               "load_average_1_5_15_mean": [round(statistics.mean(x[i] for x in loads), 2) for i in range(3)]
+               if loads else None,
+               "load_average_1min_max": round(max(x[0] for x in loads), 2) if loads else None}
+    if values:
+        figures.update({f"p{q}_s": round(percentile(values, q / 100), 2) for q in (50, 95, 99)})
+        figures.update({"max_s": round(max(values), 2), "over_10_s": sum(v > 10 for v in values),
+                        "over_30_s": sum(v > 30 for v in values)})
+    return figures
+
+
+def write_progress(path: Path, judge: SnapshotJudge, marks: list[tuple[float, int]], loads: list, since: float) -> None:
+    """The figures so far (commits older than a minute), for a run read before it ends."""
+    settled = [m for m in marks if m[0] < time.time() - 60]
+    path.write_text(json.dumps({"minutes": round((time.time() - since) / 60, 1),
+                                **judged_figures(judge, settled, loads)}, indent=1))
 
 
 def report_stream(commits, history: Rounds, since: float, load, window_minutes: float, metadata: Metadata) -> int:
@@ -460,12 +515,11 @@ def report_stream(commits, history: Rounds, since: float, load, window_minutes: 
                       "housekeeping_runs_s": [(round(h["end"] - h["start"], 1), h["state"])
                                               for h in metadata.housekeeping() if h["end"] >= since],
                       "load_average_1_5_15_mean": load}, indent=1))
-    if len(values) != len(commits):
-        raise SystemExit(f"{len(commits) - len(values)} commit(s) never became readable")
-    print(f"freshness through the scheduler: p50 {percentile(values, 0.5):.1f} s, p95 {percentile(values, 0.95):.1f} s, "
-          f"p99 {percentile(values, 0.99):.1f} s, max {max(values):.1f} s over {len(values)} commits and "
-          f"{breakdown['rounds']} apply rounds (boundary gaps {breakdown['window_boundary_gaps_s']} s) in "
-          f"{breakdown['windows']} window(s) (stream DAG)")
+    if values:
+        print(f"the apply history's view: p50 {percentile(values, 0.5):.1f} s, p95 {percentile(values, 0.95):.1f} s, "
+              f"p99 {percentile(values, 0.99):.1f} s, max {max(values):.1f} s over {len(values)} commits and "
+              f"{breakdown['rounds']} apply rounds (boundary gaps {breakdown['window_boundary_gaps_s']} s) in "
+              f"{breakdown['windows']} window(s) (stream DAG)")
     return 0
 
 

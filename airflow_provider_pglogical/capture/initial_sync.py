@@ -165,6 +165,11 @@ def run_initial_sync(
                 f"pipeline {pipeline!r} was set up with slot {record.slot!r}, not {slot!r}: pass slot={record.slot!r}, "
                 "or use another pipeline name for a second pipeline. Nothing was changed"
             )
+        if record is not None and record.state != STREAMING and unfinished_chunked_load(root, pipeline, record):
+            raise PipelineStateError(
+                f"pipeline {pipeline!r} has an unfinished chunked load of slot {slot!r}: re-run the initial sync with "
+                "snapshot_mode='chunked' to resume it (nothing staged is copied again), or drop the slot and the "
+                "pipeline's staging to start over with an exported snapshot. Nothing was changed")
         done = _initial_snapshot_batch(root, pipeline, slot, record)
         existing_slot = connector.get_slot(hook, slot)
         if done is not None and existing_slot is not None and existing_slot.invalidated:
@@ -189,6 +194,15 @@ def run_initial_sync(
             _claim_existing_slot(hook, existing_slot, record, slot, pipeline, report)
         return _snapshot_into_new_slot(hook, slot, publications, tables, root, pipeline, parallelism, report,
                                        type_overrides=type_overrides, failover=failover, copier=copier)
+
+
+def unfinished_chunked_load(root: StagingPath, pipeline: str, record: PipelineRecord) -> bool:
+    """Whether the pipeline's slot is being loaded in chunks (``capture/chunked/``), not yet complete."""
+    from airflow_provider_pglogical.capture.chunked.progress import read_load  # the chunked load imports this module
+
+    load = read_load(root, pipeline)
+    return load is not None and load.slot == record.slot and load.created_lsn == record.created_lsn \
+        and not load.complete
 
 
 def lost_slot_message(slot: str, pipeline: str, what: str) -> str:

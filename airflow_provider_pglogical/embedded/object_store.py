@@ -10,12 +10,11 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from airflow_provider_pglogical.embedded.postgres import free_port, wait_until
+from airflow_provider_pglogical.embedded.postgres import free_port
+from airflow_provider_pglogical.embedded.readiness import stop_process, wait_for_http
 
 #: what the S3 server needs: moto's server mode (its ``server`` extra brings Flask) and boto3
 REQUIRED_MODULES = ("moto", "flask", "flask_cors", "boto3")
@@ -58,12 +57,7 @@ class S3Server:
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 def start_s3_server(env: Mapping[str, str] | None = None, timeout: float = 60) -> S3Server:
@@ -76,17 +70,9 @@ def start_s3_server(env: Mapping[str, str] | None = None, timeout: float = 60) -
                                stderr=subprocess.DEVNULL, start_new_session=True)
     server = S3Server(f"http://127.0.0.1:{port}", process)
 
-    def answers() -> bool:
-        if process.poll() is not None:
-            raise S3ServerUnavailable(f"moto's S3 server exited with code {process.returncode}: {INSTALL_HINT}")
-        try:
-            with urllib.request.urlopen(server.endpoint, timeout=2):
-                return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
     try:
-        wait_until(answers, timeout=timeout, message=f"moto's S3 server to answer on {server.endpoint}")
+        wait_for_http(server.endpoint, process, timeout=timeout, what="moto's S3 server", exited=lambda code:
+                      S3ServerUnavailable(f"moto's S3 server exited with code {code}: {INSTALL_HINT}"))
     except BaseException:
         server.stop()
         raise

@@ -19,13 +19,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_pglogical.embedded.postgres import free_port, wait_until
+from airflow_provider_pglogical.embedded.postgres import free_port
+from airflow_provider_pglogical.embedded.readiness import stop_process, wait_for_http
 
 ICEBERG_VERSION = "1.10.1"
 LAUNCHER = Path(__file__).with_name("RestCatalogOnLoopback.java")
@@ -150,12 +149,7 @@ class RestCatalogServer:
     log_path: Path
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 @dataclass(frozen=True)
@@ -208,19 +202,10 @@ def start_rest_catalog(settings: RestCatalogSettings, env: Mapping[str, str] | N
              str(LAUNCHER), str(port)], env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = RestCatalogServer(f"http://127.0.0.1:{port}", process, log_path)
 
-    def answers() -> bool:
-        if process.poll() is not None:
-            raise RestCatalogUnavailable(f"the REST catalog exited with code {process.returncode}: see {log_path}")
-        try:
-            with urllib.request.urlopen(f"{server.uri}/v1/config", timeout=2):
-                return True
-        except urllib.error.HTTPError as refused:  # 401 without a token: it answers
-            return refused.code == 401
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    try:
-        wait_until(answers, timeout=timeout, message=f"the REST catalog to answer on {server.uri}")
+    try:  # without a token the catalog answers 401: it is up
+        wait_for_http(f"{server.uri}/v1/config", process, timeout=timeout, what="the REST catalog",
+                      answering_codes={401}, exited=lambda code:
+                      RestCatalogUnavailable(f"the REST catalog exited with code {code}: see {log_path}"))
     except BaseException:
         server.stop()
         raise

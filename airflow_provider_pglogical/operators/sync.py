@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator
 
 from airflow_provider_pglogical.capture.backfill import KeyRange, run_backfill
+from airflow_provider_pglogical.capture.chunked.load import DEFAULT_CHUNK_ROWS, run_chunked_sync
+from airflow_provider_pglogical.capture.chunked.plan import SnapshotMode
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.operators._capture import CaptureOperator
@@ -71,16 +73,26 @@ class PgInitialSyncOperator(CaptureOperator):
     :param append_only: accept publications that do not publish updates and deletes: the lakehouse
         then keeps every row ever inserted (docs/reliability.md); otherwise they are refused before
         the slot exists. Pass the same to the pull.
+    :param snapshot_mode: ``SnapshotMode.EXPORTED`` (the default): every table inside one exported
+        snapshot, one transaction open for the whole copy; ``SnapshotMode.CHUNKED``: each table in key
+        chunks of about ``chunk_rows`` rows, each chunk in its own short transaction, reconciled with the
+        slot by watermarks, resumable after a kill at the first chunk not staged. Chunked refuses tables
+        without a primary key or replica identity index and keys that do not start with an integer or
+        text column, before anything is created (docs/snapshots.md says when to use which).
+    :param chunk_rows: rows per chunk of a chunked load.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
 
     template_fields: Sequence[str] = (
         "slot", "publications", "staging_root", "pipeline", "parallelism", "type_overrides", "postgres_conn_id",
+        "snapshot_mode", "chunk_rows",
     )
     ui_color = "#cfe8fc"
 
     def __init__(self, *, slot: str, parallelism: int = 2, failover: bool = False,
-                 copy_on_spark: SparkCopy | None = None, append_only: bool = False, **kwargs: Any) -> None:
+                 copy_on_spark: SparkCopy | None = None, append_only: bool = False,
+                 snapshot_mode: SnapshotMode | str = SnapshotMode.EXPORTED, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Airflow renders templated fields by attribute name when the task runs: every argument is kept as given.
         self.slot = slot
@@ -88,10 +100,33 @@ class PgInitialSyncOperator(CaptureOperator):
         self.failover = failover
         self.copy_on_spark = copy_on_spark
         self.append_only = append_only
+        self.snapshot_mode = snapshot_mode
+        self.chunk_rows = chunk_rows
+
+    def _mode(self) -> SnapshotMode:
+        """The rendered ``snapshot_mode``, or a clear error before any work."""
+        try:
+            mode = SnapshotMode(self.snapshot_mode)
+        except ValueError:
+            raise InvalidInputError(
+                f"{type(self).__name__} {self.task_id!r}: snapshot_mode must be one of "
+                f"{', '.join(repr(m.value) for m in SnapshotMode)} (got {self.snapshot_mode!r})") from None
+        if mode is SnapshotMode.CHUNKED and (self.copy_on_spark is not None or self.failover):
+            raise InvalidInputError(
+                f"{type(self).__name__} {self.task_id!r}: snapshot_mode='chunked' reads on this worker and creates "
+                "the slot without FAILOVER: drop copy_on_spark and failover, or use snapshot_mode='exported'")
+        return mode
 
     def execute(self, context: Context) -> dict:
         with fail_permanent_errors():
             parallelism = checked_parallelism(self)
+            if self._mode() is SnapshotMode.CHUNKED:
+                hook, root = self.publisher_and_staging()
+                return self.remember_lineage(hook, root, run_chunked_sync(
+                    hook, slot=self.slot, publications=self.publications, root=root, pipeline=self.pipeline,
+                    chunk_rows=int(self.chunk_rows), type_overrides=self.type_overrides, report=self.log.info,
+                    append_only=self.append_only,
+                ))
             hook, root = self.publisher_and_staging()
             copier = spark_copier(self, hook, root, parallelism)
             return self.remember_lineage(hook, root, run_initial_sync(

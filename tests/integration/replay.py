@@ -3,6 +3,9 @@
 It follows the staging contract literally (position semantics, per-row order by
 ``(_commit_lsn, _seq)``, unchanged TOAST, old keys, TRUNCATE), so tests of the Python side can
 check the exact source state without Spark; the Spark job is tested against the same batches.
+A keyed *ranged* snapshot (``key_range``: a ranged backfill, a chunk of a chunked load) replaces
+the rows of its range and then re-applies every change row committed at or after its position,
+as the apply's plan does (``spark/apply/plan.py``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,41 @@ from airflow_provider_pglogical.staging import batches, contract, layout
 from airflow_provider_pglogical.lsn import Lsn
 
 
+def _in_range(value, spec: dict) -> bool:
+    def order(v):
+        return v.encode() if isinstance(v, str) else v  # Spark compares strings in byte order
+    return ((spec.get("start") is None or order(value) >= order(spec["start"]))
+            and (spec.get("end") is None or order(value) < order(spec["end"])))
+
+
+def _apply(current: dict, rows: list[dict], key: list[str], columns: list[str], since: Lsn) -> None:
+    for row in sorted(rows, key=lambda r: (r[contract.COMMIT_LSN], r[contract.SEQ])):
+        if Lsn(row[contract.COMMIT_LSN]) < since:
+            continue
+        op = row[contract.OP]
+        if op == "T":
+            current.clear()
+            continue
+        new_key = tuple(row[k] for k in key)
+        old_key = tuple(row.get(contract.OLD_KEY_PREFIX + k) for k in key)
+        if op == "D":
+            current.pop(new_key, None)
+            continue
+        previous = None
+        if op == "U" and all(v is not None for v in old_key) and old_key != new_key:
+            previous = current.pop(old_key, None)
+        previous = previous or current.get(new_key)
+        values = {c: row[c] for c in columns}
+        for unchanged in row[contract.UNCHANGED] or []:
+            values[unchanged] = previous[unchanged] if previous else None
+        current[new_key] = values
+
+
 def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
     """``{table: {key tuple: row dict}}`` after applying every committed batch in order."""
     state: dict[str, dict[tuple, dict]] = {}
     position: dict[str, Lsn] = {}
+    changes: dict[str, list[dict]] = {}  # every change row seen, per table (ranged snapshots re-apply them)
     for name, start, end, kind in layout.committed_batches(root, pipeline):
         manifest = layout.read_manifest(root, pipeline, name)
         for qualified, table in manifest.tables.items():
@@ -22,31 +56,22 @@ def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
             key = table.key
             columns = [c["name"] for c in table.columns]
             if kind == "snapshot":
-                state[qualified] = {tuple(r[k] for k in key): r for r in rows}
-                position[qualified] = start
+                spec = table.details.get("key_range") or manifest.details.get("key_range")
+                if spec is None:
+                    state[qualified] = {tuple(r[k] for k in key): r for r in rows}
+                    position[qualified] = start
+                    changes[qualified] = []
+                    continue
+                current = state.setdefault(qualified, {})
+                for k in [k for k, r in current.items() if _in_range(r[spec["column"]], spec)]:
+                    del current[k]
+                current.update({tuple(r[k] for k in key): r for r in rows})
+                _apply(current, changes.get(qualified, []), key, columns, start)
+                position[qualified] = max(position.get(qualified, start), start)
                 continue
             current = state.setdefault(qualified, {})
-            since = position.get(qualified, Lsn(0))
-            for row in sorted(rows, key=lambda r: (r[contract.COMMIT_LSN], r[contract.SEQ])):
-                if Lsn(row[contract.COMMIT_LSN]) < since:
-                    continue
-                op = row[contract.OP]
-                if op == "T":
-                    current.clear()
-                    continue
-                new_key = tuple(row[k] for k in key)
-                old_key = tuple(row.get(contract.OLD_KEY_PREFIX + k) for k in key)
-                if op == "D":
-                    current.pop(new_key, None)
-                    continue
-                previous = None
-                if op == "U" and all(v is not None for v in old_key) and old_key != new_key:
-                    previous = current.pop(old_key, None)
-                previous = previous or current.get(new_key)
-                values = {c: row[c] for c in columns}
-                for unchanged in row[contract.UNCHANGED] or []:
-                    values[unchanged] = previous[unchanged] if previous else None
-                current[new_key] = values
+            changes.setdefault(qualified, []).extend(rows)
+            _apply(current, rows, key, columns, position.get(qualified, Lsn(0)))
             position[qualified] = end
     return state
 

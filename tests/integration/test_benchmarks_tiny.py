@@ -21,6 +21,7 @@ TINY = {
     "bench_pull.py": (["--changes", "2000", "--repeat", "1", "--window", "500", "--windows", "2",
                        "--backlog-seconds", "1"], "ours vs raw peek"),
     "bench_snapshot.py": (["--tiny", "--iceberg", "--overlap"], "started beside the snapshot (until_loaded)"),
+    "bench_chunked_load.py": (["--tiny"], "chunked load vs raw COPY:"),
     "bench_warm_load.py": (["--tiny"], "backfill into a running window: exported snapshot -> queryable"),
     "bench_idle_apply.py": (["--tiny"], "idle apply tick,"),
     "bench_apply.py": (["--tiny"], "| plain | 2,000 |"),
@@ -42,6 +43,7 @@ TINY = {
 NOT_RUN = {
     "dlt_baseline.py": "needs dlt, which is not a dependency: bench_snapshot.py runs it with --dlt-python",
     "common.py": "helpers, not a benchmark",
+    "snapshot_judge.py": "bench_freshness.py's judge (Iceberg snapshots by time travel), not a benchmark",
 }
 
 

@@ -47,3 +47,16 @@ def test_staging_path_the_old_name_of_staging_root_still_works_with_a_warning():
     with pytest.raises(TypeError, match="pass staging_root only"):
         PgInitialSyncOperator(task_id="both", slot="s", publications=["pub"], staging_path="file:///a",
                               staging_root="file:///b", pipeline="p")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"snapshot_mode": "chunky"}, r"snapshot_mode must be one of 'exported', 'chunked' \(got 'chunky'\)"),
+    ({"snapshot_mode": "chunked", "failover": True}, r"snapshot_mode='chunked' reads on this worker and creates "
+                                                     r"the slot without FAILOVER"),
+])
+def test_a_bad_snapshot_mode_is_refused_before_anything_runs(arguments, message):
+    # No connection "pg_nowhere" exists: reaching the hook would fail differently.
+    sync = PgInitialSyncOperator(task_id="sync", slot="s", publications=["pub"], staging_root="file:///x",
+                                 pipeline="p", postgres_conn_id="pg_nowhere", **arguments)
+    with pytest.raises(AirflowFailException, match=rf"PgInitialSyncOperator 'sync': {message}"):
+        sync.execute({})

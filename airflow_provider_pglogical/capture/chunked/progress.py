@@ -1,0 +1,118 @@
+"""The chunked load's durable progress (``_chunked_load.json``) and its report in the task log.
+
+The record says, per table, where the next chunk starts and how many chunks and rows are staged;
+it is written after each chunk's batch is committed, so a killed load resumes at the first chunk
+that is not staged. A kill between the batch's commit and the record's write is recognised from
+the committed batch itself (its details name the load, the table and the chunk's range), so that
+chunk is not copied twice either.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.staging.layout import (
+    StagingPath,
+    committed_batches,
+    read_manifest,
+    read_pipeline_file,
+    write_pipeline_file,
+)
+
+#: the pipeline file holding the load's progress
+LOAD_RECORD = "_chunked_load.json"
+#: the batch details entry of a chunk (also of the load's initial, empty snapshot batch)
+CHUNK_DETAILS = "chunked_load"
+
+
+@dataclass
+class TableProgress:
+    """How far one table is staged."""
+
+    next_start: Any = None
+    chunks: int = 0
+    rows: int = 0
+    done: bool = False
+
+
+@dataclass
+class LoadRecord:
+    """One chunked load of a pipeline: its slot, its start LSN, and each table's progress."""
+
+    slot: str
+    created_lsn: str
+    chunk_rows: int
+    tables: dict[str, TableProgress] = field(default_factory=dict)
+    complete: bool = False
+
+    @property
+    def chunks(self) -> int:
+        return sum(t.chunks for t in self.tables.values())
+
+    @property
+    def rows(self) -> int:
+        return sum(t.rows for t in self.tables.values())
+
+
+def read_load(root: StagingPath, pipeline: str) -> LoadRecord | None:
+    raw = read_pipeline_file(root, pipeline, LOAD_RECORD)
+    if raw is None:
+        return None
+    raw["tables"] = {name: TableProgress(**t) for name, t in raw.get("tables", {}).items()}
+    return LoadRecord(**raw)
+
+
+def write_load(root: StagingPath, pipeline: str, record: LoadRecord) -> None:
+    write_pipeline_file(root, pipeline, LOAD_RECORD, asdict(record))
+
+
+def catch_up_with_staging(root: StagingPath, pipeline: str, record: LoadRecord) -> int:
+    """Count the chunk batches committed after the record was last written (a kill in between);
+    returns how many there were."""
+    found = 0
+    for name, start, _end, kind in committed_batches(root, pipeline):
+        if kind != "snapshot" or start <= Lsn.parse(record.created_lsn):
+            continue
+        details = read_manifest(root, pipeline, name).details.get(CHUNK_DETAILS) or {}
+        if details.get("slot") != record.slot or details.get("created_lsn") != record.created_lsn:
+            continue
+        table = record.tables.get(details["table"])
+        if table is None or table.done or details["chunk"] != table.chunks or details["start"] != table.next_start:
+            continue  # counted already (the record is newer than the batch)
+        table.chunks, table.rows = table.chunks + 1, table.rows + details["rows"]
+        table.next_start, table.done = details["end"], details["end"] is None
+        found += 1
+    return found
+
+
+class Reporter:
+    """Rows, chunks, rate and ETA of the load in the task log, at most every ``every`` seconds."""
+
+    def __init__(self, record: LoadRecord, estimated_rows: dict[str, int], report: Callable[[str], None],
+                 every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._record, self._estimated, self._report, self._every, self._clock = record, estimated_rows, report, every, clock
+        self._start, self._last = clock(), float("-inf")
+        self._rows_at_start = record.rows
+
+    def chunk_done(self, table: str, force: bool = False) -> None:
+        now = self._clock()
+        if not force and now - self._last < self._every:
+            return
+        self._last = now
+        elapsed = max(now - self._start, 1e-6)
+        copied = self._record.rows - self._rows_at_start
+        rate = copied / elapsed
+        total = max(sum(self._estimated.values()), self._record.rows)
+        left = sum(max(self._estimated.get(name, 0) - t.rows, 0) for name, t in self._record.tables.items()
+                   if not t.done)
+        eta = f", ETA {left / rate:,.0f}s" if rate > 0 and left else ""
+        progress = self._record.tables[table]
+        self._report(
+            f"chunked load: {self._record.rows:,} of ~{total:,} rows in {self._record.chunks:,} chunks "
+            f"({sum(t.done for t in self._record.tables.values())}/{len(self._record.tables)} tables done), "
+            f"{rate:,.0f} rows/s{eta}; {table}: {progress.rows:,} rows in {progress.chunks:,} chunks"
+            + (", done" if progress.done else "")
+        )
