@@ -150,6 +150,8 @@ def _read_columnar(spark, records, projection, columns: list[str], limit: int | 
             appender.close()
     finally:
         records.close()
+    if not appender.metrics().recordCount():  # Iceberg's writer creates no file for no row
+        return []
     found = pq.read_table(pa.BufferReader(bytes(memory.toByteArray())))
     if limit is not None and found.num_rows > limit:
         raise TooManyRows(f"more than {limit} rows match")
