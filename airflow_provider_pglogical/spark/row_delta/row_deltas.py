@@ -8,7 +8,7 @@ rules of ``reduction.py``), reads the rows the table holds under those keys thro
 reader (``lookups/table_rows.py``: no Spark job; with each row's data file and position, Iceberg's
 ``_file`` and ``_pos`` metadata columns) and writes:
 
-* a **position delete file** (Iceberg's ``PositionDeleteWriter``) holding the data file and
+* a **position delete file** (the spec's ``file_path``, ``pos``; ``driver_commits.py``) holding the data file and
   position of every row the batch replaces: the rows of keys it deletes, updates, inserts again or
   leaves by a key change;
 * a **data file** with the last row of every key the batch leaves present; a value a row left
