@@ -64,7 +64,8 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
     projection = java_class(spark, "org.apache.iceberg.Schema")(fields)
     records = scan.project(projection).build()
     if all(_columnar_type(kind) for kind in kinds):
-        return _read_columnar(spark, records, projection, columns, limit)
+        order = [field.name() for field in fields]  # the file's columns, in this order
+        return _read_columnar(spark, records, projection, [order.index(name) for name in columns], limit)
     convert = [_converter(spark, kind) for kind in kinds]
     if positions:
         convert += [*([_optional_int] if row_ids else []), str, int]
@@ -128,9 +129,10 @@ def _columnar_type(kind) -> bool:
     return type_id in _COLUMNAR_TYPES
 
 
-def _read_columnar(spark, records, projection, columns: list[str], limit: int | None) -> list[tuple]:
+def _read_columnar(spark, records, projection, columns: list[int], limit: int | None) -> list[tuple]:
     """The rows of Iceberg's reader ``records`` (a ``CloseableIterable`` of records of
-    ``projection``), moved out of the JVM in one piece: Iceberg's own generic Parquet writer
+    ``projection``; ``columns``: the positions in it of the columns wanted, in order), moved out of
+    the JVM in one piece: Iceberg's own generic Parquet writer
     writes them all into memory in one py4j call, and pyarrow reads the file. Value by value, a
     row cost a py4j round trip per column and per row (about 0.1 ms each, idle; the 50-table round
     of docs/benchmarks.md spent most of its lookup time there)."""
@@ -155,7 +157,8 @@ def _read_columnar(spark, records, projection, columns: list[str], limit: int | 
     found = pq.read_table(pa.BufferReader(bytes(memory.toByteArray())))
     if limit is not None and found.num_rows > limit:
         raise TooManyRows(f"more than {limit} rows match")
-    values = [_python_values(found.column(name)) for name in columns]
+    # by position: Parquet names differ where Iceberg's are not Avro-compatible ("a.b" is "a_x2Eb")
+    values = [_python_values(found.column(index)) for index in columns]
     return list(zip(*values)) if values else []
 
 
