@@ -14,7 +14,7 @@ from airflow_provider_pglogical.spark.apply.reduction import Reduced, reduce_cha
 from airflow_provider_pglogical.spark.apply.steps import StepApplier
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas
-from airflow_provider_pglogical.staging.contract import facts_decide
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest
 
 log = logging.getLogger("pglogical.apply")
 
@@ -28,7 +28,7 @@ class KeyedBatch:
     """
 
     reduced: Reduced | None
-    manifest: dict
+    manifest: TableManifest
     batch_columns: list
     values: list
 
@@ -49,18 +49,18 @@ class KeyedTables(StepApplier):
 
     def reduced(self, step: Step, source: str, types: dict[str, str]) -> KeyedBatch:
         """The step's change batch reduced to the last state of every key it touches."""
-        manifest = step.batch.manifest["tables"][source]
-        keys = list(manifest["key"])
+        manifest = step.batch.manifest.tables[source]
+        keys = list(manifest.key)
         if not keys:
             raise ApplyError(
                 f"batch {step.batch.name}, table {source}: no replica-identity key; set REPLICA IDENTITY "
                 "(a primary key, USING INDEX or FULL) on the source table"
             )
-        batch_columns = [c["name"] for c in manifest["columns"]]
+        batch_columns = [c.name for c in manifest.columns]
         values = [c for c in batch_columns if c not in keys]
-        if not manifest.get("files"):
+        if not manifest.files:
             return KeyedBatch(None, manifest, batch_columns, values)
         rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
         reduced = reduce_changes(self.spark, rows, keys, values, step.position,
-                                 facts_decide(manifest.get("details", {}), step.position))
+                                 manifest.facts_decide(step.position))
         return KeyedBatch(reduced if reduced.rows else None, manifest, batch_columns, values)

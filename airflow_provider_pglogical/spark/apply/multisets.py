@@ -11,7 +11,6 @@ from airflow_provider_pglogical.spark.apply.plan import Step
 from airflow_provider_pglogical.spark.apply.reduction import check_multiset_identity, multiset_deltas, multiset_values
 from airflow_provider_pglogical.spark.apply.steps import StepApplier
 from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import MultisetRowDeltas
-from airflow_provider_pglogical.staging.contract import facts_decide
 
 log = logging.getLogger("pglogical.apply")
 
@@ -58,13 +57,13 @@ class Multisets(StepApplier):
 
     def netted(self, step: Step, source: str, types: dict[str, str]) -> NettedBatch:
         """The step's change batch netted per row value."""
-        manifest = step.batch.manifest["tables"][source]
+        manifest = step.batch.manifest.tables[source]
         check_multiset_identity(step.batch.name, source, manifest)
-        if not manifest.get("files"):
+        if not manifest.files:
             return NettedBatch(None, False, 0)
-        batch_columns = [c["name"] for c in manifest["columns"]]
+        batch_columns = [c.name for c in manifest.columns]
         rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
-        known = facts_decide(manifest.get("details", {}), step.position)
-        deltas, truncated, count = multiset_deltas(rows, multiset_values(types), list(manifest["key"]), step.position,
-                                                   known_rows=known["rows"] if known else None)
+        known = manifest.facts_decide(step.position)
+        deltas, truncated, count = multiset_deltas(rows, multiset_values(types), list(manifest.key), step.position,
+                                                   known_rows=known.rows if known else None)
         return NettedBatch(deltas if count else None, truncated, count)

@@ -23,6 +23,7 @@ from airflow_provider_pglogical.staging.contract import (
     UNCHANGED,
     staged_name,
 )
+from airflow_provider_pglogical.staging.seam.manifests import ChangeFacts, TableManifest
 
 
 def read_rows(spark, files: list[str], staged: dict[str, str], types: dict[str, str], keys: list[str],
@@ -112,7 +113,7 @@ class Reduced:
 
 
 def reduce_changes(spark, rows, keys: list[str], values: list[str], from_position: int,
-                   known: dict | None = None) -> Reduced:
+                   known: ChangeFacts | None = None) -> Reduced:
     """Last change per key by ``(_commit_lsn, _seq)``, TRUNCATE, key changes and unchanged TOAST.
 
     :param known: the pull's facts of the rows when they decide the batch's aggregate
@@ -197,10 +198,10 @@ class _Facts:
     moves: list = field(default_factory=list)
 
 
-def _known_facts(known: dict) -> _Facts:
+def _known_facts(known: ChangeFacts) -> _Facts:
     """The aggregate's answer for rows without a TRUNCATE or an unchanged value: a key change is
     possible wherever an old key was staged (each row's own test then decides)."""
-    return _Facts(rows=known["rows"], key_changes=int(known["old_keys"]))
+    return _Facts(rows=known.rows, key_changes=int(known.old_keys))
 
 
 def _fill_unchanged(spark, events, keys, values, rounds: int):
@@ -321,10 +322,10 @@ def signed_copies(rows, values: dict[str, str], keys: list[str], keep: tuple[str
     return reduce(lambda a, b: a.unionByName(b), parts)
 
 
-def check_multiset_identity(batch: str, source: str, manifest: dict) -> None:
+def check_multiset_identity(batch: str, source: str, manifest: TableManifest) -> None:
     """Refuse a batch of a keyless table whose replica identity is not every column (FULL)."""
-    keys = list(manifest["key"])
-    if sorted(keys) != sorted(c["name"] for c in manifest["columns"]):
+    keys = list(manifest.key)
+    if sorted(keys) != sorted(c.name for c in manifest.columns):
         raise ApplyError(
             f"batch {batch}, table {source}: the lakehouse keeps this table as a keyless multiset "
             f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "

@@ -32,6 +32,7 @@ from airflow_provider_pglogical.spark.apply.reduction import (
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.identifiers import col, quote, sql_string, temporary_view_name
 from airflow_provider_pglogical.staging.contract import OCCURRENCE, WRITTEN_BY
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest
 
 #: a MERGE prunes its target's scan when the table has at least this many rows more than ten
 #: per batch row, or (``PRUNED_MERGE_BYTES``) this many bytes of data files more than
@@ -71,18 +72,18 @@ def pruning_source(frame):
     return frame.localCheckpoint().where(F.col("__op").isin("D", "U"))
 
 
-def join_condition(manifest: dict) -> str:
+def join_condition(manifest: TableManifest) -> str:
     """The MERGE's ON clause between target ``t`` and source ``s`` on the replica-identity key."""
     # identifier (NOT NULL) keys join with '='; REPLICA IDENTITY FULL rows may hold NULLs
-    equals = "<=>" if manifest.get("replica_identity", "d") == "f" else "="
-    return " AND ".join(f"t.{quote(k)} {equals} s.{quote(k)}" for k in manifest["key"])
+    equals = "<=>" if manifest.replica_identity == "f" else "="
+    return " AND ".join(f"t.{quote(k)} {equals} s.{quote(k)}" for k in manifest.key)
 
 
 # keyed tables ------------------------------------------------------------------------------------
 def merge_key_range(applier, step: Step, source: str, target: str, types: dict[str, str], predicate: str) -> int:
     """A ranged backfill of a keyed table: the snapshot's rows MERGEd, the table's rows in the
     range (``predicate``) the snapshot does not hold deleted; returns the staged rows."""
-    manifest = step.batch.manifest["tables"][source]
+    manifest = step.batch.manifest.tables[source]
     frame = applier.read(step, source, types, changes=False)
     view = temporary_view_name("snapshot")
     frame.createOrReplaceTempView(view)
@@ -93,13 +94,13 @@ def merge_key_range(applier, step: Step, source: str, target: str, types: dict[s
         f"WHEN NOT MATCHED BY SOURCE AND {predicate} THEN DELETE"
     )
     applier.spark.catalog.dropTempView(view)
-    return manifest.get("rows", 0)
+    return manifest.rows
 
 
-def merge_keyed_changes(applier, reduced: Reduced, manifest: dict, target: str, values: list[str]) -> None:
+def merge_keyed_changes(applier, reduced: Reduced, manifest: TableManifest, target: str, values: list[str]) -> None:
     """One MERGE of a keyed table's reduced change batch (no TRUNCATE in it)."""
-    keys = list(manifest["key"])
-    batch_columns = [c["name"] for c in manifest["columns"]]
+    keys = list(manifest.key)
+    batch_columns = [c.name for c in manifest.columns]
     frame = reduced.frame
     keep = reduced.unchanged_columns
     if keep and reduced.moved_unchanged:
@@ -193,14 +194,14 @@ def merge_multiset_range(applier, step: Step, source: str, target: str, types: d
     in_range = F.coalesce(F.expr(predicate), F.lit(False))
     signed = []
     for batch in step.window:
-        manifest = batch.manifest["tables"][source]
-        if not manifest.get("files"):
+        manifest = batch.manifest.tables[source]
+        if not manifest.files:
             continue
         check_multiset_identity(batch.name, source, manifest)
-        rows = applier.read_batch(batch, source, {c["name"]: types[c["name"]] for c in manifest["columns"]}, changes=True)
+        rows = applier.read_batch(batch, source, {c.name: types[c.name] for c in manifest.columns}, changes=True)
         rows = from_position_on(rows, step.position).where(
             F.col("__lsn") < F.lit(step.through).cast("decimal(20,0)"))
-        signed.append(signed_copies(rows, values, list(manifest["key"]), keep=("__op", "__lsn", "__seq")))
+        signed.append(signed_copies(rows, values, list(manifest.key), keep=("__op", "__lsn", "__seq")))
     snapshot = applier.read(step, source, values, changes=False).select(*[col(c) for c in values], F.lit(1).alias("__d"))
     if signed:
         window = reduce(lambda a, b: a.unionByName(b), signed)
@@ -224,7 +225,7 @@ def merge_multiset_range(applier, step: Step, source: str, target: str, types: d
         f"WHEN NOT MATCHED BY SOURCE AND {predicate} THEN DELETE"
     )
     applier.spark.catalog.dropTempView(view)
-    return step.batch.manifest["tables"][source].get("rows", 0)
+    return step.batch.manifest.tables[source].rows
 
 
 def merge_multiset_changes(spark, lakehouse, deltas, target: str, values: list[str], batch: str) -> None:

@@ -30,7 +30,7 @@ def replace_all(lakehouse, frame, target: str) -> None:
 def rewrite_keyed_snapshot(applier, step: Step, source: str, target: str, types: dict[str, str]) -> int:
     """A keyed table becomes a full snapshot's rows; returns the staged rows."""
     replace_all(applier.lakehouse, applier.read(step, source, types, changes=False), target)
-    return step.batch.manifest["tables"][source].get("rows", 0)
+    return step.batch.manifest.tables[source].rows
 
 
 def rewrite_keyed_truncated(lakehouse, reduced_frame, target: str, batch_columns: list[str],
@@ -55,7 +55,7 @@ def rewrite_multiset_snapshot(applier, step: Step, source: str, target: str, val
         *[col(c) for c in values], F.row_number().over(copies).cast("int").alias(OCCURRENCE),
         F.lit(step.batch.name).alias(WRITTEN_BY))
     replace_all(applier.lakehouse, numbered, target)
-    return step.batch.manifest["tables"][source].get("rows", 0)
+    return step.batch.manifest.tables[source].rows
 
 
 def rewrite_multiset_truncated(lakehouse, deltas, target: str, types: dict[str, str], batch: str) -> None:

@@ -4,7 +4,7 @@ ADOPT ``apply/adoption.py``, REWRITE ``rewrite.py``, MERGE ``merge.py``, ROW_DEL
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate
 from airflow_provider_pglogical.spark.apply.reduction import multiset_values
 from airflow_provider_pglogical.spark.apply.steps import StepApplier
 from airflow_provider_pglogical.spark.paths.choice import ApplyPath, PathChoice
@@ -34,7 +34,7 @@ def take_path(applier: StepApplier, choice: PathChoice, step: Step, source: str,
             files = applier.adopt(step, source, target)
             if files is not None:
                 applier.adopted_steps[(source, step.batch.name)] = files
-                return step.batch.manifest["tables"][source].get("rows", 0), ApplyPath.ADOPT
+                return step.batch.manifest.tables[source].rows, ApplyPath.ADOPT
         return _snapshot(applier, step, source, target, types)
     if choice.path is ApplyPath.ROW_DELTA and applier.row_deltas is not None:
         rows = applier.as_row_delta(step, source, target, types)
@@ -46,7 +46,7 @@ def take_path(applier: StepApplier, choice: PathChoice, step: Step, source: str,
 
 def _snapshot(applier: StepApplier, step: Step, source: str, target: str, types: dict[str, str]) -> tuple[int, ApplyPath]:
     """A snapshot not adopted: a ranged backfill MERGEs its range, a full snapshot rewrites the table."""
-    predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
+    predicate = range_predicate(step.batch.manifest.snapshot_scope(source), step.batch.name, source)
     if predicate is not None:
         merge = merge_multiset_range if applier.keyless else merge_key_range
         return merge(applier, step, source, target, types, predicate), ApplyPath.MERGE
