@@ -10,13 +10,18 @@
 # spark-submit (tests/integration/test_job_results.py: publication, initial sync, apply, pull, apply,
 # the idle tick, a dropped table rebuilt, verify).
 #   bash .ci/corner.sh [newest|oldest ...]   (default: both; run after scripts/setup.sh)
+#   CORNER_STEP=install bash .ci/corner.sh   only builds the virtualenvs (and the newest corner's jar
+#                         cache): .ci/run starts it beside the suite, whose cores it barely needs
+#   CORNER_STEP=test bash .ci/corner.sh      only runs the subset (in virtualenvs already built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 SUBSET=(tests/unit/test_jar_sets.py tests/integration/test_job_results.py)
 
-corner() {
+STEP=${CORNER_STEP:-all}
+
+install() {
   local name=$1 venv=$2 constraints=$3 started=$SECONDS
   if [ ! -x "$venv/bin/python" ]; then "$PYTHON" -m venv "$venv"; fi
   local stamp="$venv/.pglogical-installed" want
@@ -28,13 +33,33 @@ corner() {
       || { tail -n 40 "$venv/pip-install.log"; echo "corner $name: pip install failed"; exit 1; }
     echo "$want" > "$stamp"
   fi
-  local versions
-  versions=$("$venv/bin/python" -c "from importlib.metadata import version as v; print(', '.join(f'{p} {v(p)}' for p in ('apache-airflow', 'apache-airflow-providers-apache-spark', 'pyspark')))")
-  echo "corner $name: $versions (installed in $((SECONDS - started))s)"
+  echo "corner $name: installed in $((SECONDS - started))s"
+}
+
+jars() {
+  local name=$1 venv=$2
   SPARK_LOCAL_IP=127.0.0.1 "$venv/bin/python" -m airflow_provider_pglogical.lakehouse.jar_cache >"$venv/jar-cache.log" 2>&1 \
     || { tail -n 30 "$venv/jar-cache.log"; echo "corner $name: the jars could not be resolved or checked"; exit 1; }
+}
+
+subset() {
+  local name=$1 venv=$2 started=$SECONDS versions
+  versions=$("$venv/bin/python" -c "from importlib.metadata import version as v; print(', '.join(f'{p} {v(p)}' for p in ('apache-airflow', 'apache-airflow-providers-apache-spark', 'pyspark')))")
+  echo "corner $name: $versions"
   PATH="$PWD/$venv/bin:$PATH" SPARK_LOCAL_IP=127.0.0.1 "$venv/bin/python" -m pytest -q -p no:cacheprovider "${SUBSET[@]}"
-  echo "corner $name: took $((SECONDS - started))s"
+  echo "corner $name: the subset took $((SECONDS - started))s"
+}
+
+corner() {
+  local name=$1 venv=$2 constraints=$3
+  case $STEP in
+    install) install "$name" "$venv" "$constraints"
+             # the oldest corner checks .venv's cache, which the suite's set-up may still be writing
+             if [ "$name" = newest ]; then jars "$name" "$venv"; fi ;;
+    test) jars "$name" "$venv"; subset "$name" "$venv" ;;
+    all) install "$name" "$venv" "$constraints"; jars "$name" "$venv"; subset "$name" "$venv" ;;
+    *) echo "corner: unknown CORNER_STEP $STEP (install, test, all)"; exit 2 ;;
+  esac
 }
 
 for which in "${@:-newest oldest}"; do

@@ -171,7 +171,8 @@ def _session(connect_kwargs: Mapping[str, Any], snapshot_name: str):
 
 
 def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | None, progress: Progress,
-               trusted_utf8: bool, mapping: dict[str, MappedType], staged_as: str, part: int | None = None) -> int:
+               trusted_utf8: bool, mapping: dict[str, MappedType], staged_as: str, part: int | None = None,
+               block_size: int | None = None) -> int:
     """Run one COPY; parse its text stream and write Parquet in two more threads; returns rows.
 
     Three stages, so none waits for another: this thread feeds COPY into a pipe, a parser thread
@@ -180,7 +181,8 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
 
     String columns are read as binary and, when ``trusted_utf8`` (a UTF8 database: PostgreSQL
     validated every value on input), viewed as strings without validating them again, which
-    costs as much as parsing; otherwise they are validated.
+    costs as much as parsing; otherwise they are validated. ``block_size``: bytes parsed at a time
+    (default :data:`CSV_BLOCK_SIZE`); a short COPY overlaps its stages better with smaller blocks.
     """
     table = unit.table
     types, strings = values.copy_read_types(mapping)
@@ -194,7 +196,7 @@ def _copy_unit(conn, unit: WorkUnit, writer: BatchWriter, extra_where: str | Non
     def parse() -> None:
         try:
             with os.fdopen(read_fd, "rb", buffering=0) as source:
-                for chunk in copy_text.row_chunks(source, CSV_BLOCK_SIZE):
+                for chunk in copy_text.row_chunks(source, block_size or CSV_BLOCK_SIZE):
                     if "error" in result:
                         return  # the writer failed: closing the pipe stops the COPY
                     data, as_text = copy_text.parse_chunk(chunk, mapping, types)

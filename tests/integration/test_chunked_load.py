@@ -3,6 +3,7 @@ across chunks, resumable after a kill without recopying a chunk, and refusals be
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -112,6 +113,9 @@ def test_chunked_load_equals_the_source_under_concurrent_writes(publisher, publi
     load = read_load(root, "p")
     assert load.complete and load.tables["public.items"].chunks >= 6 and load.tables["public.notes"].chunks >= 3
     assert result["tables"]["public.items"] == load.tables["public.items"].rows
+    listing = sorted(p.name for p in (root / "p").iterdir())
+    again = run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=300)
+    assert again == result and sorted(p.name for p in (root / "p").iterdir()) == listing  # a re-run: nothing to do
     writer.burst(20)  # after the load: the pull's changes continue it
     _drain(publisher_hook, root)
     _assert_equal_to_source(publisher, root)
@@ -176,13 +180,15 @@ KILLED_LOAD = textwrap.dedent("""
     from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
     from tests.support.processes import die_now
 
-    def staged(event):
-        if event.table == "public.items" and event.chunk == 3:
-            die_now()  # the kill point inside the chunked load: after a chunk's batch, before its record
+    def kill(event):
+        if event.table == "public.items" and event.chunk == int(os.environ["CHUNK"]):
+            die_now()
 
+    # the kill points inside the chunked load: "staged", after a chunk's batch is committed, before its
+    # progress record; "read", inside a chunk's transaction, its Parquet written, no manifest
     run_chunked_sync(PgLogicalHook(postgres_conn_id=os.environ["CONN"]), slot="s1", publications=["p"],
                      root=ObjectStoragePath(os.environ["ROOT"]), pipeline="p", chunk_rows=300,
-                     hooks=ChunkHooks(staged=staged))
+                     hooks=ChunkHooks(**{os.environ["AT"]: kill}))
     print("NOT KILLED")
 """)
 
@@ -190,11 +196,13 @@ KILLED_LOAD = textwrap.dedent("""
 def test_a_killed_load_resumes_at_its_first_unstaged_chunk(publisher, publisher_hook, root):
     publisher.execute(SOURCE)
     publisher_hook.create_publication("p", [PublishedTable("items"), PublishedTable("notes")])
-    env = {"CONN": publisher.conn_id, "ROOT": str(root)}
-    import os
-    proc = subprocess.run([sys.executable, "-c", KILLED_LOAD], env={**os.environ, **env}, cwd=os.getcwd(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -9, proc.stdout + proc.stderr
+    def killed(at: str, chunk: int) -> None:
+        env = {**os.environ, "CONN": publisher.conn_id, "ROOT": str(root), "AT": at, "CHUNK": str(chunk)}
+        proc = subprocess.run([sys.executable, "-c", KILLED_LOAD], env=env, cwd=os.getcwd(), capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == -9, proc.stdout + proc.stderr
+
+    killed("staged", 3)
     chunks_before = [n for n, _s, _e, k in committed_batches(root, "p") if k == "snapshot"]
     assert len(chunks_before) == 1 + 4  # the empty start, items' chunks 0..3
     assert read_load(root, "p").tables["public.items"].chunks == 3  # chunk 3 staged, its record not written
@@ -206,10 +214,15 @@ def test_a_killed_load_resumes_at_its_first_unstaged_chunk(publisher, publisher_
     assert publisher.query("SELECT slot_name FROM pg_replication_slots") == [("s1",)]
     writer = Writer(publisher, 7)
     writer.burst(30)  # writes while nobody loads
+    killed("read", 4)  # resumed, then killed inside chunk 4's read: its files stay, without a manifest
+    unfinished = [p.name for p in (root / "p").iterdir() if p.name.endswith("-snapshot") and not (p / "_manifest.json").exists()]
+    assert len(unfinished) == 1
+    writer.burst(30)
     copied: list = []
     run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=300,
                      hooks=ChunkHooks(low=lambda e: (copied.append((e.table, e.chunk)), writer.burst(2))))
     assert ("public.items", 3) not in copied and copied[0] == ("public.items", 4)
+    assert not (root / "p" / unfinished[0]).exists()  # the killed chunk's files are gone; it was read again
     ranges = [read_manifest(root, "p", n).details.get(CHUNK_DETAILS, {}) for n, *_ in committed_batches(root, "p")]
     items = [(r["start"], r["end"]) for r in ranges if r.get("table") == "public.items"]
     assert len(items) == len(set(items)) and items[0][0] is None and items[-1][1] is None  # tiled once

@@ -37,7 +37,19 @@ def test_a_chunked_load_under_concurrent_writes_applies_to_the_source(publisher,
     try:
         items = sorted(tuple(r) for r in spark.table("lake.chunked.public__items").select("id", "grp", "label").collect())
         notes = sorted(tuple(r) for r in spark.table("lake.chunked.public__notes").select("code", "body").collect())
+        snapshots = {r.snapshot_id: r for r in spark.sql(
+            "SELECT snapshot_id, parent_id, summary FROM lake.chunked.public__items.snapshots").collect()}
     finally:
         spark.stop()
+    parents = {r.parent_id for r in snapshots.values()}
+    (current,) = [r for r in snapshots.values() if r.snapshot_id not in parents]
+    chain = [current]
+    while chain[-1].parent_id is not None:
+        chain.append(snapshots[chain[-1].parent_id])
+    labels = [r.summary.get("pglogical.lsn") for r in reversed(chain)]
     assert items == sorted(publisher.query("SELECT id, grp, label FROM items"))
     assert notes == sorted(publisher.query("SELECT code, body FROM notes"))
+    # no commit of the load claims a consistent cut (pglogical.lsn) before its last chunk is applied:
+    # the empty start and the chunks before the last hold the source at no single position
+    cuts = [index for index, label in enumerate(labels) if label]
+    assert cuts and cuts == list(range(cuts[0], len(labels))) and cuts[0] >= 5, labels

@@ -108,22 +108,32 @@ def test_housekeeping_beside_a_running_apply_window_leaves_the_lakehouse_equal_t
                 before = rounds()
                 reports.append(maintenance.run(housekeeping, "lake", "beside", None, eager))
                 rounds_during.append(rounds() - before)
+                # paced by the window, as hourly housekeeping is: the next run starts once a round
+                # has committed since this one, so the two keep meeting without one starving the
+                # other (unpaced, on a slow machine every round could meet a compaction)
+                while not stop.is_set() and rounds() == before + rounds_during[-1]:
+                    stop.wait(0.2)
 
         stop = threading.Event()
         with ThreadPoolExecutor(max_workers=3) as pool:
-            window = pool.submit(lake.run_in_process, keep_running=40, poll_interval=0.25)
-            wait_until(lambda: rounds() or window.done(), timeout=300, interval=0.2, message="the window's first round")
-            pulling = pool.submit(pull.execute, {})
-            writer.start()
-            keeping = pool.submit(keep_housekeeping, stop)
-            writing = time.monotonic()  # the writer stops before the pull window ends: every commit is pulled
-            wait_until(lambda: time.monotonic() > writing + 18 or keeping.done() or window.done(), timeout=60,
-                       interval=0.5, message="the writer's time")
-            writer.done.set()
-            writer.join()
-            pulling.result(timeout=120)
-            applied = window.result(timeout=300)  # its last listing comes after the pull window's last pull
-            stop.set()
+            try:
+                window = pool.submit(lake.run_in_process, keep_running=40, poll_interval=0.25)
+                wait_until(lambda: rounds() or window.done(), timeout=300, interval=0.2,
+                           message="the window's first round")
+                pulling = pool.submit(pull.execute, {})
+                writer.start()
+                keeping = pool.submit(keep_housekeeping, stop)
+                writing = time.monotonic()  # the writer stops before the pull window ends: every commit is pulled
+                wait_until(lambda: time.monotonic() > writing + 18 or keeping.done() or window.done(), timeout=60,
+                           interval=0.5, message="the writer's time")
+                writer.done.set()
+                writer.join(timeout=60)
+                pulling.result(timeout=120)
+                applied = window.result(timeout=300)  # its last listing comes after the pull window's last pull
+            finally:
+                # whatever failed above, the loop and the writer end, so the pool's exit cannot wait forever
+                stop.set()
+                writer.done.set()
             keeping.result(timeout=300)
         started = time.monotonic()
         assert lake.lake() == lake.source()

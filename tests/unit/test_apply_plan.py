@@ -195,3 +195,20 @@ def test_only_a_table_large_next_to_its_batch_gets_its_scan_pruned():
     assert prunes(20_000, 400, 92 * mb)
     least = PRUNED_MERGE_BYTES + PRUNED_BYTES_PER_BATCH_ROW * 400
     assert prunes(20_000, 400, least) and not prunes(20_000, 400, least - 1)
+
+
+def test_a_chunked_load_is_no_cut_until_its_last_chunk_and_the_changes_after_it_are_applied():
+    def chunk(start: int, end_key):
+        return batch("snapshot", start, details={"key_range": {"column": "id", "start": 1, "end": end_key},
+                                                 "chunked_load": {"slot": "s"}})
+    empty = batch("snapshot", 100, details={"chunked_load": {"slot": "s", "empty_start": True}})
+    batches = [empty, batch("changes", 100, 400), chunk(150, 50), chunk(200, 90), chunk(250, None)]
+    steps, _ = plan_table(T, sorted(batches, key=lambda b: b.name), TableState("t"))
+    assert [(s.kind, s.batch.start, s.position, s.cut) for s in steps] == [
+        ("snapshot", 100, 100, False),  # the empty start
+        ("changes", 100, 100, False),
+        ("snapshot", 150, 150, False), ("changes", 100, 150, False),
+        ("snapshot", 200, 200, False), ("changes", 100, 200, False),
+        # the last chunk: the other ranges are at 400 already, so only its replay to 400 is a cut
+        ("snapshot", 250, 250, False), ("changes", 100, 250, True),
+    ]

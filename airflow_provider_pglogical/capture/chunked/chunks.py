@@ -23,6 +23,12 @@ from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
 
 
+#: bytes of COPY text parsed at a time: a chunk is a short COPY, whose read, parse and Parquet stages
+#: overlap better in small blocks (1 MB: 0.48-0.58x raw COPY against 0.35-0.38x with the exported
+#: copy's 8 MB, 200k-row chunks, CHANGELOG's Benchmark history)
+BLOCK_SIZE = 1 << 20
+
+
 @dataclass(frozen=True)
 class ChunkEvent:
     """What a hook is told about a chunk (tests synchronise on these; never row data)."""
@@ -107,7 +113,7 @@ class ChunkReader:
             progress = snapshot.Progress(units, lambda line: None, every=float("inf"))
             try:
                 rows = sum(snapshot._copy_unit(self.conn, unit, writer, where, progress, self.trusted_utf8,
-                                               spec.mapping, spec.staged_as) for unit in units)
+                                               spec.mapping, spec.staged_as, block_size=BLOCK_SIZE) for unit in units)
                 if not units:  # a partitioned table without partitions: an empty part, as the exported copy has
                     with writer.part_writer(spec.staged_as, pa.schema([pa.field(n, m.arrow) for n, m in spec.mapping.items()])):
                         pass

@@ -24,7 +24,8 @@ from airflow_provider_pglogical.capture import ddl, published_changes, snapshot
 from airflow_provider_pglogical.capture.chunked import plan
 from airflow_provider_pglogical.capture.chunked.chunks import ChunkHooks, ChunkReader, TableSpec
 from airflow_provider_pglogical.capture.chunked.progress import (
-    CHUNK_DETAILS, LoadRecord, Reporter, TableProgress, catch_up_with_staging, read_load, write_load,
+    CHUNK_DETAILS, LoadRecord, Reporter, TableProgress, catch_up_with_staging, read_load, remove_unfinished_chunks,
+    write_load,
 )
 from airflow_provider_pglogical.capture.initial_sync import (
     _claim_existing_slot, _initial_snapshot_batch, check_sync_arguments, lost_slot_message, require_tables,
@@ -72,7 +73,9 @@ def run_chunked_sync(
         ours = load is not None and record is not None and load.slot == slot and load.created_lsn == record.created_lsn
         if ours and load.complete:
             report(f"the chunked load of slot {slot} is complete already; nothing to do")
-            return snapshot_result(root, read_manifest(root, pipeline, record.snapshot_batch))
+            done = _initial_snapshot_batch(root, pipeline, slot, record)  # kept by retention when applied
+            result = snapshot_result(root, done) if done is not None else {"batch": None, "lsn": record.created_lsn}
+            return {**result, "tables": {name: t.rows for name, t in load.tables.items()}}
         if not ours:
             done = _initial_snapshot_batch(root, pipeline, slot, record)
             if done is not None and existing is not None and record is not None and record.state == STREAMING:
@@ -94,9 +97,10 @@ def run_chunked_sync(
                                                       "chunked load"))
             _check_same_tables(load, planned, pipeline)
             caught = catch_up_with_staging(root, pipeline, load)
+            unfinished = remove_unfinished_chunks(root, pipeline, load)
             report(f"resuming the chunked load of slot {slot}: {load.chunks:,} chunk(s) and {load.rows:,} rows are "
                    f"staged already ({caught} found committed after the last progress record); nothing of them is "
-                   "copied again")
+                   f"copied again" + (f"; removed the uncommitted chunk(s) {', '.join(unfinished)}" if unfinished else ""))
         initial = read_manifest(root, pipeline, record.snapshot_batch)
         _load_tables(hook, planned, initial, load, root, pipeline, type_overrides, report, writer_wait_seconds,
                      hooks or ChunkHooks(), publications)

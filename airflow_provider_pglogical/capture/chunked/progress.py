@@ -14,9 +14,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.staging.contract import CHUNKED_LOAD
+from airflow_provider_pglogical.staging.contract import MANIFEST
 from airflow_provider_pglogical.staging.layout import (
     StagingPath,
     committed_batches,
+    parse_batch_name,
     read_manifest,
     read_pipeline_file,
     write_pipeline_file,
@@ -25,7 +28,7 @@ from airflow_provider_pglogical.staging.layout import (
 #: the pipeline file holding the load's progress
 LOAD_RECORD = "_chunked_load.json"
 #: the batch details entry of a chunk (also of the load's initial, empty snapshot batch)
-CHUNK_DETAILS = "chunked_load"
+CHUNK_DETAILS = CHUNKED_LOAD
 
 
 @dataclass
@@ -86,6 +89,24 @@ def catch_up_with_staging(root: StagingPath, pipeline: str, record: LoadRecord) 
         table.next_start, table.done = details["end"], details["end"] is None
         found += 1
     return found
+
+
+def remove_unfinished_chunks(root: StagingPath, pipeline: str, record: LoadRecord) -> list[str]:
+    """Remove the files of chunks a killed attempt began but never committed (a snapshot batch
+    directory after the load's start without a manifest: it never existed); returns their names.
+    Nothing else writes snapshot batches while the load holds the slot's lock and the pipeline is
+    ``snapshotting`` (a backfill needs ``streaming``)."""
+    removed = []
+    directory = root / pipeline
+    for child in directory.iterdir() if directory.exists() else []:
+        parsed = parse_batch_name(child.name)
+        if parsed and parsed[2] == "snapshot" and parsed[0] > Lsn.parse(record.created_lsn) \
+                and not (child / MANIFEST).exists():
+            for part in child.iterdir():
+                part.unlink()
+            child.rmdir()
+            removed.append(child.name)
+    return removed
 
 
 class Reporter:

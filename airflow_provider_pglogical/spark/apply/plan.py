@@ -13,6 +13,7 @@ from airflow_provider_pglogical.spark.common.batch import Batch  # noqa: F401 (p
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.identifiers import quote, sql_literal
 from airflow_provider_pglogical.staging.contract import (
+    CHUNKED_LOAD,
     MANIFEST,
     PREVIOUS_END,
     SNAPSHOT_BATCH,
@@ -106,6 +107,15 @@ def is_ranged(batch: Batch, source: str) -> bool:
     return any(details.get(key) for key in ("key_range", "extra_where"))
 
 
+def loading_in_chunks(batch: Batch, source: str) -> bool:
+    """The snapshot is a chunked load's empty start or one of its chunks but the table's last: the
+    table holds the source at no single position until the last chunk is applied."""
+    details = snapshot_details(batch.manifest, source)
+    if not details.get(CHUNKED_LOAD):
+        return False
+    return bool(details[CHUNKED_LOAD].get("empty_start")) or (details.get("key_range") or {}).get("end") is not None
+
+
 def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[list[Step], list[str]]:
     """The steps that bring one table from ``state`` to the end of ``batches`` (name order).
 
@@ -121,13 +131,15 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
     steps: list[Step] = []
     position = state.position
     mixed_until = 0  # a keyed ranged snapshot: the other rows are at the table's position before it
+    loading = False  # a chunked load's chunks are still to come: no step leaves the table at a cut
     for index in range(first, len(mine)):
         batch = mine[index]
         if batch.kind == "snapshot":
             if batch.name in state.snapshots:
                 continue
             ranged = is_ranged(batch, source)
-            mixed_until = max(mixed_until, state.position) if ranged else 0
+            # the other rows are where the steps before it left them (the lakehouse's position at the first)
+            mixed_until = max(mixed_until, state.position, position) if ranged else 0
             if ranged and is_multiset(batch.manifest["tables"][source]):
                 # Re-applying changes from the snapshot would count the rows outside the range
                 # twice (a multiset has no key to make it idempotent): the step folds the range's
@@ -137,15 +149,16 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
                 steps.append(Step("snapshot", batch, batch.start, window=window, through=through))
                 position = through
                 continue
-            steps.append(Step("snapshot", batch, batch.start, cut=batch.start >= mixed_until))
+            loading = loading_in_chunks(batch, source)
+            steps.append(Step("snapshot", batch, batch.start, cut=batch.start >= mixed_until and not loading))
             position = batch.start
             # change batches named before the snapshot that hold commits at or after it
             for earlier in mine[:index]:
                 if earlier.kind == "changes" and earlier.end > position:
-                    steps.append(Step("changes", earlier, position, cut=earlier.end >= mixed_until))
+                    steps.append(Step("changes", earlier, position, cut=earlier.end >= mixed_until and not loading))
                     position = earlier.end
         elif batch.end > position:
-            steps.append(Step("changes", batch, position, cut=batch.end >= mixed_until))
+            steps.append(Step("changes", batch, position, cut=batch.end >= mixed_until and not loading))
             position = batch.end
     return steps, superseded
 
