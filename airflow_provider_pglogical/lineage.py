@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, read_manifest
+from airflow_provider_pglogical.staging.layout import BatchManifest, Column, StagingPath, read_manifest
 
 EXTRA = "pip install 'airflow-provider-pglogical[openlineage]'"
 
@@ -31,9 +31,9 @@ def _openlineage():
     return Dataset, SchemaDatasetFacet, SchemaDatasetFacetFields, OperatorLineage
 
 
-def _schema_facets(columns: Iterable[dict]) -> dict:
+def _schema_facets(columns: Iterable[Column]) -> dict:
     _, SchemaDatasetFacet, SchemaDatasetFacetFields, _ = _openlineage()
-    fields = [SchemaDatasetFacetFields(name=c["name"], type=c.get("formatted") or c["type"]) for c in columns]
+    fields = [SchemaDatasetFacetFields(name=c.name, type=c.formatted or c.type) for c in columns]
     return {"schema": SchemaDatasetFacet(fields=fields)}
 
 
@@ -51,7 +51,7 @@ def _store_namespace_and_path(root: StagingPath) -> tuple[str, str]:
     return f"{protocol}://{bucket}", "/" + key if key else "/"
 
 
-def staged_dataset(root: StagingPath, pipeline: str, table: str, columns: Iterable[dict]):
+def staged_dataset(root: StagingPath, pipeline: str, table: str, columns: Iterable[Column]):
     Dataset = _openlineage()[0]
     namespace, path = _store_namespace_and_path(root)
     return Dataset(namespace=namespace, name=f"{path.rstrip('/')}/{pipeline}/{table}", facets=_schema_facets(columns))

@@ -35,8 +35,10 @@ from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_mixed_tick import create_source, differences, finish, steps_line, workload  # noqa: E402
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
-from airflow_provider_pglogical.spark.apply import keyed, multisets  # noqa: E402
+from airflow_provider_pglogical.spark.apply import keyed  # noqa: E402
+from airflow_provider_pglogical.spark.paths import choice  # noqa: E402
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -56,15 +58,15 @@ def variant(name: str):
     if name == "default":
         return contextlib.nullcontext()
     if name == "no-facts":
-        return patched([keyed, multisets], "facts_decide", lambda details, position: None)
+        return patched([TableManifest], "facts_decide", lambda table, position: None)
     if name == "rows-pruning":
         by_bytes_too = keyed.prunes  # its row rule alone: the table's bytes left out
         return patched([keyed], "prunes", lambda rows, batch_rows, table_bytes=0: by_bytes_too(rows, batch_rows))
     if name in ("no-row-deltas", "no-multiset-row-deltas"):
         stack = contextlib.ExitStack()
-        stack.enter_context(patched([multisets], "multiset_ineligible", lambda manifest, types, position: "off"))
+        stack.enter_context(patched([choice], "multiset_ineligible", lambda manifest, types, position: "off"))
         if name == "no-row-deltas":
-            stack.enter_context(patched([keyed], "ineligible", lambda manifest, types, position: "switched off"))
+            stack.enter_context(patched([choice], "ineligible", lambda manifest, types, position: "switched off"))
         return stack
     raise SystemExit(f"unknown variant {name!r}")
 

@@ -95,7 +95,7 @@ def copy_unit(document: dict, index: int, connect_kwargs: dict) -> dict:
     name = unit.table.qualified_name
     staged_as = document["staged_as"][name]
     writer = _writer(document)
-    mapping = {c["name"]: map_column(c) for c in writer.manifest.tables[staged_as].columns}
+    mapping = {c.name: map_column(c) for c in writer.manifest.tables[staged_as].columns}
     progress = snapshot.Progress([unit], lambda line: None, every=float("inf"))
     started = time.monotonic()
     try:
@@ -108,7 +108,7 @@ def copy_unit(document: dict, index: int, connect_kwargs: dict) -> dict:
     except Exception as err:  # noqa: BLE001 - reported to the driver, which fails the job with it
         return {"unit": index, "error": {"type": type(err).__name__, "message": str(err),
                                          "permanent": bool(getattr(err, "permanent", False))}}
-    return {"unit": index, "table": name, "staged_as": staged_as, "file": writer.manifest.tables[staged_as].files[0],
+    return {"unit": index, "table": name, "staged_as": staged_as, "file": writer.manifest.tables[staged_as].files[0].to_dict(),
             "rows": progress.rows[name], "bytes": progress.bytes[name], "seconds": time.monotonic() - started,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 

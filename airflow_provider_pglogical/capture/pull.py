@@ -37,7 +37,7 @@ from airflow_provider_pglogical.staging.pipeline_record import (
 )
 from airflow_provider_pglogical.management.slots import advance_slot, assert_slot_usable, require_logical_wal
 from airflow_provider_pglogical.staging import private_files, values
-from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
+from airflow_provider_pglogical.staging.layout import BatchManifest, Column, StagingPath, TableManifest
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.staging.change_facts import change_facts
@@ -296,7 +296,8 @@ def stage_batch(hook, root: StagingPath, pipeline: str, start: Lsn, end: Lsn, wi
                 if oid in followed.identities:
                     table.details[contract.SOURCE_NAME] = rel.qualified_name
                 if oid in followed.columns:
-                    data, table.columns = ddl.restage(data, table.columns, followed.columns[oid])
+                    data, columns = ddl.restage(data, [c.to_dict() for c in table.columns], followed.columns[oid])
+                    table.columns = [Column.from_dict(c) for c in columns]
                 if oid in followed.evolution:
                     table.details[contract.COLUMN_EVOLUTION] = followed.evolution[oid]
                 writer.add_table(table)

@@ -26,6 +26,7 @@ from airflow_provider_pglogical.management.published import ResolvedTable
 from airflow_provider_pglogical.management.validation import check_table_map
 from airflow_provider_pglogical.staging.contract import default_target_name
 from airflow_provider_pglogical.staging.column_types import column_type
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 from airflow_provider_pglogical.staging.typemap import apply_overrides
 
 VERIFY_DIR = "_verify"
@@ -106,7 +107,7 @@ def source_snapshot(connect_kwargs: Mapping[str, Any]) -> Iterator[tuple[Any, Ls
 
 # --- canonical forms: keep in step with spark/jobs/verify_tables.py ----------------------------------
 
-def canonical(value: sql.Composable, kind: str) -> sql.Composable:
+def canonical(value: sql.Composable, kind: "str | SparkType") -> sql.Composable:
     """The canonical text of a non-NULL value whose lakehouse type is ``kind`` (Spark SQL type).
 
     Numbers and instants as integers (days, microseconds since 1970), floats as their IEEE bits,
@@ -115,15 +116,17 @@ def canonical(value: sql.Composable, kind: str) -> sql.Composable:
     lakehouse value has, so it always shows as a difference.
     """
     v = {"v": value}
-    if kind.startswith("array<") and kind.endswith(">"):
+    spark_type = kind if isinstance(kind, SparkType) else SparkType.parse(kind)
+    kind = spark_type.kind
+    if spark_type.is_array:
         element = sql.Identifier("_e", "x")
         return sql.SQL(
             "CASE WHEN array_ndims({v}) > 1 OR array_lower({v}, 1) <> 1 THEN 'R' || {v}::text ELSE 'A' || "
             "(SELECT coalesce(string_agg({e}, '' ORDER BY _e.o), '') FROM unnest({v}) WITH ORDINALITY AS _e(x, o)) END"
-        ).format(e=element_text(element, kind[6:-1]), **v)
+        ).format(e=element_text(element, spark_type.element), **v)
     if kind == "boolean":
         return sql.SQL("CASE WHEN {v} THEN 't' ELSE 'f' END").format(**v)
-    if kind in ("int", "bigint") or kind.startswith("decimal("):
+    if kind in ("int", "bigint", "decimal"):
         return sql.SQL("{v}::text").format(**v)
     if kind in ("float", "double"):
         send, bits = ("float4send", "bit(32)::int") if kind == "float" else ("float8send", "bit(64)::bigint")
@@ -142,7 +145,7 @@ def canonical(value: sql.Composable, kind: str) -> sql.Composable:
     return sql.SQL("concat({v})").format(**v)
 
 
-def element_text(value: sql.Composable, kind: str) -> sql.Composable:
+def element_text(value: sql.Composable, kind: "str | SparkType") -> sql.Composable:
     """One value as ``N`` (NULL) or ``<length>:<canonical text>``: never ambiguous when concatenated."""
     text = canonical(value, kind)
     return sql.SQL("CASE WHEN {v} IS NULL THEN 'N' ELSE length({t})::text || ':' || {t} END").format(v=value, t=text)

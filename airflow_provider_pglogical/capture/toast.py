@@ -130,7 +130,7 @@ def fill_unchanged_toast(cursor, table: pa.Table, manifest: layout.TableManifest
         if now is None:
             return _not_fetchable(table, manifest, len(indices), "the table was dropped on the publisher")
         schema, name = now
-    by_name = {c["name"]: c for c in manifest.columns}
+    by_name = {c.name: c.to_dict() for c in manifest.columns}
     key = [by_name[k] for k in manifest.key]
     needed_rows = table.take(indices)
     unchanged_lists = needed_rows[contract.UNCHANGED].to_pylist()

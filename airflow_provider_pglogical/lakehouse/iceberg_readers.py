@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from airflow_provider_pglogical.exceptions import InvalidInputError
+from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogKind, UnknownCatalogKind, catalog_kind
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse
 
 #: what to install when pyiceberg is missing
@@ -41,11 +42,14 @@ def load_tables(config: IcebergConfig, catalog=None) -> Callable[[str], object]:
     namespace = tuple(config.namespace.split("."))
     if catalog is not None:
         return lambda name: catalog.load_table((*namespace, name))
-    kind = "" if config.catalog_impl else (config.catalog_type or "").lower()
-    if kind == "hadoop":
+    try:
+        kind = catalog_kind(config.catalog_type, config.catalog_impl)
+    except UnknownCatalogKind:
+        kind = None  # named in the error below
+    if kind is CatalogKind.HADOOP:
         warehouse = (config.warehouse or default_warehouse()).rstrip("/")
         return lambda name: _hadoop_table("/".join([warehouse, *namespace, name]))
-    if kind == "rest" and config.catalog_uri:
+    if kind is CatalogKind.REST and config.catalog_uri:
         from pyiceberg.catalog import load_catalog
 
         properties = {"type": "rest", "uri": config.catalog_uri}

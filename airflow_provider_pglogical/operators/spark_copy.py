@@ -25,6 +25,7 @@ from airflow_provider_pglogical.lakehouse.lakehouse_access import private_proper
 from airflow_provider_pglogical.spark.launch import COPY_JOB, COPY_MEMBERS, job_bundle
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.contract import STAGING_FILE_MODE_CONF
+from airflow_provider_pglogical.staging.layout import FileEntry
 from airflow_provider_pglogical.staging.private_files import file_mode, local_path, make_dirs, open_new
 
 
@@ -120,12 +121,13 @@ def add_files(writer: BatchWriter, finished: list[dict], report: Callable[[str],
     peak = 0.0
     for outcome in finished:
         table = writer.manifest.tables[outcome["staged_as"]]
-        table.files.append(outcome["file"])
-        table.rows += outcome["file"]["rows"]
-        rows[outcome["table"]] = rows.get(outcome["table"], 0) + outcome["file"]["rows"]
+        entry = FileEntry.from_dict(outcome["file"])
+        table.files.append(entry)
+        table.rows += entry.rows
+        rows[outcome["table"]] = rows.get(outcome["table"], 0) + entry.rows
         peak = max(peak, outcome.get("peak_rss_mb", 0.0))
     for table in writer.manifest.tables.values():
-        table.files.sort(key=lambda entry: entry["path"])
+        table.files.sort(key=lambda entry: entry.path)
     writer.manifest.details["spark_copy"] = {"units": len(finished), "peak_python_worker_mb": round(peak, 1)}
     report(f"the Spark copy wrote {len(finished)} file(s); peak memory of an executor's Python worker {peak:,.0f} MB")
     return rows

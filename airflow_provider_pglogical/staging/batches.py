@@ -16,8 +16,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical.staging.contract import FILE_SHA256, FILE_SIZE
-from airflow_provider_pglogical.staging.layout import MANIFEST, BatchManifest, StagingPath, TableManifest
+from airflow_provider_pglogical.staging.layout import MANIFEST, BatchManifest, FileEntry, StagingPath, TableManifest
 from airflow_provider_pglogical.staging.private_files import make_dirs, open_new
 
 log = logging.getLogger(__name__)
@@ -62,25 +61,25 @@ class BatchWriter:
         self._table_index.setdefault(table.qualified_name, len(self._table_index))
         self.manifest.tables[table.qualified_name] = table
 
-    def _next_file(self, qualified_name: str, part: int | None = None) -> tuple[TableManifest, dict]:
+    def _next_file(self, qualified_name: str, part: int | None = None) -> tuple[TableManifest, FileEntry]:
         with self._lock:
             table = self.manifest.tables[qualified_name]
             index = self._table_index[qualified_name]
-            entry = {"path": table_file_name(index, len(table.files) if part is None else part), "rows": 0}
+            entry = FileEntry(table_file_name(index, len(table.files) if part is None else part))
             table.files.append(entry)
         make_dirs(self.directory)
         return table, entry
 
-    def _count(self, table: TableManifest, entry: dict, rows: int, written: "_HashingFile") -> None:
+    def _count(self, table: TableManifest, entry: FileEntry, rows: int, written: "_HashingFile") -> None:
         with self._lock:
-            entry["rows"] = rows
-            entry[FILE_SIZE] = written.size
-            entry[FILE_SHA256] = written.sha256.hexdigest()
+            entry.rows = rows
+            entry.size = written.size
+            entry.sha256 = written.sha256.hexdigest()
             table.rows += rows
 
     @contextlib.contextmanager
-    def _open(self, entry: dict) -> Iterator["_HashingFile"]:
-        with open_new(self.directory / entry["path"]) as fh:
+    def _open(self, entry: FileEntry) -> Iterator["_HashingFile"]:
+        with open_new(self.directory / entry.path) as fh:
             yield _HashingFile(fh)
 
     def write_part(self, qualified_name: str, data: pa.Table) -> None:
@@ -101,7 +100,7 @@ class BatchWriter:
         slices = [data.slice(offset, size) for offset in range(0, data.num_rows, size)]
         files = [self._next_file(qualified_name) for _ in slices]
 
-        def write(item: tuple[pa.Table, tuple[TableManifest, dict]]) -> None:
+        def write(item: tuple[pa.Table, tuple[TableManifest, FileEntry]]) -> None:
             part, (table, entry) = item
             with self._open(entry) as fh:
                 pq.write_table(part, fh, **PARQUET_OPTIONS)
@@ -199,6 +198,6 @@ def read_table(root: StagingPath, pipeline: str, name: str, table: TableManifest
     """All rows of one table in one batch (tests and verify; Spark reads the files itself)."""
     parts = []
     for file in table.files:
-        with (root / pipeline / name / file["path"]).open("rb") as fh:
+        with (root / pipeline / name / file.path).open("rb") as fh:
             parts.append(pq.read_table(fh))
     return pa.concat_tables(parts) if parts else pa.table({})

@@ -1,33 +1,22 @@
 """The staging contract's types: which Spark type each staged PostgreSQL column is read as.
 
 Part of the contract (``staging/contract.py``) and, like it, standard library only: the Spark
-jobs ship it too (``spark/launch.py``).
+jobs ship it too (``spark/launch.py``). The types themselves are the registry's
+(``staging/seam/pg_types.py``); this module names them as the job reads a batch.
 """
 
 from __future__ import annotations
 
-import re
+from typing import Any, Mapping
 
 from airflow_provider_pglogical.staging.contract import COMMIT_LSN, COMMIT_TS, OLD_KEY_PREFIX, OP, SEQ, UNCHANGED, XID, staged_name
+from airflow_provider_pglogical.staging.seam.manifests import Column, TableManifest
+from airflow_provider_pglogical.staging.seam.pg_types import MAX_DECIMAL_PRECISION, OVERRIDES, column_pg_type, decimal_of, pg_type
 
-#: PostgreSQL base type (``pg_type.typname``) -> Spark SQL type; any type not listed is a string
-SPARK_TYPES = {
-    "bool": "boolean", "int2": "int", "int4": "int", "int8": "bigint", "oid": "bigint",
-    "float4": "float", "float8": "double", "bytea": "binary", "date": "date",
-    "timestamp": "timestamp_ntz", "timestamptz": "timestamp",
-}
-MAX_DECIMAL_PRECISION = 38
-_NUMERIC_TYPMOD = re.compile(r"^numeric\((\d+),(\d+)\)$")
+__all__ = ["MAX_DECIMAL_PRECISION", "OVERRIDE_TYPES", "decimal_of", "spark_type", "column_type", "staged_columns"]
+
 #: lakehouse types a column can be overridden to (``type_overrides``), each lossless for any type
-OVERRIDE_TYPES = {"string": "string"}
-
-
-def decimal_of(formatted: str | None) -> tuple[int, int] | None:
-    """``(precision, scale)`` of ``numeric(p,s)`` that a Spark decimal holds; None otherwise."""
-    match = _NUMERIC_TYPMOD.match((formatted or "").replace(" ", ""))
-    if match and int(match.group(1)) <= MAX_DECIMAL_PRECISION:
-        return int(match.group(1)), int(match.group(2))
-    return None
+OVERRIDE_TYPES = {name: entry.spark.sql for name, entry in OVERRIDES.items()}
 
 
 def spark_type(type_name: str, element_type: str | None = None, formatted: str | None = None) -> str:
@@ -36,23 +25,12 @@ def spark_type(type_name: str, element_type: str | None = None, formatted: str |
     :param formatted: ``format_type(oid, typmod)`` (``numeric(12,2)``), needed for numeric:
         unconstrained numeric (or precision over 38) has no exact Spark decimal and stays text.
     """
-    if type_name == "numeric":
-        decimal = decimal_of(formatted)
-        return f"decimal({decimal[0]},{decimal[1]})" if decimal else "string"
-    if element_type is not None:
-        return f"array<{spark_type(element_type)}>"
-    return SPARK_TYPES.get(type_name, "string")
+    return pg_type(type_name, element_type, formatted).spark.sql
 
 
-def column_type(column: dict) -> str:
-    """Spark SQL type of a manifest column entry, honouring its ``override``."""
-    override = column.get("override")
-    if override is None:
-        return spark_type(column["type"], column.get("element_type"), column.get("formatted"))
-    if override not in OVERRIDE_TYPES:
-        raise ValueError(f"column {column['name']}: unknown type override {override!r}; "
-                         f"supported are {', '.join(map(repr, OVERRIDE_TYPES))}")
-    return OVERRIDE_TYPES[override]
+def column_type(column: "Column | Mapping[str, Any]") -> str:
+    """Spark SQL type of a manifest column (or the decoder's column entry), honouring its ``override``."""
+    return column_pg_type(column).spark.sql
 
 
 #: Spark types of the metadata columns of a staged change row (the Arrow types staged_tables.py writes)
@@ -60,15 +38,15 @@ CHANGE_METADATA_TYPES = {OP: "string", COMMIT_LSN: "bigint", SEQ: "bigint", XID:
                          UNCHANGED: "array<string>"}
 
 
-def staged_columns(table_manifest: dict, *, changes: bool) -> dict[str, str]:
+def staged_columns(table_manifest: "TableManifest | Mapping[str, Any]", *, changes: bool) -> dict[str, str]:
     """Staged column name -> Spark type of one table's files in a batch, from its manifest entry.
 
     The job reads the files with this schema instead of inferring it (inference costs a Spark job
     per read); a column a part file lacks (added later in the batch) reads as NULL.
     """
-    columns = {column["name"]: column_type(column) for column in table_manifest["columns"]}
+    table = TableManifest.from_dict(table_manifest)
+    columns = {column.name: column_type(column) for column in table.columns}
     if not changes:
         return columns
     return {**CHANGE_METADATA_TYPES, **{staged_name(name): kind for name, kind in columns.items()},
-            **{OLD_KEY_PREFIX + key: columns[key] for key in table_manifest["key"]}}
-
+            **{OLD_KEY_PREFIX + key: columns[key] for key in table.key}}

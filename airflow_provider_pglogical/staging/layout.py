@@ -13,14 +13,20 @@ LSN is < P is reflected, none at or after it". A change batch covers positions
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Protocol
 
 from airflow_provider_pglogical.lsn import Lsn
 # names, patterns and rules shared with the Spark job live in the stdlib-only contract module
 from airflow_provider_pglogical.staging import contract, private_files
-from airflow_provider_pglogical.staging.contract import FORMAT_VERSION, MANIFEST
+from airflow_provider_pglogical.staging.contract import MANIFEST
+# the manifest's typed values, one set for capture and the Spark job (re-exported: the writers import them here)
+from airflow_provider_pglogical.staging.seam.manifests import (  # noqa: F401
+    BatchManifest,
+    ChangeFacts,
+    Column,
+    FileEntry,
+    TableManifest,
+)
 
 
 class StagingPath(Protocol):
@@ -35,62 +41,6 @@ class StagingPath(Protocol):
 
     @property
     def name(self) -> str: ...
-
-
-@dataclass
-class TableManifest:
-    """One source table inside a batch."""
-
-    schema: str
-    name: str
-    #: ``[{"name", "type", "type_oid", "typmod", "formatted", "element_type", "key"}]``
-    columns: list[dict]
-    #: replica-identity key column names (all columns for REPLICA IDENTITY FULL without a key)
-    key: list[str]
-    replica_identity: str = "d"
-    #: no replica-identity column at all (``key`` then lists every column): a multiset
-    keyless: bool = False
-    #: ``[{"path", "rows", "size", "sha256"}]`` (size and sha256: see ``contract.FILE_SIZE``)
-    files: list[dict] = field(default_factory=list)
-    rows: int = 0
-    #: free-form facts the apply job needs: ``{"truncated": true, "backfill_where": ...}``
-    details: dict = field(default_factory=dict)
-
-    @property
-    def qualified_name(self) -> str:
-        return contract.table_key(self.schema, self.name)
-
-
-@dataclass
-class BatchManifest:
-    pipeline: str
-    kind: str
-    start_lsn: str
-    end_lsn: str
-    tables: dict[str, TableManifest] = field(default_factory=dict)
-    created_at: float = field(default_factory=time.time)
-    format_version: int = FORMAT_VERSION
-    #: schema changes seen inside the batch: ``[{"table", "lsn", "columns"}]``
-    schema_changes: list[dict] = field(default_factory=list)
-    #: logical messages (``pg_logical_emit_message``) decoded in the batch
-    messages: list[dict] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
-    #: a change batch: where the change batch before it ended (``contract.PREVIOUS_END``); None
-    #: for snapshots and for change batches staged before it was recorded
-    previous_end: str | None = None
-
-    @property
-    def name(self) -> str:
-        return batch_name(Lsn.parse(self.start_lsn), Lsn.parse(self.end_lsn), self.kind)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "BatchManifest":
-        raw = json.loads(text)
-        raw["tables"] = {key: TableManifest(**value) for key, value in contract.keyed_tables(raw["tables"]).items()}
-        return cls(**raw)
 
 
 def batch_name(start: Lsn, end: Lsn, kind: str) -> str:

@@ -1,4 +1,5 @@
-"""The one table that maps PostgreSQL types to Arrow (staging) and Spark/Iceberg (lakehouse) types.
+"""PostgreSQL types as the Python side stages them: the registry's entries (``staging/seam/pg_types.py``,
+the one table of PostgreSQL types) with their Arrow types built, and the ``type_overrides``.
 
 Values leave PostgreSQL as text (COPY text format, pgoutput text tuples) and are parsed into the
 Arrow type named here (``staging/values.py``); the Spark job casts Parquet columns to the Spark
@@ -19,7 +20,9 @@ from typing import Mapping
 import pyarrow as pa
 
 from airflow_provider_pglogical.exceptions import TypeOverrideError
-from airflow_provider_pglogical.staging import column_types, contract
+from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.seam import pg_types
+from airflow_provider_pglogical.staging.seam.manifests import Column
 
 
 @dataclass(frozen=True)
@@ -32,62 +35,34 @@ class MappedType:
     parser: str
 
 
-#: base PostgreSQL type name (``pg_type.typname``) -> (Arrow type, parser); numeric and arrays are
-#: handled in :func:`map_type`, anything not listed travels as its text. The Spark type comes from
-#: the staging contract (``column_types.spark_type``), the rule the Spark job applies too.
-_ARROW: dict[str, tuple[pa.DataType, str]] = {
-    "bool": (pa.bool_(), "bool"),
-    # Iceberg has no 16-bit integer: int2 widens to int.
-    "int2": (pa.int32(), "int"),
-    "int4": (pa.int32(), "int"),
-    "int8": (pa.int64(), "int"),
-    "oid": (pa.int64(), "int"),
-    "float4": (pa.float32(), "float"),
-    "float8": (pa.float64(), "float"),
-    "bytea": (pa.binary(), "bytea"),
-    "date": (pa.date32(), "date"),
-    "timestamp": (pa.timestamp("us"), "timestamp"),
-    "timestamptz": (pa.timestamp("us", tz="UTC"), "timestamptz"),
-    # As text, exactly: text/varchar/json/xml/inet/money; time and timetz (Spark has no TIME),
-    # interval (Iceberg has none), uuid (Spark cannot write Iceberg's uuid type).
-}
-_STRING = MappedType(pa.string(), "string", "text")
-MAX_DECIMAL_PRECISION = column_types.MAX_DECIMAL_PRECISION
+MAX_DECIMAL_PRECISION = pg_types.MAX_DECIMAL_PRECISION
+
+
+def mapped(entry: pg_types.PgType) -> MappedType:
+    """The registry's entry (``staging/seam/pg_types.py``) with its Arrow type built."""
+    return MappedType(entry.arrow.build(pa), entry.spark.sql, entry.parser)
 
 
 def map_type(type_name: str, *, element_type: str | None = None, formatted: str | None = None) -> MappedType:
-    """Map a PostgreSQL type to its staging and lakehouse types.
+    """Map a PostgreSQL type to its staging and lakehouse types (the registry's entry).
 
     :param type_name: ``pg_type.typname`` (``int4``, ``numeric``, ``_int4`` for arrays).
-    :param element_type: for arrays, the element's ``typname``.
-    :param formatted: ``format_type(oid, typmod)`` (``numeric(12,2)``), needed for numeric.
+    :param element_type: for arrays, the element's ``typname``. One-dimensional arrays become
+        lists; PostgreSQL's type does not say how many dimensions a value has, so a
+        multi-dimensional value is reported as an error by values.py.
+    :param formatted: ``format_type(oid, typmod)`` (``numeric(12,2)``), needed for numeric:
+        unconstrained numeric (or precision > 38) has no exact Spark decimal and keeps its text.
     """
-    spark = column_types.spark_type(type_name, element_type, formatted)
-    if type_name == "numeric":
-        decimal = column_types.decimal_of(formatted)
-        # Unconstrained numeric (or precision > 38) has no exact Spark decimal: keep its text.
-        return MappedType(pa.decimal128(*decimal), spark, "decimal") if decimal else _STRING
-    if element_type is not None:
-        # One-dimensional arrays become lists; PostgreSQL's type does not say how many dimensions
-        # a value has, so a multi-dimensional value is reported as an error by values.py.
-        element = map_type(element_type)
-        return MappedType(pa.list_(element.arrow), spark, f"array:{element.parser}")
-    if type_name not in _ARROW:
-        return _STRING
-    arrow, parser = _ARROW[type_name]
-    return MappedType(arrow, spark, parser)
+    return mapped(pg_types.pg_type(type_name, element_type, formatted))
 
 
 #: lakehouse types a column can be overridden to, by name; each is lossless for every PostgreSQL type
-OVERRIDE_TYPES: dict[str, MappedType] = {name: _STRING for name in column_types.OVERRIDE_TYPES}
+OVERRIDE_TYPES: dict[str, MappedType] = {name: mapped(entry) for name, entry in pg_types.OVERRIDES.items()}
 
 
-def map_column(entry: Mapping) -> MappedType:
-    """Mapping of a manifest column entry (``type``/``element_type``/``formatted``), honouring its ``override``."""
-    override = entry.get("override")
-    if override is not None:
-        return OVERRIDE_TYPES[override]
-    return map_type(entry["type"], element_type=entry.get("element_type"), formatted=entry.get("formatted"))
+def map_column(entry: "Mapping | Column") -> MappedType:
+    """Mapping of a manifest column (``type``/``element_type``/``formatted``), honouring its ``override``."""
+    return mapped(pg_types.column_pg_type(entry))
 
 
 def check_overrides(type_overrides: Mapping[str, str] | None) -> dict[str, str]:

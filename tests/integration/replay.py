@@ -54,7 +54,7 @@ def replay(root, pipeline: str) -> dict[str, dict[tuple, dict]]:
         for qualified, table in manifest.tables.items():
             rows = batches.read_table(root, pipeline, name, table).to_pylist()
             key = table.key
-            columns = [c["name"] for c in table.columns]
+            columns = [c.name for c in table.columns]
             if kind == "snapshot":
                 spec = table.details.get("key_range") or manifest.details.get("key_range")
                 if spec is None:

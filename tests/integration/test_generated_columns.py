@@ -35,7 +35,7 @@ def staged_columns(root) -> dict[str, dict[str, list[str]]]:
     out: dict[str, dict[str, list[str]]] = {}
     for name, _start, _end, kind in layout.committed_batches(root, "p"):
         for qualified, table in layout.read_manifest(root, "p", name).tables.items():
-            out.setdefault(kind, {})[qualified] = [c["name"] for c in table.columns]
+            out.setdefault(kind, {})[qualified] = [c.name for c in table.columns]
     return out
 
 

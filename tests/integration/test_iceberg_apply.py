@@ -558,8 +558,8 @@ def test_tables_created_through_the_catalog_are_the_ones_create_table_makes(lake
             monkeypatch.setattr(Lakehouse, "create_by_catalog", lambda *args, **kwargs: False)
         lakehouse = Lakehouse(lake.spark, "lake", namespace, write_mode, 4)
         lakehouse.state.state_table()
-        lakehouse.ensure_table("items", {"columns": ITEMS, "key": ["id"]})
-        lakehouse.ensure_table("tags", {"columns": TAGS, "key": ["name", "value"], "replica_identity": "f"})
+        lakehouse.ensure_table("items", TableManifest(columns=ITEMS, key=["id"]))
+        lakehouse.ensure_table("tags", TableManifest(columns=TAGS, key=["name", "value"], replica_identity="f"))
         monkeypatch.undo()
         found = {}
         for name in ("_pglogical_state", "items", "tags"):

@@ -72,7 +72,7 @@ def test_column_list_matches_the_native_subscriber(publisher, subscriber, publis
     expected = native_rows(subscriber_hook, subscriber, publisher, "s_native", ["p1"], ["t1"])
     assert staged_rows(root, "p") == expected
     manifest = read_manifest(root, "p", committed_batches(root, "p")[0][0])
-    assert [c["name"] for c in manifest.tables["public.t1"].columns] == ["id", "a", "b", "d"]
+    assert [c.name for c in manifest.tables["public.t1"].columns] == ["id", "a", "b", "d"]
     assert manifest.tables["public.t1"].key == ["id"]
 
 

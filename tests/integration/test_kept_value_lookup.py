@@ -83,9 +83,9 @@ class Case:
 
     def apply(self) -> None:
         """The batch as a row delta (it keeps ``doc`` unchanged, so ``doc`` is looked up by key)."""
-        manifest = self.batch.manifest["tables"]["public.docs"]
+        manifest = self.batch.manifest.tables["public.docs"]
         types = {f.name: f.dataType.simpleString() for f in self.spark.table(self.name).schema.fields}
-        assert manifest["details"]["change_facts"]["unchanged"] and ineligible(manifest, types, 0) is None
+        assert manifest.change_facts.unchanged and ineligible(manifest, types, 0) is None
         deltas = RowDeltas(self.spark, self.staging, self.lakehouse)
         table = deltas.load("public__docs")
         assert choose_path(Step("changes", self.batch, 0), table_facts("public.docs", table, types, True)).path \
@@ -199,7 +199,7 @@ def test_kept_values_found_under_a_composite_key_and_its_key_changes(spark, publ
     staging = Staging(spark, (tmp_path / "staging").as_uri(), "p")
     batch = Batch.parse(pull(publisher_hook, storage))
     batch.manifest = staging.read_manifest(batch)
-    manifest = batch.manifest["tables"]["public.pairs"]
+    manifest = batch.manifest.tables["public.pairs"]
     lakehouse = Lakehouse(spark, "lake", "pairs", "merge-on-read", None)
     name = lakehouse.name("public__pairs")
     spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.pairs")
@@ -213,7 +213,7 @@ def test_kept_values_found_under_a_composite_key_and_its_key_changes(spark, publ
     assert found == {pair: (docs[pair],) for pair in wanted[:3]}
 
     types = {f.name: f.dataType.simpleString() for f in spark.table(name).schema.fields}
-    assert manifest["key"] == ["id", "region"] and manifest["details"]["change_facts"]["unchanged"]
+    assert manifest.key == ["id", "region"] and manifest.change_facts.unchanged
     assert ineligible(manifest, types, 0) is None  # a composite key takes the row delta
     deltas = RowDeltas(spark, staging, lakehouse)
     deltas.apply(deltas.load("public__pairs"), "public__pairs", staging.files(batch, "public.pairs"), manifest, types,

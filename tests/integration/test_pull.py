@@ -185,8 +185,8 @@ def test_schema_change_inside_a_batch(publisher, publisher_hook, root):
     publisher.execute("UPDATE t SET n = 2.25 WHERE id = 1")
     result = pull(publisher_hook, root, ["pub"])
     manifest = layout.read_manifest(root, "p", result["batch"].rsplit("/", 1)[1])
-    assert [c["name"] for c in manifest.tables["public.t"].columns] == ["id", "a", "n"]
-    assert [c["formatted"] for c in manifest.tables["public.t"].columns] == ["integer", "text", "numeric(8,2)"]
+    assert [c.name for c in manifest.tables["public.t"].columns] == ["id", "a", "n"]
+    assert [c.formatted for c in manifest.tables["public.t"].columns] == ["integer", "text", "numeric(8,2)"]
     assert manifest.schema_changes and manifest.schema_changes[0]["columns"] == ["id", "a", "n"]
     from decimal import Decimal
 

@@ -1,6 +1,7 @@
 """One semantics, two implementations: the Spark reduction (``spark/apply/reduction.py``) and the
 driver's pyarrow one (``spark/row_delta/row_deltas.py``) leave every key of the same staged rows in
-the same state (issue 50).
+the same state (issue 50); for keyless tables, Spark's net copies (``spark/apply/multisets.py``) and
+the driver's (``spark/row_delta/multiset_row_deltas.py``) give every row value the same change.
 
 Hypothesis draws change batches of a keyed table: inserts, updates, deletes, key-changing updates
 (chains of them), updates that leave a value unchanged (TOAST), ties on the commit LSN ordered by
@@ -18,7 +19,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_pglogical.decoding.staged_tables import change_schema
+from airflow_provider_pglogical.spark.apply.multisets import multiset_deltas
 from airflow_provider_pglogical.spark.apply.reduction import read_rows, reduce_changes
+from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import net_copies
 from airflow_provider_pglogical.spark.row_delta.row_deltas import last_change_per_key
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.staging.column_types import staged_columns
@@ -137,3 +140,69 @@ def test_the_spark_and_the_pyarrow_reductions_agree_on_every_key(spark, tmp_path
     # the draws reached what makes the reductions differ if anything does: deletes, kept values
     outcomes = [value for state in seen for value in state.values()]
     assert None in outcomes and any(v and v[0] == "lake" for v in outcomes) and any(v and v[0] == "row" for v in outcomes)
+
+
+# --- the keyless half: a multiset's net copies ------------------------------------------------------
+
+KEYLESS = [{"name": "n", "type": "int4", "type_oid": 23}, {"name": "v", "type": "text", "type_oid": 25}]
+KEYLESS_MANIFEST = {"columns": KEYLESS, "key": ["n", "v"], "replica_identity": "f"}
+KEYLESS_TYPES = {"n": "int", "v": "string"}
+#: few values, NULL among them, so that copies of one row value meet, cancel and go negative
+VALUE = st.tuples(st.integers(1, 3), st.sampled_from(["a", "b", None]))
+
+
+@st.composite
+def keyless_change(draw) -> dict:
+    """An INSERT or DELETE of a row value, or an UPDATE from one to another (REPLICA IDENTITY FULL:
+    the old row whole); LSNs drawn, so rows come staged out of commit order."""
+    op = draw(st.sampled_from("IUD"))
+    row = {"op": op, "lsn": draw(st.integers(1, 6)), "new": draw(VALUE)}
+    if op == "U":
+        row["old"] = draw(VALUE)
+    return row
+
+
+def staged_keyless(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([{
+        contract.OP: r["op"], contract.COMMIT_LSN: r["lsn"], contract.SEQ: i, "n": r["new"][0], "v": r["new"][1],
+        "_old_n": r["old"][0] if "old" in r else None, "_old_v": r["old"][1] if "old" in r else None,
+    } for i, r in enumerate(rows)], schema=change_schema(KEYLESS, ["n", "v"]))
+
+
+def keyless_by_spark(spark, path: str, count: int) -> dict:
+    rows = read_rows(spark, [path], staged_columns(KEYLESS_MANIFEST, changes=True), KEYLESS_TYPES, ["n", "v"],
+                     changes=True)
+    deltas, truncated, counted = multiset_deltas(rows, KEYLESS_TYPES, ["n", "v"], 0, known_rows=count)
+    assert not truncated and counted == count
+    return {(row["n"], row["v"]): row["__d"] for row in deltas.collect() if row["__d"]}
+
+
+def test_the_spark_and_the_pyarrow_multiset_reductions_agree_on_every_row_value(spark, tmp_path_factory):
+    """Keyless tables: Spark's ``multiset_deltas`` (the MERGE path) and the driver's ``net_copies``
+    (the row-delta path) give every row value the same net change of its number of copies, over the
+    same staged rows. Batches are kept apart by their ``n`` (batch i uses 10i+1..10i+3), so one
+    Spark reduction checks many drawn batches."""
+    directory = tmp_path_factory.mktemp("keyless")
+    seen = []
+
+    @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.too_slow])
+    @given(st.lists(st.lists(keyless_change(), min_size=1, max_size=10), min_size=1, max_size=25))
+    def agree(drawn):
+        expected, union = {}, []
+        for number, rows in enumerate(drawn):
+            moved = [{**row, "new": (row["new"][0] + 10 * number, row["new"][1]),
+                      **({"old": (row["old"][0] + 10 * number, row["old"][1])} if "old" in row else {})}
+                     for row in rows]
+            expected.update(net_copies(staged_keyless(moved), ["n", "v"]))
+            union += moved
+        path = directory / f"part-{len(seen)}.parquet"
+        pq.write_table(staged_keyless(union), path)
+        assert keyless_by_spark(spark, path.as_uri(), len(union)) == expected, drawn
+        seen.append(expected)
+
+    agree()
+    # the draws reached copies added, copies removed, and a NULL value among them
+    changes = [(value, change) for state in seen for value, change in state.items()]
+    assert any(change > 0 for _, change in changes) and any(change < 0 for _, change in changes)
+    assert any(value[1] is None for value, _ in changes)

@@ -379,7 +379,7 @@ def test_a_step_applied_again_after_a_crash_before_its_state_commit_writes_each_
         target = contract.default_target_name(source)
         table = deltas.load(target)
         types = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.again.{target}").schema.fields}
-        files, manifest = staging.files(batch, source), batch.manifest["tables"][source]
+        files, manifest = staging.files(batch, source), batch.manifest.tables[source]
         if source == "public.bag":
             copies.apply(table, target, files, manifest, types, first)
         else:

@@ -160,7 +160,7 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     snapshot = run_initial_sync(publisher_hook, slot="s1", publications=["pub"], root=root, pipeline="p",
                                 type_overrides=OVERRIDES)
     staged = layout.read_manifest(root, "p", snapshot["batch"].rsplit("/", 1)[1]).tables["public.special"]
-    assert {c["name"]: c.get("override") for c in staged.columns if c.get("override")} == {
+    assert {c.name: c.override for c in staged.columns if c.override} == {
         name.rsplit(".", 1)[1]: "string" for name in OVERRIDES}
     snapshot_rows = as_numbers(batches.read_table(root, "p", staged_name(snapshot), staged).sort_by("id"))
     assert same(snapshot_rows, publisher_values(publisher)), snapshot_rows
@@ -177,7 +177,7 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
                       type_overrides=OVERRIDES)
     assert pulled["changes"] == 3
     changes = layout.read_manifest(root, "p", staged_name(pulled)).tables["public.special"]
-    assert [c.get("override") for c in changes.columns] == [c.get("override") for c in staged.columns]
+    assert [c.override for c in changes.columns] == [c.override for c in staged.columns]
     pulled_rows = batches.read_table(root, "p", staged_name(pulled), changes)
     assert same(as_numbers(assembled_rows.drop_columns(["_commit_ts"])), as_numbers(pulled_rows.drop_columns(["_commit_ts"])))
     assert pulled_rows.filter(pc.equal(pulled_rows["id"], 5))["arr_b"].to_pylist() == ["[-3:-2]={1,2}"]
@@ -201,7 +201,7 @@ def test_special_values_through_snapshot_pull_and_apply(publisher, publisher_hoo
     assert (bounds.low, bounds.high) == (min(ids), max(ids)), bounds
     # the snapshot numbered the staged columns as the new table numbers them (arrays' elements
     # too), so the table's file is the staged file under a second name: a link, no copy
-    staged_file = Path(str(root.path)) / "p" / staged_name(snapshot) / staged.files[0]["path"]
+    staged_file = Path(str(root.path)) / "p" / staged_name(snapshot) / staged.files[0].path
     adopted_file = Path(location.file_path.removeprefix("file:"))
     assert adopted_file.stat().st_ino == staged_file.stat().st_ino and staged_file.stat().st_nlink == 2
     schema = {f.name: f.dataType.simpleString() for f in spark.table("lake.special.special").schema.fields}

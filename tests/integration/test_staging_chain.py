@@ -109,7 +109,7 @@ def test_the_apply_proves_the_chain_and_the_files_before_it_writes(publisher, pu
     assert manifests[middle].previous_end == manifests[first].end_lsn != manifests[middle].start_lsn
     assert manifests[newest].previous_end == manifests[middle].end_lsn != manifests[newest].start_lsn
     files = manifests[middle].tables["public.t"].files
-    assert all(f["size"] and len(f["sha256"]) == 64 for f in files)
+    assert all(f.size and len(f.sha256) == 64 for f in files)
     directory = pipeline.root / "p" / middle
     lsns = f"LSN {manifests[first].end_lsn} to {manifests[middle].end_lsn}"
 
@@ -131,7 +131,7 @@ def test_the_apply_proves_the_chain_and_the_files_before_it_writes(publisher, pu
     shutil.move(aside, pipeline.root / "p" / newest)
 
     # a Parquet file truncated, then one byte of it altered (same size)
-    part = directory / files[0]["path"]
+    part = directory / files[0].path
     original = part.read_bytes()
     part.write_bytes(original[: len(original) // 2])
     range_text = f"batch {middle} (changes, LSN {manifests[middle].start_lsn} to {manifests[middle].end_lsn})"

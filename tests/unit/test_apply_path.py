@@ -9,6 +9,7 @@ from airflow_provider_pglogical.spark.apply.plan import Batch, Step
 from airflow_provider_pglogical.spark.paths.choice import ApplyPath, TableFacts, choose_path
 from airflow_provider_pglogical.spark.row_delta.row_deltas import ROW_DELTA_MAX_ROWS
 from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest
 
 SOURCE = "public.orders"
 KEYED = [{"name": "id", "type": "int4", "key": True}, {"name": "v", "type": "text"}]
@@ -24,12 +25,12 @@ def step(kind: str = "changes", keyless: bool = False, files: bool = True, posit
     """A step of ``SOURCE`` whose manifest says what the pull saw (``details``: over the facts)."""
     facts = {"rows": 10, "first_commit_lsn": 150, "unchanged": False, "old_keys": False}
     table = {"columns": KEYLESS if keyless else KEYED, "key": ["n", "v"] if keyless else ["id"],
-             "files": [{"name": "part-0.parquet", "rows": 10}] if files else [], "rows": 10,
+             "files": [{"path": "part-0.parquet", "rows": 10}] if files else [], "rows": 10,
              "details": {contract.CHANGE_FACTS: facts} if kind == "changes" else {}}
     for name, value in details.items():
         (facts if name in facts else table["details"])[name] = value
     batch = Batch.parse(SNAPSHOT if kind == "snapshot" else CHANGES)
-    batch.manifest = {"tables": {SOURCE: table}, "details": batch_details or {}}
+    batch.manifest = BatchManifest.from_dict({"tables": {SOURCE: table}, "details": batch_details or {}})
     return Step(kind, batch, position)
 
 

@@ -16,10 +16,10 @@ from airflow_provider_pglogical.spark.apply.plan import (
     caught_up,
     plan_table,
     range_predicate,
-    snapshot_details,
 )
 from airflow_provider_pglogical.staging.contract import default_target_name, hex16, parse_batch_name
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest, KeyRange, SnapshotScope
 
 T = "public.orders"
 
@@ -28,7 +28,7 @@ def batch(kind: str, start: int, end: int | None = None, tables=(T,), details=No
     end = start if end is None else end
     name = batch_name(Lsn(start), Lsn(end), kind)
     manifest = {"details": details or {}, "tables": {t: {"key": ["id"], "details": table_details or {}} for t in tables}}
-    return Batch(name, start, end, kind, manifest)
+    return Batch(name, start, end, kind, BatchManifest.from_dict(manifest))
 
 
 def steps_of(batches, state):
@@ -88,7 +88,7 @@ def test_ranged_backfill_of_a_keyless_table_folds_its_window_instead_of_replayin
     changes = [batch("changes", 100, 200), batch("changes", 200, 300), batch("changes", 300, 400)]
     batches = [batch("snapshot", 100), *changes, ranged]
     for b in batches:
-        b.manifest["tables"][T]["replica_identity"] = "f"
+        b.manifest.tables[T].replica_identity = "f"
     # the rest of the table is at 300: the range takes [150, 300) from the two batches it overlaps,
     # then everything goes on from 300 for the whole table; nothing is applied twice
     state = TableState("t", position=300, snapshots={batches[0].name})
@@ -131,20 +131,24 @@ def test_a_loaded_table_no_batch_holds_moves_to_the_newest_change_batchs_end():
 
 
 def test_range_predicates():
-    assert range_predicate({"key_range": {"column": "id", "start": 3, "end": 5}}, "b", T) == "`id` >= 3 AND `id` < 5"
-    assert range_predicate({"key_range": {"column": "k", "start": "a'b", "end": None}}, "b", T) == "`k` >= 'a\\'b'"
-    assert range_predicate({"key_range": {"column": "a.b", "start": None, "end": 2.5}}, "b", T) == "`a.b` < 2.5"
-    assert range_predicate({"row_filter": "x > 1"}, "b", T) is None
+    assert range_predicate(SnapshotScope(KeyRange("id", 3, 5)), "b", T) == "`id` >= 3 AND `id` < 5"
+    assert range_predicate(SnapshotScope(KeyRange("k", "a'b", None)), "b", T) == "`k` >= 'a\\'b'"
+    assert range_predicate(SnapshotScope(KeyRange("a.b", None, 2.5)), "b", T) == "`a.b` < 2.5"
+    assert range_predicate(SnapshotScope(), "b", T) is None
     with pytest.raises(ApplyError, match="batch b, table public.orders: .* needs the range .* as details.key_range"):
-        range_predicate({"extra_where": '"id" < 5'}, "b", T)
+        range_predicate(SnapshotScope(extra_where='"id" < 5'), "b", T)
     with pytest.raises(ApplyError, match="key_range start: .* is not a number or a string"):
-        range_predicate({"key_range": {"column": "id", "start": [1], "end": None}}, "b", T)
+        range_predicate(SnapshotScope(KeyRange("id", [1], None)), "b", T)
 
 
 def test_snapshot_details_merge_batch_and_table_ignoring_nulls():
-    manifest = {"details": {"key_range": None, "backfill": True},
-                "tables": {T: {"details": {"row_filter": None, "extra_where": "id < 3"}}}}
-    assert snapshot_details(manifest, T) == {"backfill": True, "extra_where": "id < 3"}
+    manifest = BatchManifest.from_dict({"details": {"key_range": None, "backfill": True},
+                                        "tables": {T: {"details": {"row_filter": None, "extra_where": "id < 3"}}}})
+    assert manifest.scope(T) == {"backfill": True, "extra_where": "id < 3"}
+    assert manifest.snapshot_scope(T) == SnapshotScope(None, "id < 3")
+    ranged = BatchManifest.from_dict({"details": {"key_range": {"column": "id", "start": 1, "end": None}},
+                                      "tables": {T: {"details": {"key_range": None}}}})
+    assert ranged.snapshot_scope(T) == SnapshotScope(KeyRange("id", 1, None)) and ranged.snapshot_scope(T).ranged
 
 
 def test_names_and_quoting():

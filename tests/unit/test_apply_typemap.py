@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_pglogical.staging import column_types
-from airflow_provider_pglogical.staging.typemap import _ARROW, map_column, map_type
+from airflow_provider_pglogical.staging.seam.pg_types import REGISTRY
+from airflow_provider_pglogical.staging.typemap import map_column, map_type
 
 COLUMNS = [
-    *({"type": name} for name in (*_ARROW, "text", "varchar", "jsonb", "uuid", "interval", "time")),
+    *({"type": name} for name in (*REGISTRY, "text", "varchar", "jsonb", "uuid", "interval", "time")),
     {"type": "numeric", "formatted": "numeric(12,2)"},
     {"type": "numeric", "formatted": "numeric(38,0)"},
     {"type": "numeric", "formatted": "numeric(39,2)"},

@@ -6,7 +6,9 @@ The end-to-end proof of each kind on an S3 server is tests/integration/test_obje
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +122,25 @@ def test_glue_takes_endpoint_and_region_from_an_aws_connection_and_its_keys_only
     # on YARN the Spark provider would put the environment on the command line: refused, naming the fix
     with pytest.raises(InvalidInputError, match="would reach the command line.*IAM role"):
         spark_environment(access, None, "spark_yarn")
+
+
+def test_no_module_but_the_table_compares_catalog_kind_names():
+    """Adding a kind is one module (docs/architecture.md): any other place asks the entry or compares
+    :class:`CatalogKind` members, never a kind's name as a string (``kind == "rest"``). The embedded
+    demo's ``--lakehouse local|s3|rest`` is a choice of its own command line, not a catalog kind."""
+    package = Path(__file__).resolve().parents[2] / "airflow_provider_pglogical"
+    names = {kind.value for kind in CatalogKind}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative == "lakehouse/catalog_kinds.py" or relative.startswith("embedded/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                texts = {side.value.lower() for side in sides if isinstance(side, ast.Constant) and isinstance(side.value, str)}
+                texts |= {element.value.lower() for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set))
+                          for element in side.elts if isinstance(element, ast.Constant) and isinstance(element.value, str)}
+                if texts & names:
+                    found.append(f"{relative}:{node.lineno}: {ast.unparse(node)}")
+    assert found == [], f"compare CatalogKind members or read CATALOGS[kind] instead: {found}"

@@ -13,6 +13,7 @@ from airflow_provider_pglogical.staging.contract import (
     format_batch_name,
     hex16,
 )
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest
 
 
 def applied(snapshot_id: int, start: int, end: int, *, cut: bool = True, operation: str = "overwrite"):
@@ -56,8 +57,9 @@ def test_a_compaction_holds_its_parents_rows_and_a_foreign_commit_ends_the_cuts_
 
 def test_a_ranged_backfill_is_no_cut_until_the_table_is_back_where_it_was():
     snapshot = Batch(format_batch_name(15, 15, "snapshot"), 15, 15, "snapshot",
-                     {"tables": {"t": {"details": {"key_range": {"column": "id", "start": 1, "end": 9}}}}})
-    changes = [Batch(batch(s, e), s, e, "changes", {"tables": {"t": {}}}) for s, e in ((10, 20), (20, 30), (30, 40))]
+                     BatchManifest.from_dict({"tables": {"t": {"details": {"key_range": {"column": "id", "start": 1,
+                                                                                          "end": 9}}}}}))
+    changes = [Batch(batch(s, e), s, e, "changes", BatchManifest.from_dict({"tables": {"t": {}}})) for s, e in ((10, 20), (20, 30), (30, 40))]
     steps, _ = plan_table("t", [changes[0], snapshot, changes[1], changes[2]], TableState("t", 30, set(), batch(20, 30)))
     assert [(step.batch.name, step.cut) for step in steps] == [
         (snapshot.name, False), (changes[0].name, False), (changes[1].name, True), (changes[2].name, True)]

@@ -16,6 +16,7 @@ from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import (
     python_column,
 )
 from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest, TableManifest
 
 COLUMNS = [{"name": "n", "type": "int4", "key": True}, {"name": "s", "type": "text", "key": True}]
 TYPES = {"n": "int", "s": "string", contract.OCCURRENCE: "int", contract.WRITTEN_BY: "string"}
@@ -65,20 +66,20 @@ def test_timestamps_compare_as_microseconds():
     assert python_column(table, "absent") == [None, None]
 
 
-def manifest(**facts) -> dict:
+def manifest(columns: list | None = None, key: list | None = None, **facts) -> TableManifest:
     facts = {"rows": 10, "first_commit_lsn": 500, "unchanged": False, "old_keys": True, **facts}
-    return {"columns": COLUMNS, "key": ["n", "s"], "details": {contract.CHANGE_FACTS: facts}}
+    return TableManifest(columns=columns or COLUMNS, key=["n", "s"] if key is None else key, details={contract.CHANGE_FACTS: facts})
 
 
 def test_only_batches_the_driver_can_net_exactly_are_eligible():
     assert multiset_ineligible(manifest(), TYPES, 500) is None
     assert "TOAST" in multiset_ineligible(manifest(unchanged=True), TYPES, 500)
     assert "before the table's position" in multiset_ineligible(manifest(), TYPES, 501)
-    floats = {**manifest(), "columns": [{"name": "n", "type": "float8", "key": True}], "key": ["n"]}
+    floats = manifest([{"name": "n", "type": "float8", "key": True}], ["n"])
     assert "float" in multiset_ineligible(floats, {"n": "double", **contract.MULTISET_COLUMNS}, 500)
-    arrays = {**manifest(), "columns": [{"name": "n", "type": "_int4", "element_type": "int4", "key": True}], "key": ["n"]}
+    arrays = manifest([{"name": "n", "type": "_int4", "element_type": "int4", "key": True}], ["n"])
     assert "array" in multiset_ineligible(arrays, {"n": "array<int>", **contract.MULTISET_COLUMNS}, 500)
     assert "differ" in multiset_ineligible(manifest(), {**TYPES, "dropped": "string"}, 500)
     # deletes are by position: a binary column compares exactly in Python (no equality delete to lose)
-    binary = {**manifest(), "columns": [{"name": "n", "type": "bytea", "key": True}], "key": ["n"]}
+    binary = manifest([{"name": "n", "type": "bytea", "key": True}], ["n"])
     assert multiset_ineligible(binary, {"n": "binary", **contract.MULTISET_COLUMNS}, 500) is None

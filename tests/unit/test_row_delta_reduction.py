@@ -8,6 +8,7 @@ import pytest
 from airflow_provider_pglogical.decoding.staged_tables import change_schema
 from airflow_provider_pglogical.spark.row_delta.row_deltas import ROW_DELTA_MAX_ROWS, ineligible, last_change_per_key
 from airflow_provider_pglogical.staging import contract
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest, TableManifest
 
 COLUMNS = [{"name": "id", "type": "int4", "key": True}, {"name": "v", "type": "text"}]
 TYPES = {"id": "int", "v": "string"}
@@ -86,31 +87,31 @@ def test_a_truncate_is_refused_not_reduced():
         reduced([{"op": "T", "lsn": 100, "id": 0}])
 
 
-def manifest(**details) -> dict:
+def manifest(columns: list | None = None, key: list | None = None, **details) -> TableManifest:
     facts = {"rows": 10, "first_commit_lsn": 500, "unchanged": False, "old_keys": True, **details}
-    return {"columns": COLUMNS, "key": ["id"], "details": {contract.CHANGE_FACTS: facts}}
+    return TableManifest(columns=columns or COLUMNS, key=["id"] if key is None else key, details={contract.CHANGE_FACTS: facts})
 
 
 def test_only_batches_that_set_whole_rows_of_matching_columns_are_eligible():
     assert ineligible(manifest(), TYPES, 500) is None
     assert ineligible(manifest(unchanged=True), TYPES, 500) is None  # looked up by key
-    composite = {**manifest(unchanged=True), "key": ["id", "v"]}
+    composite = manifest(key=["id", "v"], unchanged=True)
     assert ineligible(composite, TYPES, 500) is None  # looked up by every key column
-    stamped = {**composite, "columns": [*COLUMNS, {"name": "at", "type": "timestamptz"}], "key": ["id", "at"]}
+    stamped = manifest([*COLUMNS, {"name": "at", "type": "timestamptz"}], ["id", "at"], unchanged=True)
     assert "key column at is timestamp" in ineligible(stamped, {**TYPES, "at": "timestamp"}, 500)
-    assert ineligible({**manifest(), "key": ["id", "v"]}, TYPES, 500) is None
+    assert ineligible(manifest(key=["id", "v"]), TYPES, 500) is None
     truncated = manifest()
-    truncated["details"]["truncated"] = True
+    truncated.details["truncated"] = True
     assert "TRUNCATE" in ineligible(truncated, TYPES, 500)
     assert "before the table's position" in ineligible(manifest(), TYPES, 501)
     assert "more than" in ineligible(manifest(rows=ROW_DELTA_MAX_ROWS + 1), TYPES, 500)
     # a column dropped at the source keeps its lakehouse value in updated rows: a MERGE does that
     assert "differ" in ineligible(manifest(), {**TYPES, "dropped": "string"}, 500)
     assert "differ" in ineligible(manifest(), {"id": "bigint", "v": "string"}, 500)  # widened: a cast
-    floats = {"columns": [{"name": "id", "type": "float8"}], "key": ["id"], "details": manifest()["details"]}
+    floats = manifest([{"name": "id", "type": "float8"}])
     assert "key column id is double" in ineligible(floats, {"id": "double"}, 500)
-    binary = {"columns": [{"name": "id", "type": "bytea"}], "key": ["id"], "details": manifest()["details"]}
+    binary = manifest([{"name": "id", "type": "bytea"}])
     assert "key column id is binary" in ineligible(binary, {"id": "binary"}, 500)  # found by key: not exact
-    assert ineligible({**binary, "key": []}, {"id": "binary"}, 500) is None  # a binary value column is fine
-    no_facts = {"columns": COLUMNS, "key": ["id"], "details": {}}
+    assert ineligible(manifest([{"name": "id", "type": "bytea"}], []), {"id": "binary"}, 500) is None  # a binary value column is fine
+    no_facts = TableManifest(columns=COLUMNS, key=["id"])
     assert ineligible(no_facts, TYPES, 0) is not None

@@ -56,8 +56,8 @@ def test_the_plan_gives_the_executors_the_same_units_with_their_part_numbers(tmp
     with executor.part_writer("public.orders", pa.schema([("id", pa.int32())]), 1) as out:
         out.write_batch(pa.record_batch([pa.array([2, 3], pa.int32())], names=["id"]))
     entry = executor.manifest.tables["public.orders"].files[0]
-    assert entry["path"] == "table0000-part00001.parquet" and entry["rows"] == 2
-    assert pq.read_table(tmp_path / "p" / writer.manifest.name / entry["path"]).num_rows == 2
+    assert entry.path == "table0000-part00001.parquet" and entry.rows == 2
+    assert pq.read_table(tmp_path / "p" / writer.manifest.name / entry.path).num_rows == 2
 
 
 def outcome(unit: int, table: str, part: int, rows: int) -> dict:
@@ -93,7 +93,7 @@ def test_the_operator_records_the_units_files_in_name_order(tmp_path):
     rows = add_files(writer, [outcome(2, "public.orders", 1, 4), outcome(0, "public.orders", 0, 3)], lambda _: None)
     assert rows == {"public.orders": 7}
     orders = writer.manifest.tables["public.orders"]
-    assert [f["path"] for f in orders.files] == ["table0000-part00000.parquet", "table0000-part00001.parquet"]
+    assert [f.path for f in orders.files] == ["table0000-part00000.parquet", "table0000-part00001.parquet"]
     assert orders.rows == 7
     assert writer.manifest.details["spark_copy"] == {"units": 2, "peak_python_worker_mb": 0.0}
 

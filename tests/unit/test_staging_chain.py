@@ -6,7 +6,7 @@ from __future__ import annotations
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.spark.apply.plan import Batch, chain_holes, chain_intervals, merged, uncovered
 from airflow_provider_pglogical.staging.contract import PREVIOUS_END, format_lsn, parse_lsn
-from airflow_provider_pglogical.staging.layout import batch_name
+from airflow_provider_pglogical.staging.layout import BatchManifest, batch_name
 
 T, U = "public.t", "public.u"
 
@@ -15,7 +15,7 @@ def changes(start: int, end: int, previous: int | None, tables=(T,)) -> Batch:
     manifest = {"tables": {t: {} for t in tables}}
     if previous is not None:
         manifest[PREVIOUS_END] = str(Lsn(previous))
-    return Batch(batch_name(Lsn(start), Lsn(end), "changes"), start, end, "changes", manifest)
+    return Batch(batch_name(Lsn(start), Lsn(end), "changes"), start, end, "changes", BatchManifest.from_dict(manifest))
 
 
 def snapshot(at: int) -> Batch:

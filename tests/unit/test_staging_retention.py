@@ -5,7 +5,7 @@ from __future__ import annotations
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.spark.apply.plan import Batch, Step, TableState, plan_table
 from airflow_provider_pglogical.spark.apply.retention import missing_history, removable
-from airflow_provider_pglogical.staging.layout import batch_name
+from airflow_provider_pglogical.staging.layout import BatchManifest, batch_name
 
 A, B = "public.a", "public.b"
 HOUR = 3_600_000
@@ -14,7 +14,7 @@ HOUR = 3_600_000
 def batch(kind: str, start: int, end: int | None = None, tables=(A,), age_hours: float = 10, details=None) -> Batch:
     end = start if end is None else end
     manifest = {"details": details or {}, "tables": {t: {"key": ["id"], "details": {}} for t in tables}}
-    return Batch(batch_name(Lsn(start), Lsn(end), kind), start, end, kind, manifest,
+    return Batch(batch_name(Lsn(start), Lsn(end), kind), start, end, kind, BatchManifest.from_dict(manifest),
                  committed_ms=100 * HOUR - int(age_hours * HOUR))
 
 

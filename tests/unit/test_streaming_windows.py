@@ -11,6 +11,7 @@ from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.management.validation import check_seconds
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.jobs.apply_window import Phases, first_commits, keep_applying, loaded, round_entry
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest, TableManifest
 
 
 class Clock:
@@ -189,7 +190,7 @@ def test_a_round_entry_says_how_fresh_each_table_is_and_where_the_round_ended():
     facts = {"details": {"change_facts": {"first_commit_ts": "2026-01-01T12:00:07+00:00"}}}
     manifests = {"B1": {"tables": {"public.t": {"details": {"change_facts": {
         "first_commit_ts": "2026-01-01T12:00:04+00:00"}}}}}, "B2": {"tables": {"public.t": facts}}}
-    firsts = first_commits(steps, manifests)
+    firsts = first_commits(steps, {name: BatchManifest.from_dict(raw) for name, raw in manifests.items()})
     assert firsts == {"public.t": "2026-01-01T12:00:04+00:00"}
     phases = {"state_read": 0.1, "steps": 0.5, "state_commits": 0.1}
     entry = round_entry({"steps": steps, "first_commits": firsts, "end_lsn": "0/5", "round_seconds": 0.7,

@@ -31,17 +31,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import uuid
 
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
+
 log = logging.getLogger("pglogical.apply")
 
-#: Spark types whose staged Parquet form (pyarrow's, ``staging/typemap.py``) Iceberg reads as the same values
-ADOPTABLE_TYPES = frozenset({"boolean", "int", "bigint", "float", "double", "string", "binary", "date",
-                             "timestamp", "timestamp_ntz"})
-_DECIMAL = re.compile(r"^decimal\(\d+,\d+\)$")
-_ARRAY = re.compile(r"^array<(.+)>$")
 #: the snapshot summary property naming the staged batch a commit adopted
 ADOPTED_PROPERTY = "pglogical.adopted-batch"
 #: tests only: ``copied`` SIGKILLs the driver after the copies are written and before the commit,
@@ -51,11 +47,9 @@ _PARQUET = "org.apache.iceberg.shaded.org.apache.parquet"
 
 
 def adoptable_type(kind: str) -> bool:
-    """Whether a column of Spark type ``kind`` can be adopted from its staged Parquet form."""
-    element = _ARRAY.match(kind)
-    if element:
-        return element.group(1) in ADOPTABLE_TYPES or bool(_DECIMAL.match(element.group(1)))
-    return kind in ADOPTABLE_TYPES or bool(_DECIMAL.match(kind))
+    """Whether a column of Spark type ``kind`` can be adopted from its staged Parquet form (pyarrow's:
+    Iceberg reads it as the same values; the registry says which, ``staging/seam/pg_types.py``)."""
+    return SparkType.parse(kind).adoptable
 
 
 def adoption_refused(staged: dict[str, str], types: dict[str, str], *, keyless: bool, ranged: bool,

@@ -10,11 +10,11 @@ from functools import reduce
 from airflow_provider_pglogical.spark.common.identifiers import col, quote, temporary_view_name
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import BATCH_TABLE_PREFIX
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate
 from airflow_provider_pglogical.spark.apply.reduction import reduce_changes
 from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas
 from airflow_provider_pglogical.spark.apply.steps import StepApplier
-from airflow_provider_pglogical.staging.contract import facts_decide
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest
 
 log = logging.getLogger("pglogical.apply")
 
@@ -56,11 +56,11 @@ def pruning_source(frame):
     return frame.localCheckpoint().where(F.col("__op").isin("D", "U"))
 
 
-def join_condition(manifest: dict) -> str:
+def join_condition(manifest: TableManifest) -> str:
     """The MERGE's ON clause between target ``t`` and source ``s`` on the replica-identity key."""
     # identifier (NOT NULL) keys join with '='; REPLICA IDENTITY FULL rows may hold NULLs
-    equals = "<=>" if manifest.get("replica_identity", "d") == "f" else "="
-    return " AND ".join(f"t.{quote(k)} {equals} s.{quote(k)}" for k in manifest["key"])
+    equals = "<=>" if manifest.replica_identity == "f" else "="
+    return " AND ".join(f"t.{quote(k)} {equals} s.{quote(k)}" for k in manifest.key)
 
 
 class KeyedTables(StepApplier):
@@ -78,12 +78,12 @@ class KeyedTables(StepApplier):
     def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
 
-        manifest = step.batch.manifest["tables"][source]
-        predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
+        manifest = step.batch.manifest.tables[source]
+        predicate = range_predicate(step.batch.manifest.snapshot_scope(source), step.batch.name, source)
         frame = self.read(step, source, types, changes=False)
         if predicate is None:
             self.replace_all(frame, target)
-            return manifest.get("rows", 0)
+            return manifest.rows
         view = temporary_view_name("snapshot")
         frame.createOrReplaceTempView(view)
         self.spark.sql(
@@ -93,26 +93,26 @@ class KeyedTables(StepApplier):
             f"WHEN NOT MATCHED BY SOURCE AND {predicate} THEN DELETE"
         )
         self.spark.catalog.dropTempView(view)
-        return manifest.get("rows", 0)
+        return manifest.rows
 
     def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
 
-        manifest = step.batch.manifest["tables"][source]
-        keys = list(manifest["key"])
+        manifest = step.batch.manifest.tables[source]
+        keys = list(manifest.key)
         if not keys:
             raise ApplyError(
                 f"batch {step.batch.name}, table {source}: no replica-identity key; set REPLICA IDENTITY "
                 "(a primary key, USING INDEX or FULL) on the source table"
             )
-        batch_columns = [c["name"] for c in manifest["columns"]]
+        batch_columns = [c.name for c in manifest.columns]
         values = [c for c in batch_columns if c not in keys]
         batch_types = {c: types[c] for c in batch_columns}
-        if not manifest.get("files"):
+        if not manifest.files:
             return 0
         rows = self.read(step, source, batch_types, changes=True)
         reduced = reduce_changes(self.spark, rows, keys, values, step.position,
-                                 facts_decide(manifest.get("details", {}), step.position))
+                                 manifest.facts_decide(step.position))
         if reduced.rows == 0:
             return 0
         frame = reduced.frame

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import NamedTuple
 
 from airflow_provider_pglogical.spark.common.hadoop_files import unreadable_table_error
@@ -14,16 +13,16 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.apply.format_versions import DEFAULT_FORMAT_VERSION, FORMAT_VERSIONS
 from airflow_provider_pglogical.spark.apply.state_table import METADATA_PROPERTIES, StateTable, metadata_properties
 from airflow_provider_pglogical.staging.contract import (
-    COLUMN_EVOLUTION,
     KEY_PROPERTY,
     MULTISET_COLUMNS,
     NUMBERED_PROPERTY,
     OCCURRENCE,
     OWNER_PROPERTY,
     WRITTEN_BY,
-    is_multiset,
 )
 from airflow_provider_pglogical.staging.column_types import column_type
+from airflow_provider_pglogical.staging.seam.manifests import ColumnEvolution, TableManifest
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 
 log = logging.getLogger("pglogical.apply")
 
@@ -36,8 +35,6 @@ class TableSize(NamedTuple):
     rows: int
     bytes: int
 
-
-_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
 class Lakehouse:
@@ -205,19 +202,19 @@ class Lakehouse:
         return {f.name: f.dataType.simpleString() for f in StructType.fromJson(json.loads(converted.json())).fields}
 
     # tables --------------------------------------------------------------------------------
-    def ensure_table(self, table: str, manifest: dict) -> dict[str, str]:
+    def ensure_table(self, table: str, manifest: TableManifest) -> dict[str, str]:
         """Create or evolve the table for a table manifest; returns column name -> Spark type."""
         try:
-            wanted = {column["name"]: column_type(column) for column in manifest["columns"]}
+            wanted = {column.name: column_type(column) for column in manifest.columns}
         except ValueError as error:
             raise ApplyError(f"table {self.name(table)}: {error}") from None
         iceberg_table = self.loaded_table(table)
         if iceberg_table is None:
             return self._create(table, manifest, wanted)
         current = self.spark_types(iceberg_table)
-        if self._follow_columns(table, (manifest.get("details") or {}).get(COLUMN_EVOLUTION), current, wanted):
+        if self._follow_columns(table, manifest.column_evolution, current, wanted):
             current = self.spark_types(self.iceberg_table(table))
-        if is_multiset(manifest) and self._unnumbered(table, current, iceberg_table):
+        if manifest.is_multiset and self._unnumbered(table, current, iceberg_table):
             current = self._number_copies(table, current)
         for name, kind in wanted.items():
             if name not in current:
@@ -233,17 +230,17 @@ class Lakehouse:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} ALTER COLUMN {quote(name)} TYPE {kind}")
         return {**current, **wanted}
 
-    def _follow_columns(self, table: str, evolution: dict | None, current: dict[str, str],
+    def _follow_columns(self, table: str, evolution: ColumnEvolution | None, current: dict[str, str],
                         wanted: dict[str, str]) -> bool:
         """Rename (same field id, same values) and drop the columns the source renamed and dropped
         (``capture/ddl.py`` proved it by attnum); a re-run finds them done. Returns whether it changed any."""
         changed = False
-        for old, new in ((evolution or {}).get("renamed") or {}).items():
+        for old, new in (evolution.renamed if evolution else {}).items():
             if old in current and new not in current:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} RENAME COLUMN {quote(old)} TO {quote(new)}")
                 log.info("renamed column %s of %s to %s", old, table, new)
                 changed = True
-        for name in (evolution or {}).get("dropped") or ():
+        for name in evolution.dropped if evolution else ():
             if name in current and name not in wanted:
                 self.spark.sql(f"ALTER TABLE {self.name(table)} DROP COLUMN {quote(name)}")
                 log.info("dropped column %s of %s", name, table)
@@ -259,17 +256,17 @@ class Lakehouse:
             self.owners.setdefault(table, owner)
         self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)} PURGE")
 
-    def _create(self, table: str, manifest: dict, wanted: dict[str, str]) -> dict[str, str]:
-        key = manifest["key"]
-        not_null = not is_multiset(manifest) and key
+    def _create(self, table: str, manifest: TableManifest, wanted: dict[str, str]) -> dict[str, str]:
+        key = manifest.key
+        not_null = not manifest.is_multiset and key
         columns = ", ".join(
             f"{quote(name)} {kind}{' NOT NULL' if not_null and name in key else ''}" for name, kind in wanted.items()
         )
-        if is_multiset(manifest):
+        if manifest.is_multiset:
             wanted = {**wanted, **MULTISET_COLUMNS}
             columns += "".join(f", {quote(name)} {kind}" for name, kind in MULTISET_COLUMNS.items())
         mode = sql_string(self.write_mode)
-        properties = {KEY_PROPERTY: json.dumps(key), **({NUMBERED_PROPERTY: "true"} if is_multiset(manifest) else {}),
+        properties = {KEY_PROPERTY: json.dumps(key), **({NUMBERED_PROPERTY: "true"} if manifest.is_multiset else {}),
                       **({OWNER_PROPERTY: self.owners[table]} if table in self.owners else {})}
         partitioning = ""
         if self.bucket_count and key:
@@ -338,9 +335,6 @@ class Lakehouse:
         return {**current, **MULTISET_COLUMNS}
 
 
-_ARRAY = re.compile(r"^array<(.+)>$")
-
-
 def spark_data_type(kind: str):
     """The PySpark ``DataType`` of a Spark SQL type name the staging contract produces (primitives,
     ``decimal(p,s)``, ``array<...>``); None for any other (its SQL then decides)."""
@@ -349,20 +343,15 @@ def spark_data_type(kind: str):
     primitives = {"boolean": T.BooleanType, "smallint": T.ShortType, "int": T.IntegerType, "bigint": T.LongType,
                   "float": T.FloatType, "double": T.DoubleType, "string": T.StringType, "binary": T.BinaryType,
                   "date": T.DateType, "timestamp": T.TimestampType, "timestamp_ntz": T.TimestampNTZType}
-    if kind in primitives:
-        return primitives[kind]()
-    decimal = _DECIMAL.fullmatch(kind)
-    if decimal:
-        return T.DecimalType(int(decimal.group(1)), int(decimal.group(2)))
-    array = _ARRAY.match(kind)
-    element = spark_data_type(array.group(1)) if array else None
+    spark_type = SparkType.parse(kind)
+    if spark_type.kind in primitives:
+        return primitives[spark_type.kind]()
+    if spark_type.kind == "decimal" and spark_type.precision is not None:
+        return T.DecimalType(spark_type.precision, spark_type.scale)
+    element = spark_data_type(spark_type.element.sql) if spark_type.is_array else None
     return T.ArrayType(element, True) if element is not None else None
 
 
 def widens(old: str, new: str) -> bool:
     """Iceberg's in-place type promotions: int -> bigint, float -> double, wider decimal precision."""
-    if (old, new) in {("int", "bigint"), ("float", "double")}:
-        return True
-    old_dec, new_dec = _DECIMAL.match(old), _DECIMAL.match(new)
-    return bool(old_dec and new_dec and old_dec.group(2) == new_dec.group(2)
-                and int(new_dec.group(1)) > int(old_dec.group(1)))
+    return SparkType.parse(old).widens_to(SparkType.parse(new))

@@ -8,10 +8,11 @@ from functools import reduce
 from airflow_provider_pglogical.spark.common.identifiers import col, quote, sql_string, temporary_view_name
 from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import MultisetRowDeltas
 from airflow_provider_pglogical.spark.common.errors import ApplyError
-from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate
 from airflow_provider_pglogical.spark.apply.reduction import after_truncate, from_position_on, last_truncate
 from airflow_provider_pglogical.spark.apply.steps import StepApplier
-from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY, facts_decide
+from airflow_provider_pglogical.staging.contract import MULTISET_COLUMNS, OCCURRENCE, WRITTEN_BY
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest
 
 log = logging.getLogger("pglogical.apply")
 
@@ -43,8 +44,8 @@ class Multisets(StepApplier):
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        manifest = step.batch.manifest["tables"][source]
-        predicate = range_predicate(snapshot_details(step.batch.manifest, source), step.batch.name, source)
+        manifest = step.batch.manifest.tables[source]
+        predicate = range_predicate(step.batch.manifest.snapshot_scope(source), step.batch.name, source)
         if predicate is not None:
             return self._ranged_snapshot(step, source, target, types, predicate)
         values = _value_types(types)
@@ -54,7 +55,7 @@ class Multisets(StepApplier):
             *[col(c) for c in values], F.row_number().over(copies).cast("int").alias(OCCURRENCE),
             F.lit(step.batch.name).alias(WRITTEN_BY))
         self.replace_all(numbered, target)
-        return manifest.get("rows", 0)
+        return manifest.rows
 
     def _ranged_snapshot(self, step: Step, source: str, target: str, types: dict[str, str], predicate: str) -> int:
         """Replace the copies in the range with the snapshot's, plus the range's changes from the
@@ -76,14 +77,14 @@ class Multisets(StepApplier):
         in_range = F.coalesce(F.expr(predicate), F.lit(False))
         signed = []
         for batch in step.window:
-            manifest = batch.manifest["tables"][source]
-            if not manifest.get("files"):
+            manifest = batch.manifest.tables[source]
+            if not manifest.files:
                 continue
             self._check_identity(batch, source, manifest)
-            rows = self.read_batch(batch, source, {c["name"]: types[c["name"]] for c in manifest["columns"]}, changes=True)
+            rows = self.read_batch(batch, source, {c.name: types[c.name] for c in manifest.columns}, changes=True)
             rows = from_position_on(rows, step.position).where(
                 F.col("__lsn") < F.lit(step.through).cast("decimal(20,0)"))
-            signed.append(signed_copies(rows, values, list(manifest["key"]), keep=("__op", "__lsn", "__seq")))
+            signed.append(signed_copies(rows, values, list(manifest.key), keep=("__op", "__lsn", "__seq")))
         snapshot = self.read(step, source, values, changes=False).select(*[col(c) for c in values], F.lit(1).alias("__d"))
         if signed:
             window = reduce(lambda a, b: a.unionByName(b), signed)
@@ -107,12 +108,12 @@ class Multisets(StepApplier):
             f"WHEN NOT MATCHED BY SOURCE AND {predicate} THEN DELETE"
         )
         self.spark.catalog.dropTempView(view)
-        return step.batch.manifest["tables"][source].get("rows", 0)
+        return step.batch.manifest.tables[source].rows
 
     @staticmethod
-    def _check_identity(batch, source: str, manifest: dict) -> None:
-        keys = list(manifest["key"])
-        if sorted(keys) != sorted(c["name"] for c in manifest["columns"]):
+    def _check_identity(batch, source: str, manifest: TableManifest) -> None:
+        keys = list(manifest.key)
+        if sorted(keys) != sorted(c.name for c in manifest.columns):
             raise ApplyError(
                 f"batch {batch.name}, table {source}: the lakehouse keeps this table as a keyless multiset "
                 f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "
@@ -122,17 +123,17 @@ class Multisets(StepApplier):
     def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
         from pyspark.sql import functions as F
 
-        manifest = step.batch.manifest["tables"][source]
+        manifest = step.batch.manifest.tables[source]
         self._check_identity(step.batch, source, manifest)
-        batch_columns = [c["name"] for c in manifest["columns"]]
-        keys = list(manifest["key"])
-        if not manifest.get("files"):
+        batch_columns = [c.name for c in manifest.columns]
+        keys = list(manifest.key)
+        if not manifest.files:
             return 0
         values = _value_types(types)
         rows = self.read(step, source, {c: types[c] for c in batch_columns}, changes=True)
-        known = facts_decide(manifest.get("details", {}), step.position)
+        known = manifest.facts_decide(step.position)
         deltas, truncated, count = multiset_deltas(rows, values, keys, step.position,
-                                                   known_rows=known["rows"] if known else None)
+                                                   known_rows=known.rows if known else None)
         if count == 0:
             return 0
         if truncated:

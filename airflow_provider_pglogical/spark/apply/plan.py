@@ -13,18 +13,16 @@ from airflow_provider_pglogical.spark.common.batch import Batch  # noqa: F401 (p
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.identifiers import quote, sql_literal
 from airflow_provider_pglogical.staging.contract import (
-    CHUNKED_LOAD,
     MANIFEST,
-    PREVIOUS_END,
     SNAPSHOT_BATCH,
     SNAPSHOT_FROM_LSN,
     SNAPSHOT_LSN,
     SNAPSHOT_PIPELINE,
     format_lsn,
     hex16,
-    is_multiset,
     parse_lsn,
 )
+from airflow_provider_pglogical.staging.seam.manifests import SnapshotScope
 
 
 @dataclass
@@ -68,32 +66,25 @@ class Step:
         return properties
 
 
-def snapshot_details(manifest: dict, source: str) -> dict:
-    """The batch's details overlaid with the table's (the table's win; nulls do not count)."""
-    merged = {k: v for k, v in (manifest.get("details") or {}).items() if v is not None}
-    merged.update({k: v for k, v in (manifest["tables"][source].get("details") or {}).items() if v is not None})
-    return merged
-
-
-def range_predicate(details: dict, batch: str, table: str) -> str | None:
+def range_predicate(scope: SnapshotScope, batch: str, table: str) -> str | None:
     """The rows a ranged snapshot replaces, as Spark SQL over the target's columns; None = all rows.
 
     ``key_range = {"column": c, "start": a, "end": b}`` (what a ranged backfill writes) means
     ``a <= c < b``; a null bound is open. A snapshot copied with a PostgreSQL ``extra_where`` and
     no key range is refused: Spark does not evaluate PostgreSQL's SQL.
     """
-    spec = details.get("key_range")
-    if spec:
+    spec = scope.key_range
+    if spec is not None:
         parts = []
-        for bound, operator in (("start", ">="), ("end", "<")):
-            if spec.get(bound) is not None:
+        for bound, operator, value in (("start", ">=", spec.start), ("end", "<", spec.end)):
+            if value is not None:
                 try:
-                    literal = sql_literal(spec[bound])
+                    literal = sql_literal(value)
                 except TypeError as error:
                     raise ApplyError(f"batch {batch}, table {table}: key_range {bound}: {error}") from None
-                parts.append(f"{quote(spec['column'])} {operator} {literal}")
+                parts.append(f"{quote(spec.column)} {operator} {literal}")
         return " AND ".join(parts) or "true"
-    if details.get("extra_where"):
+    if scope.extra_where:
         raise ApplyError(
             f"batch {batch}, table {table}: a ranged snapshot copied with a PostgreSQL filter needs the "
             "range the lakehouse must replace as details.key_range; Spark does not evaluate PostgreSQL's "
@@ -103,17 +94,16 @@ def range_predicate(details: dict, batch: str, table: str) -> str | None:
 
 
 def is_ranged(batch: Batch, source: str) -> bool:
-    details = snapshot_details(batch.manifest, source)
-    return any(details.get(key) for key in ("key_range", "extra_where"))
+    return batch.manifest.snapshot_scope(source).ranged
 
 
 def loading_in_chunks(batch: Batch, source: str) -> bool:
     """The snapshot is a chunked load's empty start or one of its chunks but the table's last: the
     table holds the source at no single position until the last chunk is applied."""
-    details = snapshot_details(batch.manifest, source)
-    if not details.get(CHUNKED_LOAD):
+    scope = batch.manifest.snapshot_scope(source)
+    if not scope.chunked_load:
         return False
-    return bool(details[CHUNKED_LOAD].get("empty_start")) or (details.get("key_range") or {}).get("end") is not None
+    return scope.chunked_load.empty_start or (scope.key_range is not None and scope.key_range.end is not None)
 
 
 def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[list[Step], list[str]]:
@@ -121,7 +111,7 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
 
     Returns the steps and the pending snapshot batches made irrelevant by a later full snapshot.
     """
-    mine = [batch for batch in batches if source in batch.manifest["tables"]]
+    mine = [batch for batch in batches if source in batch.manifest.tables]
     pending_full = [
         index for index, batch in enumerate(mine)
         if batch.kind == "snapshot" and batch.name not in state.snapshots and not is_ranged(batch, source)
@@ -140,7 +130,7 @@ def plan_table(source: str, batches: list[Batch], state: TableState) -> tuple[li
             ranged = is_ranged(batch, source)
             # the other rows are where the steps before it left them (the lakehouse's position at the first)
             mixed_until = max(mixed_until, state.position, position) if ranged else 0
-            if ranged and is_multiset(batch.manifest["tables"][source]):
+            if ranged and batch.manifest.tables[source].is_multiset:
                 # Re-applying changes from the snapshot would count the rows outside the range
                 # twice (a multiset has no key to make it idempotent): the step folds the range's
                 # changes up to where the rest of the table is into the range, in one commit.
@@ -196,7 +186,7 @@ def chain_intervals(batches: list[Batch]) -> list[tuple[Batch, int, int]]:
     for batch in batches:
         if batch.kind != "changes":
             continue
-        recorded = batch.manifest.get(PREVIOUS_END) if batch.manifest else None
+        recorded = batch.manifest.previous_end if batch.manifest else None
         start = parse_lsn(recorded) if recorded else (before if batch.manifest else batch.start)
         out.append((batch, min(start, batch.start), batch.end))
         before = batch.end

@@ -13,6 +13,7 @@ from functools import reduce
 
 from airflow_provider_pglogical.spark.common.identifiers import col, quote
 from airflow_provider_pglogical.staging.contract import COMMIT_LSN, OLD_KEY_PREFIX, OP, SEQ, UNCHANGED, staged_name
+from airflow_provider_pglogical.staging.seam.manifests import ChangeFacts
 
 
 def read_rows(spark, files: list[str], staged: dict[str, str], types: dict[str, str], keys: list[str],
@@ -102,7 +103,7 @@ class Reduced:
 
 
 def reduce_changes(spark, rows, keys: list[str], values: list[str], from_position: int,
-                   known: dict | None = None) -> Reduced:
+                   known: ChangeFacts | None = None) -> Reduced:
     """Last change per key by ``(_commit_lsn, _seq)``, TRUNCATE, key changes and unchanged TOAST.
 
     :param known: the pull's facts of the rows when they decide the batch's aggregate
@@ -187,10 +188,10 @@ class _Facts:
     moves: list = field(default_factory=list)
 
 
-def _known_facts(known: dict) -> _Facts:
+def _known_facts(known: ChangeFacts) -> _Facts:
     """The aggregate's answer for rows without a TRUNCATE or an unchanged value: a key change is
     possible wherever an old key was staged (each row's own test then decides)."""
-    return _Facts(rows=known["rows"], key_changes=int(known["old_keys"]))
+    return _Facts(rows=known.rows, key_changes=int(known.old_keys))
 
 
 def _fill_unchanged(spark, events, keys, values, rounds: int):

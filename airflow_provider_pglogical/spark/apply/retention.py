@@ -69,7 +69,7 @@ def removable(batches: list[Batch], states: dict[str, TableState], now_ms: int, 
     for batch in batches:
         if batch.name == newest or batch.committed_ms is None or now_ms - batch.committed_ms < retention_ms:
             continue
-        if all(applied_by(batch, source, states.get(source)) for source in batch.manifest.get("tables", {})):
+        if all(applied_by(batch, source, states.get(source)) for source in batch.manifest.tables):
             out.append(batch)
     return out
 
@@ -139,10 +139,10 @@ def apply_retention(staging, batches: list[Batch], states: dict[str, TableState]
         (low, high) for batch, low, high in chain_intervals(batches) if batch.name in gone])
     through = record.setdefault("removed_through", {})
     for batch in chosen:
-        for source in batch.manifest["tables"]:
+        for source in batch.manifest.tables:
             through[source] = max(through.get(source, 0), batch.end)
-        if batch.kind == "snapshot" and (batch.manifest.get("details") or {}).get("initial"):
-            record.setdefault("initial_snapshots", {})[batch.name] = _without_files(batch.manifest)
+        if batch.kind == "snapshot" and batch.manifest.initial:
+            record.setdefault("initial_snapshots", {})[batch.name] = batch.manifest.without_files().to_dict()
     record["removing"] = [batch.name for batch in chosen]
     record["removed_batches"] = record.get("removed_batches", 0) + len(chosen)
     staging.write_file(RETENTION_RECORD, record)  # decided and recorded before anything is removed
@@ -155,11 +155,6 @@ def apply_retention(staging, batches: list[Batch], states: dict[str, TableState]
     log.info("staging retention %s %d applied batch(es) older than %sh", "archived" if archive else "removed",
              len(chosen), retention_hours)
     return {"removed": len(chosen), "archived": archive, "oldest_kept": _oldest_kept(batches, chosen)}
-
-
-def _without_files(manifest: dict) -> dict:
-    tables = {name: {**table, "files": []} for name, table in manifest["tables"].items()}
-    return {**manifest, "tables": tables}
 
 
 def _oldest_kept(batches: list[Batch], chosen: list[Batch]) -> str | None:

@@ -36,7 +36,7 @@ class StepApplier:
     def as_row_delta(self, step: Step, source: str, target: str, types: dict[str, str]) -> int | None:
         """The rows of ``step`` applied as an Iceberg row delta by ``self.row_deltas``; None (nothing
         committed, the reason logged) when it finds it cannot: the caller MERGEs."""
-        manifest = step.batch.manifest["tables"][source]
+        manifest = step.batch.manifest.tables[source]
         for attempt in range(1, ROW_DELTA_ATTEMPTS + 1):
             table = self.row_deltas.load(target)
             try:
@@ -70,9 +70,9 @@ class StepApplier:
 
     def read_batch(self, batch: Batch, source: str, types: dict[str, str], *, changes: bool):
         """A batch's staged rows of ``source``, cast to ``types`` (see :func:`read_rows`)."""
-        manifest = batch.manifest["tables"][source]
+        manifest = batch.manifest.tables[source]
         return read_rows(self.spark, self.staging.files(batch, source), staged_columns(manifest, changes=changes),
-                         types, list(manifest["key"]), changes)
+                         types, list(manifest.key), changes)
 
     def replace_all(self, frame, target: str) -> None:
         """Replace every row of ``target`` with ``frame`` (computed from staging alone), in one

@@ -26,7 +26,6 @@ from airflow_provider_pglogical.staging.contract import (
     OWNER_PROPERTY,
     STATE_TABLE,
     column_name_problems,
-    is_multiset,
     normal_table_key,
     parse_table_key,
 )
@@ -137,10 +136,10 @@ def check_run(lakehouse, pipeline: str, identity: dict | None, plans: dict[str, 
         table = lakehouse.loaded_table(target)
         existing = [] if table is None else [n for n in lakehouse.spark_types(table) if n not in MULTISET_COLUMNS]
         for step in steps:
-            manifest = step.batch.manifest["tables"][source]
-            columns = [c["name"] for c in manifest["columns"]]
+            manifest = step.batch.manifest.tables[source]
+            columns = [c.name for c in manifest.columns]
             found = column_name_problems(source, list(dict.fromkeys(existing + columns)),
-                                         multiset=is_multiset(manifest))
+                                         multiset=manifest.is_multiset)
             if found:
                 problems.extend(p for p in found if p not in problems)
                 break

@@ -6,9 +6,10 @@ orders them: both import it, neither imports the other's package.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from airflow_provider_pglogical.staging.contract import parse_batch_name
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest
 
 
 @dataclass
@@ -17,7 +18,8 @@ class Batch:
     start: int
     end: int
     kind: str
-    manifest: dict = field(default_factory=dict)
+    #: its manifest, typed; None until read
+    manifest: BatchManifest | None = None
     #: when its manifest was written (ms since the epoch; from the listing, None when unknown)
     committed_ms: int | None = None
 

@@ -26,16 +26,14 @@ from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.rereads import reread
 from airflow_provider_pglogical.spark.common.batch import Batch
 from airflow_provider_pglogical.staging.contract import (
-    FILE_SHA256,
-    FILE_SIZE,
     MANIFEST,
     RESULT_CONF,
     STAGING_FILE_MODE_CONF,
     format_lsn,
-    keyed_tables,
     staging_directory_mode,
     staging_file_mode,
 )
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +161,7 @@ class Staging:
         #: round: without these a round read every manifest since the position of the table that
         #: changed least (a table no change touches keeps its position), one py4j read each
         self._committed_ms: dict[str, int] = {}
-        self._manifests: dict[str, dict] = {}
+        self._manifests: dict[str, BatchManifest] = {}
 
     def _path(self, uri: str):
         return java_class(self.spark, "org.apache.hadoop.fs.Path")(uri)
@@ -209,15 +207,15 @@ class Staging:
             directory = self._path(f"{self.directory}/{batch.name}")
             sizes = {status.getPath().getName(): status.getLen() for status in self._fs.listStatus(directory)}
             for source in sorted(sources):
-                for entry in batch.manifest["tables"][source]["files"]:
-                    name, size = entry["path"], entry.get(FILE_SIZE)
+                for entry in batch.manifest.tables[source].files:
+                    name, size = entry.path, entry.size
                     if name not in sizes:
                         problems.append(_damaged(batch, source, name, "is missing"))
                     elif size is not None and sizes[name] != size:
                         problems.append(_damaged(batch, source, name, f"is {sizes[name]:,} bytes, its manifest says "
                                                                       f"{size:,} (truncated or replaced)"))
-                    elif entry.get(FILE_SHA256):
-                        expected[f"{self.directory}/{batch.name}/{name}"] = (batch, source, name, entry[FILE_SHA256])
+                    elif entry.sha256:
+                        expected[f"{self.directory}/{batch.name}/{name}"] = (batch, source, name, entry.sha256)
                         lengths[f"{self.directory}/{batch.name}/{name}"] = sizes[name]
         actual = self._sha256(list(expected), lengths)
         for uri, (batch, source, name, sha256) in expected.items():
@@ -331,16 +329,15 @@ class Staging:
         checked = self._checked.pop(uri, None)
         return checked if checked is not None else self._bytes(self._path(uri))
 
-    def read_manifest(self, batch: Batch) -> dict:
-        """The batch's manifest (a copy: read once while the batch stays listed, see ``__init__``)."""
+    def read_manifest(self, batch: Batch) -> BatchManifest:
+        """The batch's manifest, typed (a copy: read once while the batch stays listed, see ``__init__``)."""
         if batch.name not in self._manifests:
-            manifest = json.loads(self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}")))
-            manifest["tables"] = keyed_tables(manifest["tables"])  # batches staged before keys were quoted
-            self._manifests[batch.name] = manifest
+            text = self._read(self._path(f"{self.directory}/{batch.name}/{MANIFEST}"))
+            self._manifests[batch.name] = BatchManifest.from_json(text)
         return copy.deepcopy(self._manifests[batch.name])
 
     def files(self, batch: Batch, source: str) -> list[str]:
-        return [f"{self.directory}/{batch.name}/{f['path']}" for f in batch.manifest["tables"][source]["files"]]
+        return [f"{self.directory}/{batch.name}/{f.path}" for f in batch.manifest.tables[source].files]
 
 
 def _batch_file(uri: str) -> str:

@@ -103,7 +103,6 @@ from airflow_provider_pglogical.staging.contract import (
     OCCURRENCE,
     ORPHANED_TABLES,
     PIPELINE_RECORD,
-    REPLACE_TABLE,
     RETENTION_RECORD,
     SOURCE_IDENTITY,
     default_target_name,
@@ -192,7 +191,7 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
     wanted = batches_that_matter(batches, states)
     for batch in wanted:
         batch.manifest = staging.read_manifest(batch)
-    staged = {source for batch in wanted for source in batch.manifest["tables"]}
+    staged = {source for batch in wanted for source in batch.manifest.tables}
     adopt_legacy_keys(states, staged)
     known |= set(states)
     orphaned = (record.get("extra") or {}).get(ORPHANED_TABLES) or {}  # dropped ones are never rebuilt
@@ -256,8 +255,8 @@ def _apply_step(keyed: KeyedTables, multisets: Multisets, lakehouse: Lakehouse, 
                 step: Step, pipeline: str = "") -> dict:
     started = time.monotonic()
     group = spark_job_group(keyed.spark, f"{source} {step.kind} {step.batch.name}")
-    manifest = step.batch.manifest["tables"][source]
-    replace = (manifest.get("details") or {}).get(REPLACE_TABLE)
+    manifest = step.batch.manifest.tables[source]
+    replace = manifest.replace_table
     # every snapshot the step commits records the position it holds (commit_stamp.py)
     with stamped(keyed.spark, step.commit_properties(pipeline)):
         if step.kind == "snapshot" and replace:  # DDL the lakehouse cannot follow: a new table (capture/ddl.py)

@@ -32,11 +32,11 @@ from typing import Callable
 
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.staging.contract import (
-    CHANGE_FACTS,
     DEFAULT_POLL_INTERVAL,
     HISTORY_KEEP,
     history_name,
 )
+from airflow_provider_pglogical.staging.seam.manifests import BatchManifest
 
 log = logging.getLogger("pglogical.apply")
 
@@ -172,15 +172,17 @@ def merge_rounds(rounds: list[dict], polls: int, seconds: float) -> dict:
     }
 
 
-def first_commits(steps: list[dict], manifests: dict[str, dict]) -> dict[str, str]:
+def first_commits(steps: list[dict], manifests: dict[str, BatchManifest]) -> dict[str, str]:
     """Per source table, the oldest commit time (ISO) of the change batches ``steps`` applied,
     from each manifest's change facts (the pull's ``first_commit_ts``)."""
     out: dict[str, str] = {}
     for step in steps:
         if step.get("kind") != "changes":
             continue
-        table = (manifests.get(step["batch"]) or {}).get("tables", {}).get(step["table"]) or {}
-        first = ((table.get("details") or {}).get(CHANGE_FACTS) or {}).get("first_commit_ts")
+        manifest = manifests.get(step["batch"])
+        table = manifest.tables.get(step["table"]) if manifest else None
+        facts = table.change_facts if table else None
+        first = facts.first_commit_ts if facts else None
         if first and (step["table"] not in out or _instant(first) < _instant(out[step["table"]])):
             out[step["table"]] = first
     return out

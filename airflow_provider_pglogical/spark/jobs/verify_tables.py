@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
 from airflow_provider_pglogical.spark.common.errors import job_error
 from airflow_provider_pglogical.spark.common.hadoop_files import write_result
 from airflow_provider_pglogical.spark.common.identifiers import col, qualified
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 
 RESULT_PREFIX = "PGLOGICAL_VERIFY_RESULT "
 #: hex digits of the key digest that name a bucket (``source_projection.BUCKET_DIGITS``)
 BUCKET_DIGITS = 2
-_DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -41,18 +40,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 # --- canonical forms: keep in step with capture/source_projection.py -----------------------------
 
-def canonical(value, kind: str):
+def canonical(value, kind: "str | SparkType"):
     """The canonical text of a non-NULL Iceberg value of Spark type ``kind`` (see source_projection)."""
     from pyspark.sql import functions as F
 
-    if kind.startswith("array<") and kind.endswith(">"):
-        element = kind[6:-1]
+    spark_type = kind if isinstance(kind, SparkType) else SparkType.parse(kind)
+    kind = spark_type.kind
+    if spark_type.is_array:
+        element = spark_type.element
         return F.concat(F.lit("A"), F.array_join(F.transform(value, lambda e: element_text(e, element)), ""))
     if kind == "boolean":
         return F.when(value, F.lit("t")).otherwise(F.lit("f"))
-    decimal = _DECIMAL.match(kind.replace(" ", ""))
-    if decimal:  # plain digits with the scale's decimals, as PostgreSQL prints them (a cast may say 0E-10)
-        return F.regexp_replace(F.format_number(value, int(decimal.group(2))), ",", "")
+    if kind == "decimal":  # plain digits with the scale's decimals, as PostgreSQL prints them (a cast may say 0E-10)
+        return F.regexp_replace(F.format_number(value, spark_type.scale), ",", "")
     if kind in ("int", "bigint"):
         return value.cast("string")
     if kind in ("float", "double"):
@@ -70,7 +70,7 @@ def canonical(value, kind: str):
     return value.cast("string")
 
 
-def element_text(value, kind: str):
+def element_text(value, kind: "str | SparkType"):
     """``N`` for NULL, else ``<length>:<canonical text>``."""
     from pyspark.sql import functions as F
 

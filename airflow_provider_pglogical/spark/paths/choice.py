@@ -24,11 +24,12 @@ import enum
 from dataclasses import dataclass
 
 from airflow_provider_pglogical.spark.apply.adoption import adoption_refused
-from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate, snapshot_details
+from airflow_provider_pglogical.spark.apply.plan import Step, range_predicate
 from airflow_provider_pglogical.spark.row_delta.multiset_row_deltas import multiset_ineligible
 from airflow_provider_pglogical.spark.row_delta.row_deltas import ineligible
 from airflow_provider_pglogical.staging.column_types import staged_columns
 from airflow_provider_pglogical.staging.contract import NUMBERED_PROPERTY, OCCURRENCE
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest
 
 #: the table properties a row delta needs to be merge-on-read (a copy-on-write table is rewritten by MERGE)
 WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
@@ -91,12 +92,12 @@ def table_facts(source: str, table, types: dict[str, str], row_deltas: bool) -> 
 
 def choose_path(step: Step, table: TableFacts) -> PathChoice:
     """The path that brings ``table`` to the end of ``step``, with the reason (pure)."""
-    manifest = step.batch.manifest["tables"][table.source]
+    manifest = step.batch.manifest.tables[table.source]
     if step.kind == "snapshot":
         return _snapshot_path(step, manifest, table)
-    if not manifest.get("files"):
+    if not manifest.files:
         return PathChoice(ApplyPath.MERGE, "the batch stages no row of the table: nothing to do")
-    if (manifest.get("details") or {}).get("truncated"):
+    if manifest.truncated:
         return PathChoice(ApplyPath.REWRITE, "the batch holds a TRUNCATE: the table is replaced by the rows after it")
     if not table.row_deltas:
         return PathChoice(ApplyPath.MERGE, "row deltas are switched off (the apply's row_deltas=False)")
@@ -109,9 +110,9 @@ def choose_path(step: Step, table: TableFacts) -> PathChoice:
                                            "in one validated RowDelta, no Spark job")
 
 
-def _snapshot_path(step: Step, manifest: dict, table: TableFacts) -> PathChoice:
-    details = snapshot_details(step.batch.manifest, table.source)
-    ranged = range_predicate(details, step.batch.name, table.source) is not None
+def _snapshot_path(step: Step, manifest: TableManifest, table: TableFacts) -> PathChoice:
+    scope = step.batch.manifest.snapshot_scope(table.source)
+    ranged = range_predicate(scope, step.batch.name, table.source) is not None
     if ranged and not table.keyless:
         return PathChoice(ApplyPath.MERGE, "a ranged backfill replaces only its key range: a MERGE")
     reason = adoption_refused(staged_columns(manifest, changes=False), table.types, keyless=table.keyless,

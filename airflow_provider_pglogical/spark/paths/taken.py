@@ -20,7 +20,7 @@ def take_path(applier: StepApplier, choice: PathChoice, step: Step, source: str,
             files = applier.adopt(step, source, target)
             if files is not None:
                 applier.adopted_steps[(source, step.batch.name)] = files
-                return step.batch.manifest["tables"][source].get("rows", 0), ApplyPath.ADOPT
+                return step.batch.manifest.tables[source].rows, ApplyPath.ADOPT
             return applier.snapshot(step, source, target, types), ApplyPath.REWRITE
         return applier.snapshot(step, source, target, types), choice.path
     if choice.path is ApplyPath.ROW_DELTA and applier.row_deltas is not None:

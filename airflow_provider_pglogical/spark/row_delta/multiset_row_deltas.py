@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.lookups.table_rows import TooManyRows, arrow_values, read_rows
-from airflow_provider_pglogical.spark.row_delta.row_deltas import FLOAT_TYPES, RowDeltas, batch_ineligible, lookup_type
+from airflow_provider_pglogical.spark.row_delta.row_deltas import RowDeltas, batch_ineligible, lookup_type
 from airflow_provider_pglogical.staging.contract import (
-    CHANGE_FACTS,
     MULTISET_COLUMNS,
     OCCURRENCE,
     OLD_KEY_PREFIX,
@@ -40,6 +39,8 @@ from airflow_provider_pglogical.staging.contract import (
     WRITTEN_BY,
     staged_name,
 )
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 
 #: a prefilter column's distinct values above this are not listed in the lookup's filter (each
 #: literal is a round trip to the JVM); the rows read are still matched exactly
@@ -50,16 +51,16 @@ MAX_READ_ROWS = 5_000
 log = logging.getLogger("pglogical.apply")
 
 
-def multiset_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
+def multiset_ineligible(manifest: TableManifest, types: dict[str, str], position: int) -> str | None:
     """Why a keyless table's batch is not applied as a row delta; None when it can be, as far as
     the manifest tells (``paths/choice.py`` checks the table)."""
     values = {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
     reason = batch_ineligible(manifest, values, position)
     if reason is not None:
         return reason
-    if any(kind in FLOAT_TYPES or kind.startswith("array<") for kind in values.values()):
+    if any((spark_type := SparkType.parse(kind)).is_float or spark_type.is_array for kind in values.values()):
         return "a column is a float or an array (compared in Python, they would not count as PostgreSQL counts)"
-    if manifest["details"][CHANGE_FACTS]["unchanged"]:
+    if manifest.change_facts.unchanged:  # batch_ineligible: the facts are there
         return "a row left a TOAST value out"
     return None
 
@@ -158,7 +159,7 @@ def python_column(rows, name: str) -> list:
 class MultisetRowDeltas(RowDeltas):
     """Applies eligible change batches of keyless tables as Iceberg row deltas (see the module)."""
 
-    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str],
+    def apply(self, table, target: str, files: list[str], manifest: TableManifest, types: dict[str, str],
               batch: str) -> int | None:
         """Apply batch ``batch``'s change rows of one keyless table (``files``) in one commit;
         returns their number, or None (nothing committed) when the copies it touches cannot be

@@ -42,7 +42,6 @@ from airflow_provider_pglogical.spark.row_delta.driver_commits import DriverComm
 from airflow_provider_pglogical.spark.common.identifiers import col
 from airflow_provider_pglogical.spark.lookups.table_rows import lookup_rows
 from airflow_provider_pglogical.staging.contract import (
-    CHANGE_FACTS,
     COMMIT_LSN,
     OLD_KEY_PREFIX,
     OP,
@@ -50,6 +49,8 @@ from airflow_provider_pglogical.staging.contract import (
     UNCHANGED,
     staged_name,
 )
+from airflow_provider_pglogical.staging.seam.manifests import TableManifest
+from airflow_provider_pglogical.staging.seam.pg_types import SparkType
 from airflow_provider_pglogical.staging.column_types import column_type
 
 log = logging.getLogger("pglogical.apply")
@@ -58,50 +59,43 @@ log = logging.getLogger("pglogical.apply")
 #: and each row the read of the replaced rows finds crosses py4j value by value
 #: (``lookups/table_rows.py``, about 0.1 ms a value), where a MERGE's cost barely grows
 ROW_DELTA_MAX_ROWS = 2_000
-#: lakehouse types whose staged Arrow values are the Iceberg values as they are (no cast)
-_SIMPLE_TYPES = {"boolean", "int", "bigint", "float", "double", "string", "binary", "date", "timestamp",
-                 "timestamp_ntz"}
-FLOAT_TYPES = {"float", "double"}
 
 
 def _plain_type(kind: str) -> bool:
     """A Spark type the driver writes exactly as staged: a simple type or a decimal, or an array of one."""
-    if kind.startswith("array<") and kind.endswith(">"):
-        kind = kind[len("array<"):-1]
-    return kind in _SIMPLE_TYPES or kind.startswith("decimal(")
+    return SparkType.parse(kind).plain
 
 
-def ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
+def ineligible(manifest: TableManifest, types: dict[str, str], position: int) -> str | None:
     """Why the batch of one keyed table (its manifest entry) is not applied as a row delta; None
     when it can be, as far as the manifest tells (``paths/choice.py`` checks the table)."""
     reason = batch_ineligible(manifest, types, position)
     if reason is not None:
         return reason
-    odd = [key for key in manifest["key"] if not lookup_type(types[key])]
+    odd = [key for key in manifest.key if not lookup_type(types[key])]
     if odd:  # the rows a batch replaces are found by key, compared in Python
         return (f"key column {odd[0]} is {types[odd[0]]}, whose values the read of the rows the batch "
                 "replaces does not compare exactly")
-    if manifest["details"][CHANGE_FACTS]["unchanged"] and any(kind.startswith("array<timestamp")
-                                                              for kind in types.values()):
+    if manifest.change_facts.unchanged and any(
+            (spark_type := SparkType.parse(kind)).is_array and spark_type.element.is_timestamp for kind in types.values()):
         return "values are kept from the lakehouse and a column is an array of timestamps"
     return None
 
 
-def batch_ineligible(manifest: dict, types: dict[str, str], position: int) -> str | None:
+def batch_ineligible(manifest: TableManifest, types: dict[str, str], position: int) -> str | None:
     """Why the driver cannot reduce a table's change batch itself, for a table of any kind: no
     pyarrow, no change facts, too many rows, or columns the lakehouse holds otherwise."""
     reason = pyarrow_missing()
     if reason is not None:
         return reason
-    details = manifest.get("details", {})
-    facts = details.get(CHANGE_FACTS)
-    if not facts or details.get("truncated"):
+    facts = manifest.change_facts
+    if not facts or manifest.truncated:
         return "the pull wrote no change facts for the batch (an earlier version staged it), or it holds a TRUNCATE"
-    if facts["rows"] and facts["first_commit_lsn"] < position:
+    if facts.rows and facts.first_commit_lsn < position:
         return "the batch starts before the table's position"
-    if facts["rows"] > ROW_DELTA_MAX_ROWS:
-        return f"the batch holds {facts['rows']} rows (more than {ROW_DELTA_MAX_ROWS})"
-    batch = {column["name"]: column_type(column) for column in manifest["columns"]}
+    if facts.rows > ROW_DELTA_MAX_ROWS:
+        return f"the batch holds {facts.rows} rows (more than {ROW_DELTA_MAX_ROWS})"
+    batch = {column.name: column_type(column) for column in manifest.columns}
     if batch != types:
         return "the table's columns or types differ from the batch's"
     if not all(_plain_type(kind) for kind in types.values()):
@@ -112,7 +106,7 @@ def batch_ineligible(manifest: dict, types: dict[str, str], position: int) -> st
 def lookup_type(kind: str) -> bool:
     """A type whose values read back from Spark equal the staged ones (no time zone, hashable):
     a key the kept values are looked up by, or a keyless table's column its copies are narrowed by."""
-    return kind in ("int", "bigint", "string", "date") or kind.startswith("decimal(")
+    return SparkType.parse(kind).lookup_safe
 
 
 @dataclass
@@ -192,7 +186,7 @@ class RowDeltas(DriverCommits):
         super().__init__(spark, lakehouse)
         self.staging = staging
 
-    def apply(self, table, target: str, files: list[str], manifest: dict, types: dict[str, str],
+    def apply(self, table, target: str, files: list[str], manifest: TableManifest, types: dict[str, str],
               batch: str) -> int | None:
         """Apply batch ``batch``'s change rows of one table (``files``) in one commit; returns their number."""
         import pyarrow as pa
@@ -201,7 +195,7 @@ class RowDeltas(DriverCommits):
         if not parts:
             return 0
         rows = pa.concat_tables(parts, promote_options="default")
-        keys = list(manifest["key"])
+        keys = list(manifest.key)
         reduction = last_change_per_key(rows, keys, [name for name in types if name not in keys])
         snapshot = table.currentSnapshot()
         base = snapshot.snapshotId() if snapshot is not None else None
