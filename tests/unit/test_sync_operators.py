@@ -60,3 +60,17 @@ def test_a_bad_snapshot_mode_is_refused_before_anything_runs(arguments, message)
                                  pipeline="p", postgres_conn_id="pg_nowhere", **arguments)
     with pytest.raises(AirflowFailException, match=rf"PgInitialSyncOperator 'sync': {message}"):
         sync.execute({})
+
+
+@pytest.mark.parametrize("given", [None, "SnapshotMode", "chunked", "{{ params.mode }}"])
+def test_the_snapshot_mode_survives_template_rendering(given):
+    """A templated field is rendered as Jinja when it is a str: the default enum member included,
+    which must render as its value ('exported'), not its name."""
+    from airflow_provider_pglogical.capture.chunked.plan import SnapshotMode
+
+    arguments = {} if given is None else {"snapshot_mode": SnapshotMode.CHUNKED if given == "SnapshotMode" else given}
+    sync = PgInitialSyncOperator(task_id="sync", slot="s", publications=["pub"], staging_root="file:///x",
+                                 pipeline="p", **arguments)
+    sync.render_template_fields({"params": {"mode": "chunked"}})
+    expected = SnapshotMode.EXPORTED if given is None else SnapshotMode.CHUNKED
+    assert sync._mode() is expected

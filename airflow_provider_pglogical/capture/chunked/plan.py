@@ -19,7 +19,7 @@ from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.management.published import ResolvedTable
 
 
-class SnapshotMode(str, enum.Enum):
+class SnapshotMode(enum.StrEnum):
     """How the initial sync reads the tables (docs/snapshots.md says when to use which)."""
 
     #: every table inside one exported snapshot of the new slot: one long transaction, one LSN
