@@ -36,7 +36,7 @@ from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig  #
 from airflow_provider_pglogical.lakehouse.jar_sets import ICEBERG_VERSION  # noqa: E402
 from tests.support.spark_jobs import apply_args, run_job, submit_command  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes as job  # noqa: E402
-from airflow_provider_pglogical.spark.apply import keyed  # noqa: E402
+from airflow_provider_pglogical.spark.paths import merge  # noqa: E402
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse  # noqa: E402
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 from tests.support.accounts_batches import SNAPSHOT_LSN, SOURCE, stage  # noqa: E402
@@ -93,15 +93,15 @@ class Table:
 
 @contextlib.contextmanager
 def pruning(layout: str):
-    """``<layout>-unpruned``: the job without the bloom-filter source (``keyed.pruning_source``),
+    """``<layout>-unpruned``: the job without the bloom-filter source (``merge.pruning_source``),
     as it was before it: every MERGE shuffles the whole table."""
-    saved = keyed.prunes
+    saved = merge.prunes
     if layout.endswith("-unpruned"):
-        keyed.prunes = lambda *sizes: False
+        merge.prunes = lambda *sizes: False
     try:
         yield
     finally:
-        keyed.prunes = saved
+        merge.prunes = saved
 
 
 def submit_seconds(warehouse: Path, root: Path, pipeline: str, namespace: str, repeats: int = 3) -> tuple[float, str]:
@@ -225,14 +225,14 @@ def main() -> None:
               "sort-merge join, and the batch side cannot be broadcast for a right outer join, so without more "
               "every target row's key and row position (`_file`, `_pos`) is shuffled and sorted: that grows with "
               "the table (`plain-unpruned`, the job before 2026-11-26). The job now prunes the target's scan with "
-              "Spark's own runtime filter (`keyed.pruning_source`, `session_defaults`): the reduced batch is "
+              "Spark's own runtime filter (`merge.pruning_source`, `session_defaults`): the reduced batch is "
               "computed once into the executors (a scan, `localCheckpoint`), and Spark adds a bloom filter of its "
               "keys (`bloom_filter_agg`, `might_contain`) to the target's scan, so only rows that may match reach "
               "the shuffle. It does so only for a join it expects to shuffle, so the job plans no broadcast from "
               "size estimates (`spark.sql.autoBroadcastJoinThreshold=-1`; adaptive execution still broadcasts a "
               "side that turns out small at run time). Pruning costs two Spark jobs and about 3 µs per batch row, "
               "so the job prunes only a table that has at least 500,000 rows more than ten per batch row "
-              "(`keyed.prunes`): here the 500k-row table is applied unpruned and the 5M-row one pruned; `plain` is "
+              "(`merge.prunes`): here the 500k-row table is applied unpruned and the 5M-row one pruned; `plain` is "
               "the default. tests/integration/test_pruned_merge.py checks the plan and the result. (An earlier "
               "try, a materialised batch behind a filter with a low application-side threshold, got no filter: "
               "a batch small enough to broadcast by its size estimate made Spark skip the join.)",

@@ -1,6 +1,6 @@
 """The REST catalog with S3FileIO against the local Hadoop catalog, in one run (issue 48).
 
-    python bench/bench_catalogs.py [--tables 1,50] [--ticks 3] [--rounds 5] [--tiny]
+    python bench/bench_catalogs.py [--tables 1,50] [--ticks 3] [--rounds 4] [--tiny]
 
 Two pipelines over the same tables and changes (``bench_tick.py``'s tables: 1,000 rows each, 100
 changes per table per tick): ``local`` (a Hadoop catalog and staging on the local disk, the
@@ -40,9 +40,10 @@ from airflow_provider_pglogical.ui.history import read_history  # noqa: E402
 LAKES = ("local", "rest")
 
 
-def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick: int) -> list[tuple[float, float]]:
+def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick: int) -> list[tuple[float, float, dict]]:
     """An apply window on ``pipeline``, and ``rounds`` rounds of changes, pull, the window's round:
-    (the round's own seconds, seconds from the pull's end to the round's record) per round."""
+    (the round's own seconds, seconds from the pull's end to the round's record, the round's
+    phases: where its time went) per round."""
     pipeline.pull()  # catch up with the changes the other lakehouse's rounds made (not timed)
     pipeline.apply()
     operator = IcebergApplyOperator(task_id="window", staging_root=pipeline.staging, pipeline="p",
@@ -82,11 +83,16 @@ def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick:
             pipeline.pull()
             pulled = time.perf_counter()
             entry = wait_for_round(number)
-            results.append((float(entry["seconds"]), time.perf_counter() - pulled))
+            results.append((float(entry["seconds"]), time.perf_counter() - pulled, entry.get("phases") or {}))
     finally:
         operator.on_kill()  # the window's spark-submit; its lease expires with it (nothing follows)
         thread.join(timeout=120)
     return results
+
+
+def phased(phases: dict) -> str:
+    """A round's phases (``apply_changes``' ``Phases``), largest first."""
+    return ", ".join(f"{key} {value:.2f}" for key, value in sorted(phases.items(), key=lambda kv: -kv[1]))
 
 
 def ratio(rest: float, local: float) -> str:
@@ -96,8 +102,8 @@ def ratio(rest: float, local: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", default="1,50")
-    parser.add_argument("--ticks", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ticks", type=int, default=3, help="0: no timed ticks, the streaming round alone")
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--tiny", action="store_true", help="one table, one tick, one round (CI)")
     args = parser.parse_args(argv)
     if args.tiny:
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(lake.env)
         print(f"lakehouse rest: {lake.where}; load {load()}", flush=True)
         medians: dict[tuple[int, str], float] = {}
-        streamed: dict[str, list[tuple[float, float]]] = {}
+        streamed: dict[str, list[tuple[float, float, dict]]] = {}
         try:
             for count in [int(c) for c in args.tables.split(",")]:
                 db = f"cat{count}"
@@ -130,14 +136,16 @@ def main(argv: list[str] | None = None) -> int:
                         wall, job = pipeline.apply()
                         walls[name].append(wall)
                         jobs[name].append(job)
-                        print(f"  {count} tables, tick {tick}, {name}: apply task {wall:.2f} s (in-job {job:.2f} s, "
-                              f"S3 server CPU {pipeline.server_cpu:.2f} s), load {load()}", flush=True)
-                for name in LAKES:
+                        print(f"  {count} tables, tick {tick}, {name}: apply task {wall:.2f} s (in-job {job:.2f} s: "
+                              f"{phased(pipeline.phases or {})}; S3 server CPU {pipeline.server_cpu:.2f} s), "
+                              f"load {load()}", flush=True)
+                for name in LAKES if args.ticks else ():  # --ticks 0: the streaming round alone
                     medians[count, name] = statistics.median(walls[name])
-                print(f"{count:>3} tables x 100 changes: apply task median local {medians[count, 'local']:.2f} s, "
-                      f"rest {medians[count, 'rest']:.2f} s ({ratio(medians[count, 'rest'], medians[count, 'local'])}); "
-                      f"in-job local {statistics.median(jobs['local']):.2f} s, rest {statistics.median(jobs['rest']):.2f} s",
-                      flush=True)
+                if args.ticks:
+                    print(f"{count:>3} tables x 100 changes: apply task median local {medians[count, 'local']:.2f} s, "
+                          f"rest {medians[count, 'rest']:.2f} s ({ratio(medians[count, 'rest'], medians[count, 'local'])}); "
+                          f"in-job local {statistics.median(jobs['local']):.2f} s, "
+                          f"rest {statistics.median(jobs['rest']):.2f} s", flush=True)
                 if count == 1 and args.rounds:
                     # two windows each, A B B A, the rounds split between them (one window each for one round)
                     halves = [args.rounds - args.rounds // 2, args.rounds // 2]
@@ -150,16 +158,20 @@ def main(argv: list[str] | None = None) -> int:
                         tick += rounds + 2
                         streamed.setdefault(name, []).extend(results)
                         print(f"  streaming rounds, {name}: " + ", ".join(
-                            f"{own:.2f} s (pull to record {seen:.2f} s)" for own, seen in results)
+                            f"{own:.2f} s (pull to record {seen:.2f} s; {phased(phases)})" for own, seen, phases in results)
                             + f", load {load()}", flush=True)
         finally:
             lake.close(False)
     if streamed:
-        own = {name: statistics.median(o for o, _ in streamed[name]) for name in LAKES}
-        seen = {name: statistics.median(s for _, s in streamed[name]) for name in LAKES}
+        own = {name: statistics.median(o for o, _, _ in streamed[name]) for name in LAKES}
+        seen = {name: statistics.median(s for _, s, _ in streamed[name]) for name in LAKES}
         print(f"streaming round (1 table x 100 changes): median local {own['local']:.2f} s, rest {own['rest']:.2f} s "
               f"({ratio(own['rest'], own['local'])}); pull to round recorded: local {seen['local']:.2f} s, "
               f"rest {seen['rest']:.2f} s ({ratio(seen['rest'], seen['local'])})")
+        for name in LAKES:  # where a round's time goes: each phase's median over the rounds
+            keys = {key for _, _, phases in streamed[name] for key in phases}
+            print(f"  round phases, {name} (medians): " + phased(
+                {key: statistics.median(p.get(key, 0.0) for _, _, p in streamed[name]) for key in keys}))
     print("rest catalog with S3FileIO / local Hadoop catalog: " + ", ".join(
         f"{count}-table tick {ratio(medians[count, 'rest'], medians[count, 'local'])}"
         for count in sorted({c for c, _ in medians})))

@@ -35,8 +35,7 @@ from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_mixed_tick import create_source, differences, finish, steps_line, workload  # noqa: E402
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
-from airflow_provider_pglogical.spark.apply import keyed  # noqa: E402
-from airflow_provider_pglogical.spark.paths import choice  # noqa: E402
+from airflow_provider_pglogical.spark.paths import choice, merge  # noqa: E402
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
 from airflow_provider_pglogical.staging.seam.manifests import TableManifest  # noqa: E402
 
@@ -60,8 +59,8 @@ def variant(name: str):
     if name == "no-facts":
         return patched([TableManifest], "facts_decide", lambda table, position: None)
     if name == "rows-pruning":
-        by_bytes_too = keyed.prunes  # its row rule alone: the table's bytes left out
-        return patched([keyed], "prunes", lambda rows, batch_rows, table_bytes=0: by_bytes_too(rows, batch_rows))
+        by_bytes_too = merge.prunes  # its row rule alone: the table's bytes left out
+        return patched([merge], "prunes", lambda rows, batch_rows, table_bytes=0: by_bytes_too(rows, batch_rows))
     if name in ("no-row-deltas", "no-multiset-row-deltas"):
         stack = contextlib.ExitStack()
         stack.enter_context(patched([choice], "multiset_ineligible", lambda manifest, types, position: "off"))

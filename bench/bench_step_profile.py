@@ -16,6 +16,11 @@ production shape instead (``bench_tick``'s: moto's S3 server on loopback for the
 staging, Iceberg's JDBC catalog in the bench cluster), with the job's planning parts and the
 catalog's table loads timed too, and, per tick, the CPU seconds of the S3 server's process (a
 local moto is no real S3: its CPU shares the machine with Spark's).
+
+``--delete-files`` (with e.g. ``--ticks 500``) counts instead each table's live delete files after
+every round (its current snapshot's ``total-delete-files``) and prints how they grow: the
+figure "delete files per table after 500 streaming rounds" of docs/benchmarks.md, with the apply's
+own compaction at ``--compact-deletes-at`` (its default; 0 switches it off) and no housekeeping.
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ from bench import bench_tick  # noqa: E402  (prepares the environment)
 from bench.bench_soak import quiet_logs, spark_session  # noqa: E402
 from airflow_provider_pglogical.spark.apply import keyed, lakehouse_tables, lease, state_table, steps  # noqa: E402
 from airflow_provider_pglogical.spark.common import hadoop_files  # noqa: E402
+from airflow_provider_pglogical.spark.paths import merge  # noqa: E402
 from airflow_provider_pglogical.spark.jobs import apply_changes  # noqa: E402
 from airflow_provider_pglogical.lakehouse.staging_roots import spark_uri  # noqa: E402
 from airflow_provider_pglogical.spark.row_delta import driver_commits, row_deltas  # noqa: E402
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions  # noqa: E402
-from airflow_provider_pglogical.staging.contract import DEFAULT_CONCURRENCY  # noqa: E402
+from airflow_provider_pglogical.staging.contract import DEFAULT_COMPACT_DELETES_AT, DEFAULT_CONCURRENCY  # noqa: E402
 
 UI_PORT = 4077
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
@@ -72,7 +78,7 @@ def instrument() -> None:
     timed(lakehouse_tables.Lakehouse, "ensure_table")
     timed(steps.StepApplier, "read_batch")
     timed(keyed, "reduce_changes")
-    timed(keyed.KeyedTables, "_fetch_moved")
+    timed(merge, "fetch_moved")
     timed(dataframe.DataFrame, "first", "DataFrame.first (the batch's aggregate)")
     timed(row_deltas.RowDeltas, "apply", "row delta: whole step")
     timed(row_deltas.RowDeltas, "_read_parquet", "row delta: read staged files")
@@ -174,6 +180,10 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="print each tick's CPU seconds by process and JVM thread")
     parser.add_argument("--lakehouse", default="local", choices=bench_tick.LAKEHOUSES,
                         help="local disk (Hadoop catalog), or s3: moto's S3 server and a JDBC catalog")
+    parser.add_argument("--delete-files", action="store_true",
+                        help="count each table's delete files after every round (no per-part profile)")
+    parser.add_argument("--compact-deletes-at", type=int, default=DEFAULT_COMPACT_DELETES_AT,
+                        help="the apply's compaction threshold (0: off)")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run for CI; figures mean nothing")
     args = parser.parse_args()
     if args.tiny:  # tick 3 is the first one profiled
@@ -193,6 +203,9 @@ def main() -> None:
         lake = {"catalog": pipeline.iceberg.catalog, "namespace": pipeline.iceberg.namespace}
         apply_changes.run(spark, ApplyOptions(staging, "p", **lake))  # the snapshot
         walls: list[float] = []
+        deletes: list[list[int]] = []  # per round, each table's live delete files
+        targets = [row.tableName for row in spark.sql(f"SHOW TABLES IN {lake['catalog']}.{lake['namespace']}").collect()
+                   if not row.tableName.startswith("_")]
         for tick in range(1, args.ticks + 1):
             bench_tick.change_tables(pg, "profile", names, tick, args.updates)
             pipeline.pull()
@@ -203,7 +216,8 @@ def main() -> None:
                 cpu_before = (sum(jvm.cpu_times()[:2]), time.process_time(), thread_cpu(jvm.pid))
             server_cpu, requests = s3_server_cpu(s3), s3a_requests(spark, pipeline)
             started = time.perf_counter()
-            result = apply_changes.run(spark, ApplyOptions(staging, "p", **lake, concurrency=args.concurrency))
+            result = apply_changes.run(spark, ApplyOptions(staging, "p", **lake, concurrency=args.concurrency,
+                                                           compact_deletes_at=args.compact_deletes_at))
             wall = time.perf_counter() - started
             walls.append(wall)
             print(f"tick {tick}: {wall:.2f} s, phases {result.get('phases')}"
@@ -218,6 +232,10 @@ def main() -> None:
                 print(f"   CPU: driver JVM {sum(jvm.cpu_times()[:2]) - cpu_before[0]:.2f} s, this process "
                       f"{time.process_time() - cpu_before[1]:.2f} s; JVM threads: "
                       + ", ".join(f"{name} {seconds:.2f}" for name, seconds in threads.most_common(12)), flush=True)
+            if args.delete_files:
+                deletes.append(delete_file_counts(spark, lake, targets))
+                print(f"   delete files per table after round {tick}: {deletes[-1]}", flush=True)
+                continue
             if tick < 3:  # the session's first changes: cold
                 continue
             for part, runs in sorted(TIMES.items()):
@@ -226,10 +244,36 @@ def main() -> None:
                 print(f"   job {job['jobId']:4d} {seconds(job):6.3f} s, {len(job['stageIds'])} stage(s), "
                       f"{job['numTasks']:3d} tasks: {job['name'][:80]}")
         print(f"rounds: {len(walls)}, median from round 3 on {statistics.median(walls[2:] or walls):.3f} s", flush=True)
+        if args.delete_files:
+            print_delete_growth(deletes, args.compact_deletes_at)
         print_delete_files(spark, lake)
         spark.stop()
         if s3 is not None:
             s3.close(False)
+
+
+def delete_file_counts(spark, lake: dict, names: list[str]) -> list[int]:
+    """Each table's live delete files now, from its current snapshot's summary (no file is opened)."""
+    from airflow_provider_pglogical.spark.housekeeping.delete_compaction import delete_file_count
+
+    catalog = spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util
+    return [delete_file_count(catalog.loadIcebergTable(spark._jsparkSession, f"{lake['catalog']}.{lake['namespace']}.{name}"))
+            for name in names]
+
+
+def print_delete_growth(deletes: list[list[int]], threshold: int) -> None:
+    """How the tables' delete files grew over the rounds: the most any table held after a round,
+    the count at every 10th of the run, the rounds whose apply compacted (the count fell)."""
+    if not deletes:
+        return
+    worst = [max(counts) for counts in deletes]
+    compactions = sum(1 for before, after in zip(deletes, deletes[1:])
+                      for b, a in zip(before, after) if a < b)
+    marks = sorted({max(1, len(deletes) * i // 10) for i in range(1, 11)})
+    print(f"delete files per table over the rounds (compaction at {threshold or 'off'}): most after a round "
+          f"{max(worst)}, after the last round {deletes[-1]} (max {worst[-1]}), mean "
+          f"{statistics.mean(worst):.1f}; compactions {compactions}", flush=True)
+    print("   after round: " + ", ".join(f"{r}: {worst[r - 1]}" for r in marks), flush=True)
 
 
 def print_delete_files(spark, lake: dict) -> None:

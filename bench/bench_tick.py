@@ -78,7 +78,8 @@ def create_tables(pg, db: str, count: int) -> list[str]:
 
 
 def change_tables(pg, db: str, names: list[str], tick: int, updates: str = "same") -> int:
-    """100 changes per table: 70 updates (the big value unchanged), 10 key changes, 10 inserts, 10 deletes.
+    """100 changes per table: 70 updates (the big value unchanged), 10 key changes, 10 inserts, 10 deletes
+    (keys stay unique however many ticks run).
     ``updates``: ``same`` updates the same 70 rows every tick, ``spread`` 70 rows drawn anew each
     tick (so the last tick's commit rarely holds them: their kept values are read from the table)."""
     base = 100_000 * tick
@@ -87,8 +88,11 @@ def change_tables(pg, db: str, names: list[str], tick: int, updates: str = "same
     for name in names:
         statements += [
             f"UPDATE {name} SET qty = qty + 1 WHERE id IN (SELECT id FROM {name} ORDER BY {order} LIMIT 70 OFFSET 100)",
-            f"UPDATE {name} SET id = id + {base} WHERE id IN (SELECT id FROM {name} WHERE id < {base} "
-            f"ORDER BY id LIMIT 10 OFFSET 300)",
+            # moved keys get numbers of their own tick's band (base + 60001..), never an existing
+            # key's: ``id + base`` collided with a key inserted or moved earlier after ~130 ticks
+            f"UPDATE {name} SET id = moved.to_id FROM (SELECT id AS from_id, {base} + 60000 + row_number() "
+            f"OVER (ORDER BY id) AS to_id FROM {name} WHERE id < {base} ORDER BY id LIMIT 10 OFFSET 300) moved "
+            f"WHERE {name}.id = moved.from_id",
             f"INSERT INTO {name} (id, qty, note) SELECT {base} + 50000 + g, g, 'new' FROM generate_series(1, 10) g",
             f"DELETE FROM {name} WHERE id IN (SELECT id FROM {name} WHERE id < {base} ORDER BY id LIMIT 10 OFFSET 500)",
         ]

@@ -30,7 +30,8 @@ TINY = {
                       "driver JVM options none, lakehouse s3"),
     "bench_mixed_tick.py": (["--tiny"], "every table equal to its source in every lakehouse"),
     "bench_mixed_ab.py": (["--tiny"], "every table equal to its source in every lakehouse"),
-    "bench_step_profile.py": (["--tiny", "--lakehouse", "s3"], "tick 3:"),  # its S3 path (the local one is its default)
+    # its S3 path (the local one is its default), counting delete files after each round
+    "bench_step_profile.py": (["--tiny", "--lakehouse", "s3", "--delete-files"], "delete files per table over the rounds"),
     "bench_housekeeping.py": (["--tiny"], "small shuffles, 4 at a time: median"),
     "bench_soak.py": (["--tiny"], "verification: all 2 lakehouse tables equal their source tables"),
     "bench_freshness.py": (["--tiny"], "freshness through the scheduler: p50"),

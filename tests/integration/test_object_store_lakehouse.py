@@ -11,7 +11,9 @@ S3A. Keyed and keyless tables with out-of-line TOAST values are snapshotted, cha
 applied twice through the operators, then compared with the source by verify (PostgreSQL digests
 the source, a verify job digests Iceberg through the same catalog, bucket and staging root). The
 second apply runs beside another apply of the pipeline and a housekeeping run (compaction, expiry,
-orphan listing): the lease and the commits the catalog validates let none lose or double a change.
+orphan listing): the lease and the commits the catalog validates let none lose or double a change
+(on moto's Glue only the lease and Iceberg's check of the metadata location: moto ignores the
+``VersionId`` of Glue's optimistic lock, so Glue's own lock is not what this proves; docs/lakehouse.md).
 An idle tick starts no Spark. While all of them run, every process's command line is watched:
 neither the S3 secret nor the catalog's password, client secret or keys may show there, nor in the
 log, nor in a catalog server's log. Last, on the JDBC catalog, a table dropped from the catalog is
@@ -113,7 +115,7 @@ class CommandLines:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=30)  # one pass over /proc: never a wait without a deadline
 
     def _watch(self) -> None:
         while not self._stop.wait(0.05):

@@ -368,6 +368,32 @@ def test_a_waiting_windows_warm_up_leaves_nothing_behind_and_a_failed_one_only_w
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_warm_up_runs_on_tables_of_the_lakehouses_format_version(spark, tmp_path, monkeypatch):
+    """IcebergConfig(format_version=3): the warm-up's tables are v3, so it runs the code a v3
+    round runs (row lineage's first row ids in every commit); v2 by default."""
+    import json
+    import shutil
+    import tempfile
+
+    from airflow_provider_pglogical.spark.jobs.warm_up import warm_up
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)  # keep its tables to look at them
+
+    def versions() -> set[int]:
+        return {json.loads(path.read_text())["format-version"] for path in tmp_path.rglob("*.metadata.json")}
+
+    assert warm_up(spark, 3) > 0
+    assert versions() == {3}
+    for directory in list(tmp_path.iterdir()):
+        monkeypatch.undo()  # the real rmtree, to clear the v3 run's tables
+        shutil.rmtree(directory)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)
+    assert warm_up(spark) > 0
+    assert versions() == {2}
+
+
 def test_driver_commits_refuse_when_another_commit_changed_the_table_since_the_step_read_it(spark):
     import pyarrow as pa
 

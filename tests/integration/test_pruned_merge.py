@@ -1,5 +1,5 @@
 """A change batch MERGEd into a large table: Spark prunes the table's scan with a bloom filter of
-the batch's keys (``keyed.pruning_source``), and the table still ends exactly as the changes say.
+the batch's keys (``merge.pruning_source``), and the table still ends exactly as the changes say.
 
 The job runs in-process (``apply_changes.run``) in a local Spark session configured as the job's
 own (``tune_session``); Spark's SQL status store shows the plans it executed.
@@ -12,14 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pglogical.spark.jobs import apply_changes
-from airflow_provider_pglogical.spark.apply.keyed import PRUNED_MERGE_ROWS
+from airflow_provider_pglogical.spark.paths.merge import PRUNED_MERGE_ROWS
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
 from airflow_provider_pglogical.staging.seam.apply_options import ApplyOptions
 from tests.support.accounts_batches import expected_rows, stage
 from tests.support.spark_jobs import applying_session
 
 CHANGES = 2_000
-ROWS = PRUNED_MERGE_ROWS + 10 * CHANGES  # the least a 2,000-change batch prunes (``keyed.prunes``)
+ROWS = PRUNED_MERGE_ROWS + 10 * CHANGES  # the least a 2,000-change batch prunes (``merge.prunes``)
 
 
 @pytest.fixture(scope="module")

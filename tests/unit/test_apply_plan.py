@@ -183,7 +183,7 @@ def test_chain_depth_counts_key_changes_that_follow_each_other():
 
 
 def test_only_a_table_large_next_to_its_batch_gets_its_scan_pruned():
-    from airflow_provider_pglogical.spark.apply.keyed import (
+    from airflow_provider_pglogical.spark.paths.merge import (
         PRUNED_BYTES_PER_BATCH_ROW,
         PRUNED_MERGE_BYTES,
         PRUNED_MERGE_ROWS,

@@ -173,7 +173,7 @@ class Lakehouse:
         return TableSize(total("total-records"), total("total-files-size"))
 
     def drop_batch_tables(self) -> None:
-        """Drop the bucketed batch tables a killed run left (see ``KeyedTables._merge_source``)."""
+        """Drop the bucketed batch tables a killed run left (see ``paths/merge._merge_source``)."""
         for row in self.spark.sql(f"SHOW TABLES IN {qualified(self.catalog, self.namespace)}").collect():
             if row.tableName.startswith(BATCH_TABLE_PREFIX):
                 self.spark.sql(f"DROP TABLE IF EXISTS {self.name(row.tableName)} PURGE")

@@ -1,4 +1,5 @@
-"""A change batch, read and reduced to one row per key: what one MERGE INTO a keyed table needs.
+"""A change batch, read and reduced to one row per key: what one MERGE INTO a keyed table needs
+(and, at the end, netted per row value: what a keyless table's MERGE needs).
 
 The reduction keeps the last change per key by ``(_commit_lsn, _seq)``, skips rows before the
 table's position and before the last TRUNCATE, turns a key-changing UPDATE into a delete of the
@@ -11,9 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import reduce
 
+from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.identifiers import col, quote
-from airflow_provider_pglogical.staging.contract import COMMIT_LSN, OLD_KEY_PREFIX, OP, SEQ, UNCHANGED, staged_name
-from airflow_provider_pglogical.staging.seam.manifests import ChangeFacts
+from airflow_provider_pglogical.staging.contract import (
+    COMMIT_LSN,
+    MULTISET_COLUMNS,
+    OLD_KEY_PREFIX,
+    OP,
+    SEQ,
+    UNCHANGED,
+    staged_name,
+)
+from airflow_provider_pglogical.staging.seam.manifests import ChangeFacts, TableManifest
 
 
 def read_rows(spark, files: list[str], staged: dict[str, str], types: dict[str, str], keys: list[str],
@@ -252,3 +262,72 @@ def chain_depth(moves) -> int:
     for move in sorted(moves or (), key=lambda m: (m["__lsn"], m["__seq"])):
         depth_of[tuple(move["new"])] = depth_of.get(tuple(move["old"]), 0) + 1
     return max(depth_of.values(), default=0)
+
+
+# keyless tables (multisets) ----------------------------------------------------------------------
+def multiset_values(types: dict[str, str]) -> dict[str, str]:
+    """A keyless table's value columns (its multiset columns left out)."""
+    return {name: kind for name, kind in types.items() if name not in MULTISET_COLUMNS}
+
+
+def multiset_deltas(rows, values: dict[str, str], keys: list[str], from_position: int,
+                    known_rows: int | None = None):
+    """Per distinct row value (NULLs equal), the net change of its number of copies in a batch.
+
+    +1 per INSERT, -1 per DELETE, an UPDATE -1 for its old row and +1 for its new one; rows before
+    ``from_position`` are skipped, and only rows after the last TRUNCATE count. Returns the frame
+    (value columns + ``__d``), whether the batch truncates, and the number of change rows counted.
+
+    :param known_rows: the pull's count when its facts decide the batch (``contract.facts_decide``:
+        every row counts, no TRUNCATE): no Spark job counts them.
+    """
+    from pyspark.sql import functions as F
+
+    rows = from_position_on(rows, from_position)
+    if known_rows is not None:
+        count, truncate = known_rows, None
+    else:
+        facts = rows.agg(F.count(F.lit(1)).alias("rows"), last_truncate()).first()
+        count, truncate = facts.rows, facts.last_truncate
+    rows = after_truncate(rows, truncate)
+
+    deltas = signed_copies(rows, values, keys).groupBy(*[col(c) for c in values]).agg(F.sum("__d").alias("__d"))
+    return deltas, truncate is not None, count
+
+
+def signed_copies(rows, values: dict[str, str], keys: list[str], keep: tuple[str, ...] = ()):
+    """Each change row as the copies it adds (+1) and removes (-1): an INSERT adds its row, a
+    DELETE removes it, an UPDATE removes its old row and adds its new one. ``keep`` names change
+    columns (``__op``, ``__lsn``, ``__seq``) to carry along; with ``__op`` kept, a TRUNCATE stays
+    as a row of its own (``__d`` 0) so that the rows before it can be dropped."""
+    from pyspark.sql import functions as F
+
+    def new(name):
+        return (col(name) if name in keys else F.lit(None)).cast(values[name]).alias(name)
+
+    def old(name):
+        return (F.col(f"__old{keys.index(name)}") if name in keys else F.lit(None)).cast(values[name]).alias(name)
+
+    def none(name):
+        return F.lit(None).cast(values[name]).alias(name)
+
+    kept = [F.col(name) for name in keep]
+    parts = [
+        rows.where(F.col("__op").isin("I", "U")).select(*[new(c) for c in values], F.lit(1).alias("__d"), *kept),
+        rows.where(F.col("__op") == "D").select(*[new(c) for c in values], F.lit(-1).alias("__d"), *kept),
+        rows.where(F.col("__op") == "U").select(*[old(c) for c in values], F.lit(-1).alias("__d"), *kept),
+    ]
+    if "__op" in keep:
+        parts.append(rows.where(F.col("__op") == "T").select(*[none(c) for c in values], F.lit(0).alias("__d"), *kept))
+    return reduce(lambda a, b: a.unionByName(b), parts)
+
+
+def check_multiset_identity(batch: str, source: str, manifest: TableManifest) -> None:
+    """Refuse a batch of a keyless table whose replica identity is not every column (FULL)."""
+    keys = list(manifest.key)
+    if sorted(keys) != sorted(c.name for c in manifest.columns):
+        raise ApplyError(
+            f"batch {batch}, table {source}: the lakehouse keeps this table as a keyless multiset "
+            f"but the batch's replica identity is {keys}, not every column; restore REPLICA IDENTITY FULL, "
+            "or drop the Iceberg table and backfill it"
+        )

@@ -19,8 +19,12 @@ ROW_DELTA_ATTEMPTS = 3
 
 
 class StepApplier:
-    """Applies steps of one table: ``snapshot`` replaces (part of) it, ``changes`` applies a change
-    batch from the step's position; both return the number of staged rows they applied."""
+    """What the paths (``paths/``) need to apply steps of one table: its staged rows, the driver's
+    row deltas, an adoption; a keyed (``keyed.py``) or keyless (``multisets.py``) table's own
+    reduction of a change batch."""
+
+    #: a keyless table, kept as a multiset (``multisets.py``)
+    keyless: bool = False
 
     def __init__(self, spark, staging: Staging, lakehouse: Lakehouse):
         self.spark = spark
@@ -73,20 +77,3 @@ class StepApplier:
         manifest = batch.manifest.tables[source]
         return read_rows(self.spark, self.staging.files(batch, source), staged_columns(manifest, changes=changes),
                          types, list(manifest.key), changes)
-
-    def replace_all(self, frame, target: str) -> None:
-        """Replace every row of ``target`` with ``frame`` (computed from staging alone), in one
-        overwrite that refuses when another commit added data or deletes to the table while it ran."""
-        from pyspark.sql import functions as F
-
-        from airflow_provider_pglogical.spark.row_delta.driver_commits import validated_overwrite
-
-        snapshot = self.lakehouse.iceberg_table(target).currentSnapshot()
-        validated_overwrite(self.lakehouse, target, frame, F.lit(True),
-                            snapshot.snapshotId() if snapshot is not None else None)
-
-    def snapshot(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
-        raise NotImplementedError
-
-    def changes(self, step: Step, source: str, target: str, types: dict[str, str]) -> int:
-        raise NotImplementedError

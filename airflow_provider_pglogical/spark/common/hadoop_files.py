@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
+from airflow_provider_pglogical.spark.common.rereads import reread
 from airflow_provider_pglogical.spark.common.batch import Batch
 from airflow_provider_pglogical.staging.contract import (
     FOLDED_FROM,
@@ -251,7 +252,11 @@ class Staging:
         return out
 
     def read_file(self, name: str) -> dict | None:
-        """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when absent."""
+        """A small JSON file of the pipeline's (``<root>/<pipeline>/<name>``); None when absent. Read
+        again when another process replaced it meanwhile (``rereads.py``)."""
+        return reread(lambda: self._read_file(name), name)
+
+    def _read_file(self, name: str) -> dict | None:
         path = self._path(f"{self.directory}/{name}")
         if not self._fs.exists(path):
             # killed between removing the old file and renaming the new one into place (below):
@@ -268,7 +273,7 @@ class Staging:
     def read_text(self, name: str) -> str | None:
         """A small text file of the pipeline's (``<root>/<pipeline>/<name>``); None when absent."""
         path = self._path(f"{self.directory}/{name}")
-        return self._read(path) if self._fs.exists(path) else None
+        return reread(lambda: self._read(path) if self._fs.exists(path) else None, name)
 
     def write_text(self, name: str, text: str) -> None:
         """Write a small text file of the pipeline's through a temporary name and a rename."""

@@ -34,3 +34,13 @@ def java_class(spark, name: str):
         with _lock:
             known[name] = found
     return found
+
+
+def java_list(spark, values: list):
+    """``values`` (ints, strings, decimals, bytes, floats, booleans) as one ``java.util.List``, in one
+    py4j round trip: pickled here, unpickled by the JVM's ``net.razorvine.pickle`` (Spark's own
+    PySpark serialiser, on every Spark's class path). py4j's own conversion of a Python list makes
+    a round trip per element (``ArrayList.add``)."""
+    import pickle
+
+    return java_class(spark, "net.razorvine.pickle.Unpickler")().loads(pickle.dumps(list(values), protocol=2))

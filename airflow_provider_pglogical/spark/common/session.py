@@ -14,7 +14,7 @@ def session_defaults(default_parallelism: int) -> dict[str, str]:
     * a few shuffle partitions per core, not 200;
     * storage-partitioned joins: a bucketed target MERGEs with a batch bucketed alike without
       shuffling the target (only tables created with ``--bucket-count`` are bucketed);
-    * a runtime bloom filter of a batch's keys on a large target's scan (``keyed.pruning_source``):
+    * a runtime bloom filter of a batch's keys on a large target's scan (``paths/merge.pruning_source``):
       Spark injects one only into a join it expects to shuffle (no broadcast planned from size
       estimates; at run time adaptive execution still broadcasts a side that turns out small),
       over a scan it estimates at 1 MB or more, from a batch side it estimates at 1 GB or less.

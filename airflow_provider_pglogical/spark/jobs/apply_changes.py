@@ -137,7 +137,7 @@ def run(spark, options: ApplyOptions) -> dict:
     lakehouse = Lakehouse(spark, options.catalog, options.namespace, options.write_mode, options.bucket_count,
                           options.format_version, options.upgrade_format_version)
     window = keep_running if keep_running and not options.until_loaded else None  # an initial load's may end early
-    warm = (lambda: warm_up(spark)) if window else None  # while a window waits for the lease's handover
+    warm = (lambda: warm_up(spark, lakehouse.format_version)) if window else None  # while a window waits for the lease's handover
     with ApplyLease(spark, lakehouse, pipeline, options.lease_seconds, options.lease_holder, window, warm) as lease:
         phases.end("lease")
         if options.bucket_count:
@@ -151,7 +151,7 @@ def run(spark, options: ApplyOptions) -> dict:
             summary = keep_applying(apply_round, lambda: _listed(staging, lease),
                                     window_after_handover(keep_running, lease.waited, options.poll_interval),
                                     options.poll_interval, record=lambda entry: record_round(staging, entry),
-                                    until=loaded if options.until_loaded else None, idle=lambda: warm_up(spark),
+                                    until=loaded if options.until_loaded else None, idle=lambda: warm_up(spark, lakehouse.format_version),
                                     promise=lease.promise if window else None, conflict=commit_conflict)
             summary["window"]["handover_seconds"] = lease.waited
         else:

@@ -9,8 +9,10 @@ cold and 0.39 s warm (docs/benchmarks.md, "into a running window").
 
 So once per window, while it waits, :func:`warm_up` runs the same code on two tables of a
 Hadoop catalog in a temporary directory: a tiny staged-like file adopted by ``Adoption.adopt``, a
-state-like partition replaced by ``DriverCommits.replace_partition``. The lakehouse, the staging
-area and the state table are not touched, and the directory is removed. A failure only warns.
+state-like partition replaced by ``DriverCommits.replace_partition``. Both tables are of the
+format version the apply creates its tables in (``IcebergConfig(format_version)``: v3 adds row
+lineage's first row ids to every commit, other code than v2's). The lakehouse, the staging area
+and the state table are not touched, and the directory is removed. A failure only warns.
 """
 
 from __future__ import annotations
@@ -21,18 +23,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from airflow_provider_pglogical.spark.apply.format_versions import DEFAULT_FORMAT_VERSION
 from airflow_provider_pglogical.spark.common.java_classes import java_class
 
 log = logging.getLogger("pglogical.apply")
 
 
-def warm_up(spark) -> float | None:
-    """Run an adoption and a partition replacement on throwaway tables; returns the seconds it took,
-    or None when it failed (logged; nothing of the job depends on it)."""
+def warm_up(spark, format_version: int = DEFAULT_FORMAT_VERSION) -> float | None:
+    """Run an adoption and a partition replacement on throwaway tables of ``format_version`` (the
+    lakehouse's); returns the seconds it took, or None when it failed (logged; nothing of the job
+    depends on it)."""
     started = time.monotonic()
     directory = Path(tempfile.mkdtemp(prefix="pglogical-warm-up-"))
     try:
-        _adopt_and_replace(spark, directory)
+        _adopt_and_replace(spark, directory, format_version)
     except Exception as error:  # noqa: BLE001 - an optimisation only: the round ahead runs cold
         log.warning("could not warm the driver up for the next snapshot (it runs cold): %s", error)
         return None
@@ -43,7 +47,7 @@ def warm_up(spark) -> float | None:
     return seconds
 
 
-def _adopt_and_replace(spark, directory: Path) -> None:
+def _adopt_and_replace(spark, directory: Path, format_version: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -69,7 +73,7 @@ def _adopt_and_replace(spark, directory: Path) -> None:
     tables = java_class(spark, "org.apache.iceberg.hadoop.HadoopTables")(conf)
     spec = java_class(spark, "org.apache.iceberg.PartitionSpec")
     properties = java_class(spark, "java.util.HashMap")()
-    properties.put("format-version", "2")
+    properties.put("format-version", str(int(format_version)))
     adopted = tables.create(schema, spec.unpartitioned(), properties, (directory / "adopted").as_uri())
     Adoption(spark, kill_points=False).adopt(adopted, [staged.as_uri()], "warm-up")
     partitioned = tables.create(schema, spec.builderFor(schema).identity("pipeline").build(), properties,

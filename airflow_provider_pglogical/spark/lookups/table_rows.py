@@ -8,7 +8,10 @@ driver's JVM with the table's ``FileIO``: it follows the whole spec on any stora
 supports (sequence numbers, position and equality deletes, deletion vectors, files without field
 ids through the table's name mapping, promoted types), filters files, row groups and rows by an
 ``in`` expression on the wanted values, and projects only the columns asked for. No Spark job:
-about 0.1 s for a few keys (0.2 s for the first read of a JVM).
+about 0.1 s for a few keys (0.2 s for the first read of a JVM). The wanted values go into the JVM
+as one pickled list, and the rows found come out as one Parquet file written in memory by
+Iceberg's own generic writer (:func:`_read_columnar`): a few py4j round trips per read, where value
+by value it was one per value and per row (``docs/benchmarks.md``, issue 46).
 
 Values come back as Python values a staged Arrow column compares with: timestamps as
 microseconds (no time zone touches them), dates as ``datetime.date``, binary as ``bytes``,
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 
-from airflow_provider_pglogical.spark.common.java_classes import java_class
+from airflow_provider_pglogical.spark.common.java_classes import java_class, java_list
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 
 _EPOCH = datetime.date(1970, 1, 1)
@@ -50,19 +53,22 @@ def read_rows(spark, table, snapshot: int | None, columns: list[str], narrowed: 
     expressions = java_class(spark, "org.apache.iceberg.expressions.Expressions")
     condition = expressions.alwaysTrue()
     for name, values in narrowed.items():
-        condition = getattr(expressions, "and")(condition, _matching(expressions, name, values))
-    convert = [_converter(spark, table.schema().findType(name)) for name in columns]
+        condition = getattr(expressions, "and")(condition, _matching(spark, expressions, name, values))
     scan = java_class(spark, "org.apache.iceberg.data.IcebergGenerics").read(table).useSnapshot(snapshot).where(condition)
+    kinds = [table.schema().findType(name) for name in columns]
+    fields = list(table.schema().select(list(columns)).columns())
     if positions:
         metadata = java_class(spark, "org.apache.iceberg.MetadataColumns")
-        lineage = [metadata.ROW_ID] if row_ids else []
-        fields = [*table.schema().select(list(columns)).columns(), *lineage, metadata.FILE_PATH, metadata.ROW_POSITION]
-        scan = scan.project(java_class(spark, "org.apache.iceberg.Schema")(fields))
+        fields += [*([metadata.ROW_ID] if row_ids else []), metadata.FILE_PATH, metadata.ROW_POSITION]
         columns = [*columns, *([ROW_ID_COLUMN] if row_ids else []), FILE_COLUMN, POSITION_COLUMN]
+    projection = java_class(spark, "org.apache.iceberg.Schema")(fields)
+    records = scan.project(projection).build()
+    if all(_columnar_type(kind) for kind in kinds):
+        order = [field.name() for field in fields]  # the file's columns, in this order
+        return _read_columnar(spark, records, projection, [order.index(name) for name in columns], limit)
+    convert = [_converter(spark, kind) for kind in kinds]
+    if positions:
         convert += [*([_optional_int] if row_ids else []), str, int]
-    else:
-        scan = scan.select(list(columns))
-    records = scan.build()
     rows: list[tuple] = []
     try:
         found = records.iterator()
@@ -109,6 +115,65 @@ def lookup_rows(spark, table, snapshot: int | None, key: str | list[str], column
     return found
 
 
+#: Iceberg types whose values a Parquet file written by Iceberg hands pyarrow as :func:`read_rows`
+#: returns them (a timestamp as microseconds once cast); a read of any other type goes value by value
+_COLUMNAR_TYPES = {"BOOLEAN", "INTEGER", "LONG", "FLOAT", "DOUBLE", "STRING", "DECIMAL", "DATE", "TIMESTAMP",
+                   "BINARY", "FIXED"}
+
+
+def _columnar_type(kind) -> bool:
+    """Whether values of Iceberg type ``kind`` (Java) cross as Parquet (:func:`_read_columnar`)."""
+    type_id = kind.typeId().name()
+    if type_id == "LIST":
+        return _columnar_type(kind.asListType().elementType())
+    return type_id in _COLUMNAR_TYPES
+
+
+def _read_columnar(spark, records, projection, columns: list[int], limit: int | None) -> list[tuple]:
+    """The rows of Iceberg's reader ``records`` (a ``CloseableIterable`` of records of
+    ``projection``; ``columns``: the positions in it of the columns wanted, in order), moved out of
+    the JVM in one piece: Iceberg's own generic Parquet writer
+    writes them all into memory in one py4j call, and pyarrow reads the file. Value by value, a
+    row cost a py4j round trip per column and per row (about 0.1 ms each, idle; the 50-table round
+    of docs/benchmarks.md spent most of its lookup time there)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    memory = java_class(spark, "org.apache.iceberg.inmemory.InMemoryOutputFile")()
+    parquet = java_class(spark, "org.apache.iceberg.FileFormat").PARQUET
+    appender = java_class(spark, "org.apache.iceberg.data.GenericAppenderFactory")(projection).newAppender(
+        memory, parquet)
+    wanted = records if limit is None else java_class(
+        spark, "org.apache.iceberg.relocated.com.google.common.collect.Iterables").limit(records, limit + 1)
+    try:
+        try:
+            appender.addAll(wanted)
+        finally:
+            appender.close()
+    finally:
+        records.close()
+    if not appender.metrics().recordCount():  # Iceberg's writer creates no file for no row
+        return []
+    found = pq.read_table(pa.BufferReader(bytes(memory.toByteArray())))
+    if limit is not None and found.num_rows > limit:
+        raise TooManyRows(f"more than {limit} rows match")
+    # by position: Parquet names differ where Iceberg's are not Avro-compatible ("a.b" is "a_x2Eb")
+    values = [_python_values(found.column(index)) for index in columns]
+    return list(zip(*values)) if values else []
+
+
+def _python_values(column) -> list:
+    """A column pyarrow read as :func:`read_rows` returns it: timestamps (in lists too) as microseconds."""
+    import pyarrow as pa
+
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        return column.cast(pa.int64()).to_pylist()
+    if pa.types.is_list(kind) and pa.types.is_timestamp(kind.value_type):
+        return column.cast(pa.list_(pa.int64())).to_pylist()
+    return column.to_pylist()
+
+
 def _sortable(value) -> tuple:
     """A sort key for one key column's values, NULL first (a wanted value may be None)."""
     return (value is not None, value)
@@ -121,10 +186,11 @@ def arrow_values(array) -> list:
     return (array.cast(pa.int64()) if pa.types.is_timestamp(array.type) else array).to_pylist()
 
 
-def _matching(expressions, name: str, values: list):
-    """Iceberg's expression for ``name IN (values)``, NULL matching a None among them."""
+def _matching(spark, expressions, name: str, values: list):
+    """Iceberg's expression for ``name IN (values)``, NULL matching a None among them; the values
+    cross py4j as one list (:func:`java_list`)."""
     present = [_literal(value) for value in values if value is not None]
-    matching = getattr(expressions, "in")(name, present) if present else expressions.alwaysFalse()
+    matching = getattr(expressions, "in")(name, java_list(spark, present)) if present else expressions.alwaysFalse()
     if len(present) < len(values):
         matching = getattr(expressions, "or")(matching, expressions.isNull(name))
     return matching

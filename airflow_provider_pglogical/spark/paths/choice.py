@@ -5,8 +5,9 @@ Four paths bring a table to the end of a staged batch (``ApplyPath``):
 * **ADOPT**: a full snapshot's staged Parquet files become the table's data files as they are
   (``apply/adoption.py``): no rewrite;
 * **REWRITE**: every row of the table is replaced by rows computed from staging alone (a
-  snapshot that cannot be adopted, a change batch holding a TRUNCATE): one validated overwrite;
-* **MERGE**: one Spark ``MERGE INTO`` (merge-on-read: Spark writes position deletes);
+  snapshot that cannot be adopted, a change batch holding a TRUNCATE): one validated overwrite
+  (``paths/rewrite.py``);
+* **MERGE**: one Spark ``MERGE INTO`` (merge-on-read: Spark writes position deletes; ``paths/merge.py``);
 * **ROW_DELTA**: the driver reduces a small change batch itself and commits data and position
   deletes in one validated Iceberg ``RowDelta`` (``row_delta/``), without a Spark job.
 

@@ -20,7 +20,7 @@ batch facts hold (no TRUNCATE, nothing before the table's position), no column i
 is not equal to itself in Python, where PostgreSQL counts it equal) or an array, no TOAST value
 was left out, the table is numbered, unpartitioned, format 2 or later and merge-on-read, some
 column narrows the read to the touched values, and at most :data:`MAX_READ_ROWS` rows match.
-Otherwise it is MERGEd (``multisets.py``; merge-on-read, so Spark writes position deletes too).
+Otherwise it is MERGEd (``paths/merge.py``; merge-on-read, so Spark writes position deletes too).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class CopyChanges:
 def net_copies(rows, values: list[str]) -> dict[tuple, int]:
     """Per touched row value (a tuple in :func:`python_column` form; NULLs equal), the net change
     of its number of copies: +1 per INSERT and UPDATE's new row, -1 per DELETE and UPDATE's old row
-    (the rules of ``multisets.signed_copies``). Every row counts: the facts say none is before the
+    (the rules of ``reduction.signed_copies``). Every row counts: the facts say none is before the
     table's position and no TRUNCATE is among them."""
     count = rows.num_rows
     ops = rows[OP].to_pylist()
@@ -200,7 +200,7 @@ class MultisetRowDeltas(RowDeltas):
         reader: (values, occurrence, the batch that wrote it, data file, position) each, every column
         of a type that compares exactly narrowed to the touched values (matched exactly by the
         caller). None, with the reason logged, where nothing narrows them or more than
-        :data:`MAX_READ_ROWS` match (each row's values cross py4j one by one): the step is MERGEd."""
+        :data:`MAX_READ_ROWS` match (they all pass through the driver's memory): the step is MERGEd."""
         narrowed = _narrowing(values, types, touched)
         if not narrowed:
             log.info("%s: a MERGE, not a row delta: no column narrows the read of the copies", target)

@@ -8,7 +8,7 @@ rules of ``reduction.py``), reads the rows the table holds under those keys thro
 reader (``lookups/table_rows.py``: no Spark job; with each row's data file and position, Iceberg's
 ``_file`` and ``_pos`` metadata columns) and writes:
 
-* a **position delete file** (Iceberg's ``PositionDeleteWriter``) holding the data file and
+* a **position delete file** (the spec's ``file_path``, ``pos``; ``driver_commits.py``) holding the data file and
   position of every row the batch replaces: the rows of keys it deletes, updates, inserts again or
   leaves by a key change;
 * a **data file** with the last row of every key the batch leaves present; a value a row left
@@ -28,9 +28,9 @@ before the table's position), the table is unpartitioned, format 2 (on 3 a MERGE
 row's ``_row_id``, which these do not yet), merge-on-read, its columns are the batch's with the
 batch's types, none needs a cast, and every key column is of a type whose values read back from
 Iceberg equal the staged ones (:func:`lookup_type`). The rows
-pass through the driver, and each row the read finds crosses py4j value by value, so the batch
+pass through the driver (the rows the read finds cross py4j as one in-memory Parquet file), so the batch
 must be small (:data:`ROW_DELTA_MAX_ROWS`) and pyarrow importable there. Everything else is
-MERGEd (``keyed.py``; merge-on-read, so Spark writes position deletes too).
+MERGEd (``paths/merge.py``; merge-on-read, so Spark writes position deletes too).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from airflow_provider_pglogical.staging.column_types import column_type
 log = logging.getLogger("pglogical.apply")
 
 #: the most change rows a batch may hold to be applied by the driver: its rows pass through Python,
-#: and each row the read of the replaced rows finds crosses py4j value by value
-#: (``lookups/table_rows.py``, about 0.1 ms a value), where a MERGE's cost barely grows
+#: and so do the rows the read of the replaced rows finds (``lookups/table_rows.py``), where a
+#: MERGE's cost barely grows
 ROW_DELTA_MAX_ROWS = 2_000
 
 
