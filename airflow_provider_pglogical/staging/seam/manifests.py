@@ -25,6 +25,14 @@ def _split(cls: type, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return {k: v for k, v in raw.items() if k in names}, {k: v for k, v in raw.items() if k not in names}
 
 
+def _typed(cls: type, raw: Any) -> Any:
+    """``raw`` as a ``cls``: itself when it is one already, else its known fields plus ``extra``."""
+    if isinstance(raw, cls):
+        return raw
+    known, extra = _split(cls, raw)
+    return cls(**known, extra=extra)
+
+
 @dataclass(frozen=True)
 class Column:
     """One source column of a staged table: its PostgreSQL type as the pull saw it."""
@@ -46,10 +54,7 @@ class Column:
 
     @classmethod
     def from_dict(cls, raw: "dict[str, Any] | Column") -> "Column":
-        if isinstance(raw, Column):
-            return raw
-        known, extra = _split(cls, raw)
-        return cls(**known, extra=extra)
+        return _typed(cls, raw)
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest entry; ``override`` only when there is one (as written before types)."""
@@ -73,10 +78,7 @@ class FileEntry:
 
     @classmethod
     def from_dict(cls, raw: "dict[str, Any] | FileEntry") -> "FileEntry":
-        if isinstance(raw, FileEntry):
-            return raw
-        known, extra = _split(cls, raw)
-        return cls(**known, extra=extra)
+        return _typed(cls, raw)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "rows": self.rows, **self.extra}
@@ -211,10 +213,7 @@ class TableManifest:
 
     @classmethod
     def from_dict(cls, raw: "dict[str, Any] | TableManifest") -> "TableManifest":
-        if isinstance(raw, TableManifest):
-            return raw
-        known, extra = _split(cls, raw)
-        return cls(**known, extra=extra)
+        return _typed(cls, raw)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": self.schema, "name": self.name, "columns": [c.to_dict() for c in self.columns],
