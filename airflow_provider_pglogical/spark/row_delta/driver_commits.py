@@ -99,15 +99,30 @@ def validated_commit(update, table, read_at: int | None) -> None:
     try:
         update.commit()
     except Exception as error:
-        if java_exception_class(error) != "org.apache.iceberg.exceptions.ValidationException":
-            raise
-        raise _conflict(table.name(), read_at, error.java_exception) from None
+        if java_exception_class(error) == "org.apache.iceberg.exceptions.ValidationException":
+            raise _conflict(table.name(), read_at, error.java_exception) from None
+        if expired_base(error):
+            raise _conflict(table.name(), read_at, error) from None
+        raise
+
+
+def expired_base(error: BaseException) -> bool:
+    """Whether a commit was refused because the snapshot its step read was expired meanwhile
+    (housekeeping's ``expire_snapshots`` beside the apply): Iceberg's validation cannot walk back to
+    it and raises before committing anything, so the step is run again like any other conflict."""
+    from pyspark.errors.exceptions.captured import IllegalArgumentException  # PySpark's own for the JVM's
+
+    java = getattr(error, "java_exception", None)
+    if java is not None:
+        return (java.getClass().getName() == "java.lang.IllegalArgumentException"
+                and "is not an ancestor of" in (java.getMessage() or ""))
+    return isinstance(error, IllegalArgumentException) and "is not an ancestor of" in str(error)
 
 
 def _conflict(name: str, read_at: int | None, cause) -> ConcurrentCommit:
     return ConcurrentCommit(
         f"table {name}: another commit added rows or deletes after this step read it (at snapshot {read_at}): "
-        f"{cause.getMessage()}. Nothing of this step was committed. Run one apply per pipeline at a time "
+        f"{cause.getMessage() if hasattr(cause, 'getMessage') else cause}. Nothing of this step was committed. Run one apply per pipeline at a time "
         "(max_active_tis_per_dag=1 on the apply task) and do not write to the pipeline's tables otherwise; "
         "the next apply applies the step again from what the table holds then.", read_at)
 
