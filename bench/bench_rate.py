@@ -53,6 +53,7 @@ from snapshot_judge import SnapshotJudge, create_markers, events_table, mark  # 
 os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
 
 import psutil  # noqa: E402
+from psycopg2 import sql  # noqa: E402
 from airflow.sdk import ObjectStoragePath  # noqa: E402
 
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync  # noqa: E402
@@ -128,33 +129,35 @@ class Writer(threading.Thread):
     def table_changes(self, cur, i: int, n: int) -> int:
         updates, inserts = n // 2, n // 4
         deletes = n - updates - inserts
-        done = 0
+        done, table = 0, sql.Identifier(f"t{i}")
         if i == KEYLESS:
-            for statement in (
-                f"UPDATE t{i} SET c = c + 1 WHERE ctid = ANY(ARRAY(SELECT ctid FROM t{i} OFFSET {n} LIMIT {updates}))",
-                f"INSERT INTO t{i} SELECT a, b, c FROM t{i} LIMIT {inserts // 2}",
-                f"INSERT INTO t{i} SELECT g, 'new', 0 FROM generate_series(1, {inserts - inserts // 2}) g",
-                f"DELETE FROM t{i} WHERE ctid = ANY(ARRAY(SELECT ctid FROM t{i} LIMIT {deletes}))",
+            for statement, values in (
+                ("UPDATE {t} SET c = c + 1 WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} OFFSET %s LIMIT %s))", (n, updates)),
+                ("INSERT INTO {t} SELECT a, b, c FROM {t} LIMIT %s", (inserts // 2,)),
+                ("INSERT INTO {t} SELECT g, 'new', 0 FROM generate_series(1, %s) g", (inserts - inserts // 2,)),
+                ("DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} LIMIT %s))", (deletes,)),
             ):
-                cur.execute(statement)
+                cur.execute(sql.SQL(statement).format(t=table), values)
                 done += cur.rowcount
             return done
         moves = updates // 5 if i in MOVES else 0
         top = self.cursor[i] + updates
-        cur.execute(f"UPDATE t{i} SET qty = qty + 1, note = 'u' WHERE id >= %s AND id < %s", (self.cursor[i], top))
+        cur.execute(sql.SQL("UPDATE {} SET qty = qty + 1, note = 'u' WHERE id >= %s AND id < %s").format(table),
+                    (self.cursor[i], top))
         done += cur.rowcount
         if cur.rowcount == 0:  # past the live rows: from the oldest again
             self.cursor[i] = self.low[i]
         else:
             self.cursor[i] = top
         if moves:
-            cur.execute(f"UPDATE t{i} SET id = nextval('ids') WHERE id >= %s AND id < %s",
+            cur.execute(sql.SQL("UPDATE {} SET id = nextval('ids') WHERE id >= %s AND id < %s").format(table),
                         (self.low[i] + deletes, self.low[i] + deletes + moves))
             done += cur.rowcount
-        doc = f", {DOC}" if i in BIG else ""
-        cur.execute(f"INSERT INTO t{i} SELECT nextval('ids'), g, 'i'{doc} FROM generate_series(1, %s) g", (inserts,))
+        doc = sql.SQL(", " + DOC) if i in BIG else sql.SQL("")
+        cur.execute(sql.SQL("INSERT INTO {} SELECT nextval('ids'), g, 'i'{} FROM generate_series(1, %s) g").format(table, doc),
+                    (inserts,))
         done += cur.rowcount
-        cur.execute(f"DELETE FROM t{i} WHERE id >= %s AND id < %s", (self.low[i], self.low[i] + deletes))
+        cur.execute(sql.SQL("DELETE FROM {} WHERE id >= %s AND id < %s").format(table), (self.low[i], self.low[i] + deletes))
         done += cur.rowcount
         self.low[i] += deletes
         return done
