@@ -16,6 +16,9 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from airflow.exceptions import AirflowException
 
 from airflow_provider_pglogical.exceptions import InvalidInputError
 from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogConnection, FileIOKind
@@ -205,6 +208,37 @@ def spark_environment(access: LakehouseAccess, env_vars: dict | None, spark_conn
             "the Glue catalog's aws connection and give the cluster an IAM role (the AWS SDK's default chain)"
         )
     return {**(env_vars or {}), **access.environment}
+
+
+def jars_for_master(conf: dict[str, str], spark_conn_id: str) -> dict[str, str]:
+    """``conf`` for the Spark connection's master: :func:`local_class_path` of it when the master is
+    local; other masters keep ``spark.jars``, as their executors need the files."""
+    try:
+        master = (_connection(spark_conn_id).host or "").lower()
+    except AirflowException:  # no such connection: the Spark provider then submits to YARN, as here
+        return conf
+    return local_class_path(conf) if master.startswith("local") else conf
+
+
+def local_class_path(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with its local ``spark.jars`` on the driver's class path instead, for a local master.
+
+    A local master's executor copies every ``spark.jars`` entry into the driver's temporary directory
+    at each start (374 MB with the S3 jars), and a killed driver leaves that copy behind in ``/tmp``.
+    In local mode the executors run in the driver's JVM, so the class path is enough. Remote URLs
+    (``s3://``, ``https://``) stay in ``spark.jars``.
+    """
+    jars = [jar for jar in conf.get("spark.jars", "").split(",") if jar]
+    local = [jar for jar in jars if urlsplit(jar).scheme in ("", "file")]
+    if not local:
+        return conf
+    moved = {key: value for key, value in conf.items() if key != "spark.jars"}
+    if len(local) < len(jars):
+        moved["spark.jars"] = ",".join(jar for jar in jars if jar not in local)
+    paths = [urlsplit(jar).path if jar.startswith("file:") else jar for jar in local]
+    given = conf.get("spark.driver.extraClassPath")
+    moved["spark.driver.extraClassPath"] = os.pathsep.join([*([given] if given else []), *paths])
+    return moved
 
 
 def defaults_file(properties_file: str | None, environ=os.environ) -> Path | None:

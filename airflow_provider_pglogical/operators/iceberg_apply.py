@@ -23,7 +23,7 @@ from airflow_provider_pglogical.lakehouse.catalog_tables import catalog_metadata
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, default_warehouse, scheme_of
 from airflow_provider_pglogical.spark.launch import APPLY_JOB, with_job_bundle
 from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, job_access, private_properties
-from airflow_provider_pglogical.lakehouse.lakehouse_access import spark_environment
+from airflow_provider_pglogical.lakehouse.lakehouse_access import jars_for_master, spark_environment
 from airflow_provider_pglogical.lakehouse.staging_roots import read_job_error, read_result, spark_uri, staging_access
 from airflow_provider_pglogical.lakehouse.staging_roots import staging_path, storage_path
 from airflow_provider_pglogical.exceptions import ConcurrentApplyError, InvalidInputError, JobResultMissing, SparkJobError
@@ -269,8 +269,8 @@ class IcebergApplyOperator(SparkSubmitOperator):
         """
         result_at = result_uri(str(self.staging_root), str(self.pipeline), "apply")
         access = job_access(self.iceberg, staging)  # credentials: never on the command line
-        self.conf = {**access.public, **(self.conf or {}),
-                     RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"}
+        self.conf = jars_for_master({**access.public, **(self.conf or {}), RESULT_CONF: spark_uri(result_at),
+                                     STAGING_FILE_MODE_CONF: f"{file_mode():o}"}, self._conn_id)
         self.application_args = self.job_args(lease_holder(context))
         given, given_env, self._hook = self.properties_file, self.env_vars, None  # the hook reads them when made
         self.env_vars = spark_environment(access, given_env, self._conn_id)

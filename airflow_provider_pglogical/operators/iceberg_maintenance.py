@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access, private_properties, spark_environment
+from airflow_provider_pglogical.lakehouse.lakehouse_access import jars_for_master, job_access, private_properties, spark_environment
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.spark.launch import MAINTENANCE_JOB, with_job_bundle
 from airflow_provider_pglogical.management.validation import check_count
@@ -115,7 +115,7 @@ class IcebergMaintenanceOperator(SparkSubmitOperator):
         # resolved when the task runs, not when the DAG is parsed (the jar lookup, templated values)
         with fail_permanent_errors():  # a refused lakehouse is not retried
             access = job_access(self.iceberg)  # credentials: never on the command line
-            self.conf = {**access.public, **(self.conf or {})}
+            self.conf = jars_for_master({**access.public, **(self.conf or {})}, self._conn_id)
         self.application_args = self.job_args()
         self.py_files = with_job_bundle(self.py_files)
         given, self._hook = self.properties_file, None  # the hook reads the file's path when it is made

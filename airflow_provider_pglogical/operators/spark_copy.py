@@ -21,7 +21,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow_provider_pglogical.capture.copy_job import CONNECTION_CONF, plan_document
 from airflow_provider_pglogical.capture.snapshot import Copier, CopyPlan
 from airflow_provider_pglogical.exceptions import DistributedCopyError, InvalidInputError
-from airflow_provider_pglogical.lakehouse.lakehouse_access import private_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import jars_for_master, private_properties
 from airflow_provider_pglogical.spark.launch import COPY_JOB, COPY_MEMBERS, job_bundle
 from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.contract import STAGING_FILE_MODE_CONF
@@ -103,7 +103,8 @@ class SparkCopy:
         return run
 
     def _submit(self, plan_path: str, connect_kwargs: dict) -> None:
-        conf = {**self.conf, STAGING_FILE_MODE_CONF: f"{file_mode():o}", "spark.speculation": "false"}
+        conf = jars_for_master({**self.conf, STAGING_FILE_MODE_CONF: f"{file_mode():o}", "spark.speculation": "false"},
+                               self.conn_id)
         private = {CONNECTION_CONF: json.dumps(connect_kwargs)}
         with private_properties(private, self.properties_file) as properties_file:
             hook = SparkSubmitHook(

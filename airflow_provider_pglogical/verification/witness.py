@@ -23,6 +23,7 @@ from airflow_provider_pglogical.exceptions import PgLogicalError, SparkJobError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.lakehouse.lakehouse_access import (
     LakehouseAccess,
+    jars_for_master,
     job_access,
     private_properties,
     spark_environment,
@@ -66,7 +67,8 @@ def run_verify_job(plan_uri: str, iceberg: IcebergConfig, *, conn_id: str = "spa
     access = job_access(iceberg, staging)  # credentials: never on the command line
     with private_properties(access.private) as properties_file:
         hook = SparkSubmitHook(
-            conf={**access.public, RESULT_CONF: spark_uri(result_at), STAGING_FILE_MODE_CONF: f"{file_mode():o}"},
+            conf=jars_for_master({**access.public, RESULT_CONF: spark_uri(result_at),
+                                  STAGING_FILE_MODE_CONF: f"{file_mode():o}"}, conn_id),
             conn_id=conn_id, name="pglogical-verify", properties_file=properties_file,
             driver_memory=driver_memory, py_files=with_job_bundle(None),
             env_vars=spark_environment(access, None, conn_id),

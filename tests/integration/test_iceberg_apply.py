@@ -407,7 +407,7 @@ def test_bucketed_tables_merge_through_a_bucketed_batch_table_exactly(lake):
     assert not [t for t in tables if t.startswith("_pglogical_batch")], tables
 
 
-def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(lake):
+def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(lake, tmp_path):
     # killed after a snapshot's staged files were copied into a table and before their commit: the
     # copies are orphans (housekeeping's remove_orphan_files deletes them), the table has no row
     code, output = spark_submit(lake.warehouse, "crash", lake.root, env={"PGLOGICAL_ADOPT_CRASH": "copied"})
@@ -434,7 +434,9 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
         return json.loads(newest.read_text()).get("current-snapshot-id")
 
     snapshot = state_snapshot()
-    process = spark_submit(lake.warehouse, "crash", lake.root, wait=False)
+    local_dirs = tmp_path / "spark-local"  # the driver's temporary directory, which a SIGKILL leaves behind
+    local_dirs.mkdir()
+    process = spark_submit(lake.warehouse, "crash", lake.root, wait=False, env={"SPARK_LOCAL_DIRS": str(local_dirs)})
 
     def state_committed() -> bool:
         assert process.poll() is None, process.stdout.read()[-5000:]
@@ -443,6 +445,9 @@ def test_killed_between_data_and_state_commit_then_killed_anywhere_then_rerun(la
     wait_until(state_committed, timeout=300, interval=0.02, message="the re-run's first state commit")
     kill_tree(process)
     process.wait()
+    # the jars are on the local driver's class path, not copied into its directory (47 MB a start,
+    # 374 MB with S3's: lakehouse_access.local_class_path), so a killed driver leaves no copy behind
+    assert [path.name for path in local_dirs.rglob("*.jar")] == []
     assert {s: v["position"][-4:] for s, v in lake.state("crash").items()} == {
         "public.events": "2000", "public.items": "2000", "public.orders": "2000", "public.tags": "3000"}
 

@@ -55,7 +55,7 @@ def archive_name() -> str:
     real = os.path.realpath(java)
     jars = Path(pyspark.__file__).parent / "jars"  # reinstalled: new modification times, which the JVM checks
     stamp = (f"{real}:{os.path.getmtime(real) if os.path.exists(real) else 0}:{pyspark.__version__}:"
-             f"{jars.stat().st_mtime if jars.exists() else 0}:{iceberg_runtime_jar()}")
+             f"{jars.stat().st_mtime if jars.exists() else 0}:{iceberg_runtime_jar()}:on-class-path")
     return f"driver-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.jsa"
 
 
@@ -83,6 +83,7 @@ def ensure_archive(directory: Path, base_options: str, environ: dict[str, str]) 
 def _warm_up(directory: Path, archive: Path, base_options: str, environ: dict[str, str]) -> bool:
     """Run the warm-up job with ``-XX:ArchiveClassesAtExit``; the archive is renamed into place when whole."""
     from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
+    from airflow_provider_pglogical.lakehouse.lakehouse_access import local_class_path
 
     with tempfile.TemporaryDirectory(prefix="class-archive-") as tmp:
         job = Path(tmp) / "warm_up.py"
@@ -90,7 +91,8 @@ def _warm_up(directory: Path, archive: Path, base_options: str, environ: dict[st
         partial = Path(tmp) / archive.name
         command = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g", "--conf", "spark.ui.enabled=false",
                    "--conf", f"spark.driver.extraJavaOptions={base_options} -XX:ArchiveClassesAtExit={partial} {QUIET}"]
-        for key, value in IcebergConfig(warehouse=Path(tmp, "warehouse").as_uri()).spark_conf().items():
+        conf = local_class_path(IcebergConfig(warehouse=Path(tmp, "warehouse").as_uri()).spark_conf())  # as the operators
+        for key, value in conf.items():
             command += ["--conf", f"{key}={value}"]
         done = subprocess.run([*command, str(job)], env={k: v for k, v in environ.items() if k != "SPARK_CONF_DIR"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)

@@ -15,7 +15,7 @@ from pathlib import Path
 from airflow_provider_pglogical.lakehouse.iceberg_config import (
     IcebergConfig, iceberg_aws_jars, iceberg_runtime_jar, postgresql_jdbc_jar, s3a_jars,
 )
-from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess
+from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, local_class_path
 from airflow_provider_pglogical.spark.launch import job_bundle
 from tests.support.environment import driver_java_options, subprocess_env
 
@@ -32,7 +32,8 @@ def submit_command(job: Path, args: list[str], iceberg: IcebergConfig | None = N
         (``lakehouse_access.private_properties``), as the operators pass it: never a ``--conf``.
     """
     command = ["spark-submit", "--master", master, "--driver-memory", driver_memory, "--conf", "spark.ui.enabled=false"]
-    for key, value in {**driver_java_conf(), **(iceberg.spark_conf() if iceberg else {}), **(conf or {})}.items():
+    given = {**driver_java_conf(), **(iceberg.spark_conf() if iceberg else {}), **(conf or {})}
+    for key, value in (local_class_path(given) if master.startswith("local") else given).items():  # as the operators
         command += ["--conf", f"{key}={value}"]
     if properties_file:
         command += ["--properties-file", properties_file]
@@ -115,7 +116,7 @@ def _lakehouse_conf(warehouse: Path | None, access: LakehouseAccess | None, extr
     """The lakehouse's public Spark properties (a Hadoop catalog on ``warehouse`` unless ``access``
     is given), with :func:`session_jars`."""
     conf = dict(access.public) if access is not None else IcebergConfig(warehouse=Path(warehouse).as_uri()).spark_conf()
-    return {**conf, **(extra or {}), "spark.jars": session_jars()}
+    return local_class_path({**conf, **(extra or {}), "spark.jars": session_jars()})
 
 
 def set_private(session, private: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_pglogical.lakehouse.lakehouse_access import jars_for_master, local_class_path
 from airflow_provider_pglogical.operators import iceberg_apply
 from airflow_provider_pglogical.lakehouse.iceberg_config import (
     ICEBERG_EXTENSIONS,
@@ -90,12 +91,29 @@ def test_apply_operator_fills_the_job_and_its_arguments():
 def test_apply_operator_builds_a_spark_submit_command(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
     op = IcebergApplyOperator(task_id="apply", staging_root="/s", pipeline="p", iceberg=IcebergConfig(warehouse="/wh"))
-    op.conf = {**op.iceberg.spark_conf(), **op.conf}  # what execute does before submitting
+    op.conf = jars_for_master({**op.iceberg.spark_conf(), **op.conf}, op._conn_id)  # as execute does
     command = op._get_hook()._build_spark_submit_command(op.application)
     assert command[:3] == ["spark-submit", "--master", "local[2]"]
-    assert f"spark.jars={iceberg_runtime_jar()}" in command
+    # a local master's jars go on the driver's class path: spark.jars would copy them at each start
+    assert f"spark.driver.extraClassPath={iceberg_runtime_jar()}" in command
+    assert not [arg for arg in command if arg.startswith("spark.jars=")]
     assert "--driver-memory" in command and command[command.index("--driver-memory") + 1] == "2g"
     assert command[-len(op.application_args) - 1:] == [str(APPLY_JOB), *op.application_args]
+
+
+@pytest.mark.parametrize("host", ["spark://master:7077", "yarn"])
+def test_a_cluster_master_keeps_spark_jars(monkeypatch, host):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps({"conn_type": "spark", "host": host}))
+    conf = IcebergConfig(warehouse="/wh").spark_conf()
+    assert jars_for_master(conf, "spark_cluster") == conf  # its executors need the files
+
+
+def test_local_jars_join_the_given_class_path_and_remote_ones_stay_in_spark_jars():
+    conf = {"spark.jars": "/a.jar,file:///b.jar,s3a://bucket/c.jar,https://host/d.jar",
+            "spark.driver.extraClassPath": "/mine.jar", "spark.app.name": "x"}
+    assert local_class_path(conf) == {"spark.jars": "s3a://bucket/c.jar,https://host/d.jar",
+                                      "spark.driver.extraClassPath": "/mine.jar:/a.jar:/b.jar", "spark.app.name": "x"}
+    assert local_class_path({"spark.jars": "s3a://bucket/c.jar"}) == {"spark.jars": "s3a://bucket/c.jar"}
 
 
 def test_apply_operator_declares_its_asset_alias():
