@@ -27,6 +27,18 @@ log = logging.getLogger("pglogical.apply")
 HANDOVER_MARGIN_SECONDS = 60.0
 #: seconds between two reads of the lease while a window waits for the handover
 HANDOVER_POLL_SECONDS = 0.25
+#: the table operations whose ``commit(base, new)`` itself refuses a ``base`` that is no longer the
+#: table's current metadata (a compare-and-swap of the metadata location). Any other, a REST
+#: catalog's above all (the server checks only the requirements the update carries, and a change of
+#: properties alone carries none), gets a fence in each lease commit: see :meth:`ApplyLease._fence`
+COMPARE_AND_SWAP_OPERATIONS = frozenset({
+    "org.apache.iceberg.hadoop.HadoopTableOperations",
+    "org.apache.iceberg.jdbc.JdbcTableOperations",
+    "org.apache.iceberg.aws.glue.GlueTableOperations",
+    "org.apache.iceberg.hive.HiveTableOperations",
+})
+#: the snapshot summary property naming what a fence commit did to the lease
+FENCE_SUMMARY_PROPERTY = "pglogical.apply-lease"
 
 
 class ApplyLeaseHeld(ApplyError):
@@ -43,12 +55,14 @@ class ApplyLease:
     """One apply per pipeline and lakehouse: a lease kept as a property of the state table.
 
     Taken by a compare-and-swap of the table's metadata (``TableOperations.commit(base, new)``
-    refuses a stale ``base`` and never retries), renewed by a thread every third of its length,
-    removed at the end. A killed apply cannot remove it: when its driver ran on the same machine
-    (and pid namespace) as the next apply's, the next one sees that process gone and takes the lease
-    over at once (an Airflow retry of a killed task); a driver elsewhere blocks it until it expires. Works on every Iceberg catalog, as atomically as the catalog commits (a Hadoop
-    catalog on a file system without an atomic rename-if-absent leaves a window of milliseconds,
-    which the read back after the swap narrows further).
+    refuses a stale ``base`` and never retries; on a catalog whose commit does not compare the
+    base, a REST catalog's, the commit carries a fence the server checks: :meth:`_fence`), renewed
+    by a thread every third of its length, removed at the end. A killed apply cannot remove it: when
+    its driver ran on the same machine (and pid namespace) as the next apply's, the next one sees
+    that process gone and takes the lease over at once (an Airflow retry of a killed task); a driver
+    elsewhere blocks it until it expires. Works on every Iceberg catalog, as atomically as the
+    catalog commits (a Hadoop catalog on a file system without an atomic rename-if-absent leaves a
+    window of milliseconds, which the read back after the swap narrows further).
 
     :param holder: who takes it, for the message another apply shows (an Airflow task instance).
     :param window_seconds: a keep-running window's length (not an initial load's, which may end
@@ -73,7 +87,9 @@ class ApplyLease:
         self.expires_at = 0.0
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._table = None
         self._ops = None
+        self._fenced = False
 
     def __enter__(self) -> "ApplyLease":
         self.acquire()
@@ -84,7 +100,9 @@ class ApplyLease:
 
     def acquire(self) -> None:
         """Take the lease, or raise :class:`ApplyLeaseHeld` when another apply holds a live one."""
-        self._ops = self.lakehouse.state.state_table().operations()
+        self._table = self.lakehouse.state.state_table()
+        self._ops = self._table.operations()
+        self._fenced = self._ops.getClass().getName() not in COMPARE_AND_SWAP_OPERATIONS
         started = time.monotonic()
         while True:
             try:
@@ -164,19 +182,28 @@ class ApplyLease:
         a new lease (dict), a property to remove (str) or None (nothing to do); a lost race is read again."""
         metadata = java_class(self.spark, "org.apache.iceberg.TableMetadata")
         for _ in range(attempts):
-            base = self._ops.refresh()
-            wanted = change(self._lease(base))
+            fence = self._fence(what) if self._fenced else None
+            base = self._ops.current() if fence is not None else self._ops.refresh()
+            try:
+                wanted = change(self._lease(base))
+            except BaseException:
+                self._discard(fence)
+                raise
             if wanted is None:
+                self._discard(fence)
                 return
             builder = metadata.buildFrom(base)
             if isinstance(wanted, str):
                 builder.removeProperties({wanted})
             else:
                 builder.setProperties({self.key: json.dumps(wanted, sort_keys=True)})
+            if fence is not None:
+                builder.setBranchSnapshot(fence, "main")
             try:
                 self._ops.commit(base, builder.build())
             except Exception as error:
                 if java_exception_class(error) == "org.apache.iceberg.exceptions.CommitFailedException":
+                    self._discard(fence)  # refused, so never part of the table
                     continue  # another commit of the state table came first: read it again
                 raise
             if isinstance(wanted, dict):
@@ -198,6 +225,23 @@ class ApplyLease:
                 self._swap(renew, "renew")
             except Exception as error:  # try again at the next beat; check() tells when it is too late
                 log.warning("could not renew the apply lease of %s: %s", self.pipeline, error)
+
+    def _fence(self, what: str):
+        """An empty snapshot of the state table's main branch, not committed yet (its manifest list
+        is written), on the table's current metadata (``ops.current()`` after this).
+
+        Committed with the lease's change, it makes the commit carry Iceberg's requirement that main
+        is still at the snapshot the lease was read at (``AssertRefSnapshotID``): a REST server
+        refuses the commit when any other commit of the table, another apply's lease above all, came
+        in between. Without it two applies taking the lease at the same instant both succeeded, the
+        later silently replacing the earlier's lease. The empty snapshots (one per lease change on
+        such catalogs) change no rows; housekeeping expires them as any other."""
+        return self._table.newFastAppend().set(FENCE_SUMMARY_PROPERTY, what).apply()
+
+    def _discard(self, fence) -> None:
+        """Delete an uncommitted fence's manifest list (a commit that failed otherwise may have landed: kept)."""
+        if fence is not None:
+            self._table.io().deleteFile(fence.manifestListLocation())
 
     def _lease(self, metadata) -> dict | None:
         value = metadata.properties().get(self.key)
