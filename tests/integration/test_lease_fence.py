@@ -46,6 +46,7 @@ def lakehouses(tmp_path_factory):
             session.stop()
         finally:
             rest.server.stop()
+            rest.server.log_path.unlink(missing_ok=True)
             s3.stop()
 
 
