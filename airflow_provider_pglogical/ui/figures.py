@@ -13,6 +13,7 @@ import datetime as dt
 import statistics
 from typing import Any
 
+from airflow_provider_pglogical.capture.chunked.progress import load_figures, read_load
 from airflow_provider_pglogical.management import connector
 from airflow_provider_pglogical.management.monitoring import slot_status
 from airflow_provider_pglogical.management.slots import get_slot
@@ -100,6 +101,8 @@ def staging_figures(root, ref: PipelineRef) -> dict[str, Any]:
         "last_source_change": next((e for e in reversed(recorded) if e.get("resnapshotted") or e.get("orphaned")),
                                    None),
         "next_pull_in_seconds": pull_cadence(recorded),
+        # a chunked initial load's progress (snapshot_mode="chunked"); None without one
+        "initial_load": load_figures(read_load(root, pipeline)),
         "history": {
             "slot_lag": [{"at": e["at"], "lag_bytes": e.get("lag_bytes"),
                           "retained_wal_bytes": e.get("retained_wal_bytes")}

@@ -23,6 +23,8 @@ from airflow_provider_pglogical.capture.pull import run_pull
 from airflow_provider_pglogical.exceptions import PipelineStateError
 from airflow_provider_pglogical.management.publications import PublishedTable
 from airflow_provider_pglogical.staging.layout import committed_batches, read_manifest
+from airflow_provider_pglogical.ui.discovery import PipelineRef
+from airflow_provider_pglogical.ui.figures import staging_figures
 from tests.integration.replay import replay, table_rows
 
 SOURCE = """
@@ -194,8 +196,10 @@ KILLED_LOAD = textwrap.dedent("""
 
 
 def test_a_killed_load_resumes_at_its_first_unstaged_chunk(publisher, publisher_hook, root):
-    publisher.execute(SOURCE)
+    publisher.execute(SOURCE + "ANALYZE items, notes;")  # PostgreSQL's estimate, which the view shows
     publisher_hook.create_publication("p", [PublishedTable("items"), PublishedTable("notes")])
+    ref = PipelineRef(str(root), "p", publisher.conn_id, "s1")
+
     def killed(at: str, chunk: int) -> None:
         env = {**os.environ, "CONN": publisher.conn_id, "ROOT": str(root), "AT": at, "CHUNK": str(chunk)}
         proc = subprocess.run([sys.executable, "-c", KILLED_LOAD], env=env, cwd=os.getcwd(), capture_output=True,
@@ -206,6 +210,10 @@ def test_a_killed_load_resumes_at_its_first_unstaged_chunk(publisher, publisher_
     chunks_before = [n for n, _s, _e, k in committed_batches(root, "p") if k == "snapshot"]
     assert len(chunks_before) == 1 + 4  # the empty start, items' chunks 0..3
     assert read_load(root, "p").tables["public.items"].chunks == 3  # chunk 3 staged, its record not written
+    # the pipeline view shows the unfinished load as its record says it: 3 chunks of items, of ~2,700 rows
+    load = staging_figures(root, ref)["initial_load"]
+    assert (load["complete"], load["chunks"], load["rows"], load["tables_done"], load["tables"]) == (False, 3, 900, 0, 2)
+    assert load["estimated_rows"] == 2700 and load["per_table"]["public.items"]["estimated_rows"] == 2000
     listing = sorted(p.name for p in (root / "p").iterdir())
     with pytest.raises(PipelineStateError, match="has an unfinished chunked load of slot 's1': re-run the initial "
                        "sync with snapshot_mode='chunked'"):
@@ -222,6 +230,8 @@ def test_a_killed_load_resumes_at_its_first_unstaged_chunk(publisher, publisher_
     run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=300,
                      hooks=ChunkHooks(low=lambda e: (copied.append((e.table, e.chunk)), writer.burst(2))))
     assert ("public.items", 3) not in copied and copied[0] == ("public.items", 4)
+    load = staging_figures(root, ref)["initial_load"]
+    assert (load["complete"], load["tables_done"], load["chunks"]) == (True, 2, len(copied) + 4), load
     assert not (root / "p" / unfinished[0]).exists()  # the killed chunk's files are gone; it was read again
     ranges = [read_manifest(root, "p", n).details.get(CHUNK_DETAILS, {}) for n, *_ in committed_batches(root, "p")]
     items = [(r["start"], r["end"]) for r in ranges if r.get("table") == "public.items"]

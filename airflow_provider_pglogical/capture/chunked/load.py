@@ -174,7 +174,11 @@ def _estimated_rows(hook, planned: list[plan.ChunkedTable]) -> dict[str, int]:
 def _load_tables(hook, planned: list[plan.ChunkedTable], initial: BatchManifest, load: LoadRecord,
                  root: StagingPath, pipeline: str, type_overrides, report: Callable[[str], None],
                  writer_wait_seconds: float, hooks: ChunkHooks, publications: list[str]) -> None:
-    reporter = Reporter(load, _estimated_rows(hook, planned), report)
+    estimated = _estimated_rows(hook, planned)
+    for name, rows in estimated.items():  # kept for the pipeline view (progress.load_figures)
+        if name in load.tables and load.tables[name].estimated_rows is None:
+            load.tables[name].estimated_rows = rows
+    reporter = Reporter(load, estimated, report)
     details = {"publications": list(publications), "initial": False,
                CHUNK_DETAILS: {"slot": load.slot, "created_lsn": load.created_lsn}}
     reader = ChunkReader(hook.connect_kwargs(), root, pipeline, details, writer_wait_seconds, hooks)

@@ -39,6 +39,8 @@ class TableProgress:
     chunks: int = 0
     rows: int = 0
     done: bool = False
+    #: the table's rows as PostgreSQL estimated them when the load started (``pg_class.reltuples``)
+    estimated_rows: int | None = None
 
 
 @dataclass
@@ -58,6 +60,24 @@ class LoadRecord:
     @property
     def rows(self) -> int:
         return sum(t.rows for t in self.tables.values())
+
+
+def load_figures(record: LoadRecord | None) -> dict[str, Any] | None:
+    """The load's progress as the pipeline view and its JSON show it; None without a chunked load.
+
+    ``estimated_rows`` is PostgreSQL's estimate at the load's start (never below what is staged),
+    so ``rows`` / ``estimated_rows`` is a fair share done while the load runs, not an exact one."""
+    if record is None:
+        return None
+    estimated = sum(t.estimated_rows or 0 for t in record.tables.values())
+    return {
+        "complete": record.complete, "slot": record.slot, "chunk_rows": record.chunk_rows,
+        "chunks": record.chunks, "rows": record.rows,
+        "estimated_rows": max(estimated, record.rows) if estimated else None,
+        "tables": len(record.tables), "tables_done": sum(t.done for t in record.tables.values()),
+        "per_table": {name: {"chunks": t.chunks, "rows": t.rows, "done": t.done, "estimated_rows": t.estimated_rows}
+                      for name, t in sorted(record.tables.items())},
+    }
 
 
 def read_load(root: StagingPath, pipeline: str) -> LoadRecord | None:
