@@ -63,16 +63,20 @@ def job_access(config: IcebergConfig, staging: LakehouseAccess | None = None) ->
                            environment={**lake.environment, **staging.environment})
 
 
-def _connection(conn_id: str):
-    from airflow.sdk import BaseHook
-
+def get_connection(conn_id: str):
+    """An Airflow connection, through the Task SDK's ``BaseHook`` (Airflow 3.1+) or, on 3.0, whose
+    Task SDK has none, the core one."""
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError:  # Airflow 3.0
+        from airflow.hooks.base import BaseHook
     return BaseHook.get_connection(conn_id)
 
 
 def storage_properties(conn_id: str, access: LakehouseAccess, prefix: str = "spark.hadoop.fs.s3a.") -> None:
     """An ``aws`` connection as S3A properties under ``prefix`` (``spark.hadoop.fs.s3a.bucket.<b>.`` for
     one bucket): keys in login/password (or extras), endpoint and region in extras."""
-    conn = _connection(conn_id)
+    conn = get_connection(conn_id)
     extra = conn.extra_dejson
     key, secret, token = _aws_keys(conn_id, conn)
     endpoint = extra.get("endpoint_url")
@@ -109,7 +113,7 @@ def _aws_keys(conn_id: str, conn) -> tuple[str | None, str | None, str | None]:
 def s3_file_io_properties(conn_id: str, prefix: str, access: LakehouseAccess) -> None:
     """An ``aws`` connection as Iceberg S3FileIO properties of a catalog (``prefix`` ends with a dot):
     endpoint, path-style access and region public, keys private."""
-    conn = _connection(conn_id)
+    conn = get_connection(conn_id)
     extra = conn.extra_dejson
     key, secret, token = _aws_keys(conn_id, conn)
     endpoint = extra.get("endpoint_url")
@@ -131,7 +135,7 @@ def _iceberg_catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
     the catalog's URI, login and password the OAuth2 client id and secret, extras more catalog
     properties (``scope``, ``oauth2-server-uri``, ``token``, ``warehouse``, ...). Everything but the
     URI goes into the private file: an extra may be a credential."""
-    conn = _connection(str(config.catalog_conn_id))
+    conn = get_connection(str(config.catalog_conn_id))
     prefix = f"spark.sql.catalog.{config.catalog}"
     if not config.catalog_uri:
         if not conn.host:
@@ -156,7 +160,7 @@ def _glue_catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
     """An ``aws`` connection for a Glue catalog: ``endpoint_url`` is Glue's endpoint (``glue.endpoint``),
     ``region_name`` its region; the keys go into the job's environment, where the AWS SDK's default
     chain reads them (Iceberg's Glue client takes no key property)."""
-    conn = _connection(str(config.catalog_conn_id))
+    conn = get_connection(str(config.catalog_conn_id))
     extra = conn.extra_dejson
     prefix = f"spark.sql.catalog.{config.catalog}"
     if extra.get("endpoint_url"):
@@ -173,7 +177,7 @@ def _glue_catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
 
 def _catalog(config: IcebergConfig, access: LakehouseAccess) -> None:
     """A PostgreSQL connection for Iceberg's JDBC catalog: its uri, user and password."""
-    conn = _connection(str(config.catalog_conn_id))
+    conn = get_connection(str(config.catalog_conn_id))
     prefix = f"spark.sql.catalog.{config.catalog}"
     if not config.catalog_uri:
         if not conn.host or not conn.schema:
@@ -200,7 +204,7 @@ def spark_environment(access: LakehouseAccess, env_vars: dict | None, spark_conn
     where the Spark provider turns ``env_vars`` into ``--conf`` arguments on the command line."""
     if not access.environment:
         return env_vars
-    master = (_connection(spark_conn_id).host or "").lower()
+    master = (get_connection(spark_conn_id).host or "").lower()
     if master.startswith(("yarn", "k8s")):
         raise InvalidInputError(
             f"the lakehouse's AWS keys ({', '.join(sorted(access.environment))}) would reach the command line: on "
@@ -214,7 +218,7 @@ def jars_for_master(conf: dict[str, str], spark_conn_id: str) -> dict[str, str]:
     """``conf`` for the Spark connection's master: :func:`local_class_path` of it when the master is
     local; other masters keep ``spark.jars``, as their executors need the files."""
     try:
-        master = (_connection(spark_conn_id).host or "").lower()
+        master = (get_connection(spark_conn_id).host or "").lower()
     except AirflowException:  # no such connection: the Spark provider then submits to YARN, as here
         return conf
     return local_class_path(conf) if master.startswith("local") else conf

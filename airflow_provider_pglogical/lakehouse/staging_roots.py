@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from airflow_provider_pglogical.exceptions import InvalidInputError, JobResultMissing
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig, s3a_jars, scheme_of
-from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, storage_properties
+from airflow_provider_pglogical.lakehouse.lakehouse_access import LakehouseAccess, get_connection, storage_properties
 from airflow_provider_pglogical.staging.seam.job_result import JobError
 
 #: the schemes of S3 on both sides: Airflow's Amazon provider reads all three, Spark reads them as S3A
@@ -91,10 +91,9 @@ def check_staging_store(root: str) -> str:
 
 def _existing_connection(conn_id: str, root: str) -> None:
     from airflow.exceptions import AirflowNotFoundException  # the Task SDK's class in Airflow 3
-    from airflow.sdk import BaseHook
 
     try:
-        BaseHook.get_connection(conn_id)
+        get_connection(conn_id)
     except AirflowNotFoundException:
         raise InvalidInputError(
             f"staging root {root}: Airflow connection {conn_id!r} is not defined. Fix: create it (an aws "
