@@ -20,6 +20,7 @@ from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogKind
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.common.identifiers import qualified
 from airflow_provider_pglogical.spark.apply.lease import FENCE_SUMMARY_PROPERTY, ApplyLease, ApplyLeaseHeld
 from airflow_provider_pglogical.staging.contract import APPLY_LEASE_PROPERTY_PREFIX, STATE_TABLE
 from tests.support.catalogs import lakehouse_on, start_test_rest_catalog
@@ -95,7 +96,7 @@ def test_a_lease_taken_between_anothers_read_and_commit_refuses_that_commit(lake
 
 def test_a_fence_changes_no_rows_of_the_state_table(lakehouses):
     lakehouse = Lakehouse(lakehouses, "lease_rest", "rows", "merge-on-read", None)
-    table = f"lease_rest.rows.{STATE_TABLE}"
+    table = qualified("lease_rest", "rows", STATE_TABLE)
     lakehouse.state.state_table()
     lakehouses.sql(f"INSERT INTO {table} VALUES ('p', 'public.t', 't', '0000000000000010', array('s1'), 'b1', "
                    "current_timestamp())")
