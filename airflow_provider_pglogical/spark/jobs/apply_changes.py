@@ -230,13 +230,24 @@ def apply_pending(spark, staging: Staging, lakehouse: Lakehouse, lease: ApplyLea
             futures = [pool.submit(_in_own_pool, spark, _apply_step, keyed, multisets, lakehouse, source,
                                    states[source], step, pipeline) for source, step in due]
             wait(futures)  # every step of the round has ended (committed or failed) before anything else
+            committed, failed = len(summary["steps"]), None
             for future in futures:
-                summary["steps"].append(future.result())  # the first failure, in table order, is raised
+                try:
+                    summary["steps"].append(future.result())
+                except Exception as error:  # the first failure, in table order, is raised after the state commit
+                    failed = failed or error
+                    continue
                 _crash_point(len(summary["steps"]))
             phases.end("steps")
             lease.check()  # a run that outlived its lease records nothing: another may be applying
-            lakehouse.state.write_state(pipeline, states)
+            if len(summary["steps"]) > committed:
+                # the steps that committed are recorded even when another step of the round failed (a
+                # conflict with housekeeping, most often): else a keyless table's landed commit would
+                # be applied again by the round that follows
+                lakehouse.state.write_state(pipeline, states)
             phases.end("state_commits")
+            if failed is not None:
+                raise failed
     lease.check()
     summary["orphaned"] = settle_orphans(lakehouse, orphaned, states, pipeline)
     summary["compactions"] = compact_written(spark, lakehouse, summary["steps"], options.compact_deletes_at)
