@@ -534,3 +534,27 @@ def test_a_round_records_the_steps_that_committed_when_another_step_of_it_failed
     assert after["public.orders"] == before["public.orders"]  # its step committed nothing
     assert after["public.bag"] > before["public.bag"]  # recorded beside the failure
     assert lake.run_in_process()["steps"] and lake.lake() == lake.source()
+
+
+def test_a_state_commit_that_met_housekeeping_alone_is_made_again(publisher, publisher_hook, tmp_path, warehouse,
+                                                                  spark):
+    """Housekeeping rewrites the state table's files and expires the snapshot a run read its state
+    at, between the run's read and its state commit: Iceberg refuses that commit (its base is gone),
+    but the pipeline's rows are still what the run read, so the commit is made again on the table
+    as it is. Real Iceberg procedures, as the maintenance job calls them."""
+    from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+
+    lake = Lake(publisher, publisher_hook, tmp_path, warehouse, "statemet", spark)
+    lake.run_in_process()
+    lakehouse = Lakehouse(spark, "lake", "statemet", "merge-on-read", None)
+    states = lakehouse.state.read_state("p")
+    state = lake.table("_pglogical_state")
+    spark.sql(f"CALL lake.system.rewrite_data_files(table => '{state}', options => map('rewrite-all', 'true'))")
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)
+    spark.sql(f"CALL lake.system.expire_snapshots(table => '{state}', older_than => TIMESTAMP "
+              f"'{now:%Y-%m-%d %H:%M:%S}', retain_last => 1)")
+    states["public.orders"].position += 1  # what a round's step would have moved
+    lakehouse.state.write_state("p", states)
+    assert lakehouse.state.read_state("p")["public.orders"].position == states["public.orders"].position

@@ -26,6 +26,12 @@ def metadata_properties() -> str:
 _STATE_COLUMNS = ("source_table", "target_table", "position", "applied_snapshots", "last_batch")
 
 
+def _comparable(rows) -> list[tuple]:
+    """State rows (:data:`_STATE_COLUMNS`) in one order and form, read or written alike."""
+    return sorted((source, target, position, tuple(sorted(snapshots or ())), last_batch)
+                  for source, target, position, snapshots, last_batch in rows)
+
+
 class StateTable:
     """Reading and writing this job's state table (one partition per pipeline).
 
@@ -37,6 +43,8 @@ class StateTable:
         self.spark = lakehouse.spark
         #: per pipeline, the state table's snapshot its rows were last read or written at
         self._state_snapshots: dict[str, int | None] = {}
+        #: per pipeline, those rows (:func:`_comparable`): what a commit that met housekeeping checks
+        self._rows_seen: dict[str, list[tuple]] = {}
 
     def read_state(self, pipeline: str) -> dict[str, TableState]:
         """This pipeline's rows of the state table (created when missing).
@@ -48,6 +56,7 @@ class StateTable:
         read_at = snapshot.snapshotId() if snapshot is not None else None
         self._state_snapshots[pipeline] = read_at
         rows = self._state_rows_by_driver(table, read_at, pipeline)
+        self._rows_seen[pipeline] = _comparable(rows)
         return {
             source: TableState(target, int(position, 16), set(snapshots or ()), last_batch)
             for source, target, position, snapshots, last_batch in rows
@@ -93,6 +102,25 @@ class StateTable:
         return read_rows(self.spark, table, snapshot, list(_STATE_COLUMNS), {"pipeline": [pipeline]})
 
     def write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
+        """:meth:`_write_state`, once more when it met a commit that left this pipeline's rows as
+        this run last read or wrote them (housekeeping compacting the state table, or expiring the
+        snapshot the run read): the rows are then still this run's own. Any other change of them
+        is another apply's, and the conflict stands."""
+        from airflow_provider_pglogical.spark.row_delta.driver_commits import ConcurrentCommit
+
+        try:
+            self._write_state(pipeline, states, by_driver)
+        except ConcurrentCommit:
+            table = self.state_table()
+            snapshot = table.currentSnapshot()
+            now_at = snapshot.snapshotId() if snapshot is not None else None
+            if pipeline not in self._rows_seen or \
+                    _comparable(self._state_rows_by_driver(table, now_at, pipeline)) != self._rows_seen[pipeline]:
+                raise
+            self._state_snapshots[pipeline] = now_at
+            self._write_state(pipeline, states, by_driver)
+
+    def _write_state(self, pipeline: str, states: dict[str, TableState], by_driver: bool = True) -> None:
         """Replace this pipeline's rows of the state table in one commit, which refuses when another
         commit changed them since this run read or wrote them (``ConcurrentCommit``).
 
@@ -109,18 +137,22 @@ class StateTable:
             for source, s in sorted(states.items())
         ]
         read_at = self._state_snapshots.get(pipeline)
+        written = [(source, target, position, snapshots, last_batch)
+                   for _pipeline, source, target, position, snapshots, last_batch in rows]
         if by_driver and pyarrow_missing() is None:
             writer = DriverCommits(self.spark, self.lakehouse)
             table = writer.load(STATE_TABLE)
             self._state_snapshots[pipeline] = writer.replace_partition(
                 table, self._state_rows(writer, table, rows), "pipeline", pipeline, read_at=read_at)
+            self._rows_seen[pipeline] = _comparable(written)
             return
         schema = ("pipeline string, source_table string, target_table string, position string, "
                   "applied_snapshots array<string>, last_batch string")
         frame = self.spark.createDataFrame(rows, schema).withColumn("updated_at", F.current_timestamp())
-        written = validated_overwrite(self.lakehouse, STATE_TABLE, frame, col("pipeline") == F.lit(pipeline), read_at)
+        committed = validated_overwrite(self.lakehouse, STATE_TABLE, frame, col("pipeline") == F.lit(pipeline), read_at)
         # its own snapshot, not the table's newest (another writer's commit after it must still conflict)
-        self._state_snapshots[pipeline] = written if written is not None else read_at
+        self._state_snapshots[pipeline] = committed if committed is not None else read_at
+        self._rows_seen[pipeline] = _comparable(written)
 
     @staticmethod
     def _state_rows(writer, table, rows: list[tuple]):
