@@ -174,11 +174,10 @@ def _estimated_rows(hook, planned: list[plan.ChunkedTable]) -> dict[str, int]:
 def _load_tables(hook, planned: list[plan.ChunkedTable], initial: BatchManifest, load: LoadRecord,
                  root: StagingPath, pipeline: str, type_overrides, report: Callable[[str], None],
                  writer_wait_seconds: float, hooks: ChunkHooks, publications: list[str]) -> None:
-    estimated = _estimated_rows(hook, planned)
-    for name, rows in estimated.items():  # kept for the pipeline view (progress.load_figures)
+    for name, rows in _estimated_rows(hook, planned).items():  # the log's ETA and the pipeline view
         if name in load.tables and load.tables[name].estimated_rows is None:
             load.tables[name].estimated_rows = rows
-    reporter = Reporter(load, estimated, report)
+    reporter = Reporter(load, report)
     details = {"publications": list(publications), "initial": False,
                CHUNK_DETAILS: {"slot": load.slot, "created_lsn": load.created_lsn}}
     reader = ChunkReader(hook.connect_kwargs(), root, pipeline, details, writer_wait_seconds, hooks)

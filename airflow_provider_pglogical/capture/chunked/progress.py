@@ -132,9 +132,9 @@ def remove_unfinished_chunks(root: StagingPath, pipeline: str, record: LoadRecor
 class Reporter:
     """Rows, chunks, rate and ETA of the load in the task log, at most every ``every`` seconds."""
 
-    def __init__(self, record: LoadRecord, estimated_rows: dict[str, int], report: Callable[[str], None],
-                 every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self._record, self._estimated, self._report, self._every, self._clock = record, estimated_rows, report, every, clock
+    def __init__(self, record: LoadRecord, report: Callable[[str], None], every: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._record, self._report, self._every, self._clock = record, report, every, clock
         self._start, self._last = clock(), float("-inf")
         self._rows_at_start = record.rows
 
@@ -146,9 +146,8 @@ class Reporter:
         elapsed = max(now - self._start, 1e-6)
         copied = self._record.rows - self._rows_at_start
         rate = copied / elapsed
-        total = max(sum(self._estimated.values()), self._record.rows)
-        left = sum(max(self._estimated.get(name, 0) - t.rows, 0) for name, t in self._record.tables.items()
-                   if not t.done)
+        total = max(sum(t.estimated_rows or 0 for t in self._record.tables.values()), self._record.rows)
+        left = sum(max((t.estimated_rows or 0) - t.rows, 0) for t in self._record.tables.values() if not t.done)
         eta = f", ETA {left / rate:,.0f}s" if rate > 0 and left else ""
         progress = self._record.tables[table]
         self._report(
