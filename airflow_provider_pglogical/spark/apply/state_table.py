@@ -137,14 +137,12 @@ class StateTable:
             for source, s in sorted(states.items())
         ]
         read_at = self._state_snapshots.get(pipeline)
-        written = [(source, target, position, snapshots, last_batch)
-                   for _pipeline, source, target, position, snapshots, last_batch in rows]
         if by_driver and pyarrow_missing() is None:
             writer = DriverCommits(self.spark, self.lakehouse)
             table = writer.load(STATE_TABLE)
             self._state_snapshots[pipeline] = writer.replace_partition(
                 table, self._state_rows(writer, table, rows), "pipeline", pipeline, read_at=read_at)
-            self._rows_seen[pipeline] = _comparable(written)
+            self._rows_seen[pipeline] = _comparable(row[1:] for row in rows)  # without the pipeline
             return
         schema = ("pipeline string, source_table string, target_table string, position string, "
                   "applied_snapshots array<string>, last_batch string")
@@ -152,7 +150,7 @@ class StateTable:
         committed = validated_overwrite(self.lakehouse, STATE_TABLE, frame, col("pipeline") == F.lit(pipeline), read_at)
         # its own snapshot, not the table's newest (another writer's commit after it must still conflict)
         self._state_snapshots[pipeline] = committed if committed is not None else read_at
-        self._rows_seen[pipeline] = _comparable(written)
+        self._rows_seen[pipeline] = _comparable(row[1:] for row in rows)
 
     @staticmethod
     def _state_rows(writer, table, rows: list[tuple]):
