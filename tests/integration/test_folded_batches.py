@@ -74,10 +74,25 @@ def spark(warehouse):
     session.stop()
 
 
-def apply(root: Path, warehouse: Path, env: dict | None = None) -> tuple[int, str]:
-    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), "p", namespace="fold", fold_rows=100_000),
-                             IcebergConfig(warehouse=warehouse.as_uri(), namespace="fold"), driver_memory="1g")
+def apply(root: Path, warehouse: Path, env: dict | None = None, namespace: str = "fold") -> tuple[int, str]:
+    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), "p", namespace=namespace, fold_rows=100_000),
+                             IcebergConfig(warehouse=warehouse.as_uri(), namespace=namespace), driver_memory="1g")
     return run_job(command, env=env)
+
+
+def source_rows(publisher) -> tuple[set, Counter]:
+    return ({(i, q, digest(d)) for i, q, d in publisher.query("SELECT id, qty, doc FROM items")},
+            Counter(publisher.query("SELECT n, s FROM bag")))
+
+
+def lake_rows(spark, namespace: str) -> tuple[set, Counter]:
+    items = spark.table(f"lake.{namespace}.public__items").select("id", "qty", "doc").collect()
+    bag = spark.table(f"lake.{namespace}.public__bag").select("n", "s", "_pglogical_occurrence").collect()
+    copies: dict[tuple, list[int]] = {}
+    for n, s, occurrence in bag:
+        copies.setdefault((n, s), []).append(occurrence)
+    assert all(sorted(o) == list(range(1, len(o) + 1)) for o in copies.values()), copies  # numbered 1..n
+    return {(r.id, r.qty, digest(r.doc)) for r in items}, Counter({k: len(v) for k, v in copies.items()})
 
 
 def test_pending_batches_fold_into_one_step_per_table_exactly_and_survive_a_kill(
@@ -91,17 +106,10 @@ def test_pending_batches_fold_into_one_step_per_table_exactly_and_survive_a_kill
     assert len(set(names)) == 3
 
     def source() -> tuple[set, Counter]:
-        return ({(i, q, digest(d)) for i, q, d in publisher.query("SELECT id, qty, doc FROM items")},
-                Counter(publisher.query("SELECT n, s FROM bag")))
+        return source_rows(publisher)
 
     def lake() -> tuple[set, Counter]:
-        items = spark.table("lake.fold.public__items").select("id", "qty", "doc").collect()
-        bag = spark.table("lake.fold.public__bag").select("n", "s", "_pglogical_occurrence").collect()
-        copies: dict[tuple, list[int]] = {}
-        for n, s, occurrence in bag:
-            copies.setdefault((n, s), []).append(occurrence)
-        assert all(sorted(o) == list(range(1, len(o) + 1)) for o in copies.values()), copies  # numbered 1..n
-        return {(r.id, r.qty, digest(r.doc)) for r in items}, Counter({k: len(v) for k, v in copies.items()})
+        return lake_rows(spark, "fold")
 
     code, output = apply(root, warehouse)
     assert code == 0, output[-5000:]
@@ -133,5 +141,55 @@ def test_pending_batches_fold_into_one_step_per_table_exactly_and_survive_a_kill
     assert "public.bag: its batch %s landed without its state commit" % later[-1] in output
     assert lake() == source()
     (position,) = spark.sql("SELECT position FROM lake.fold._pglogical_state WHERE pipeline = 'p' "
+                            "AND source_table = 'public.bag'").collect()
+    assert position.position == final[17:33], (position, final)
+
+
+def test_housekeeping_keeps_a_killed_folds_landed_commit_so_its_rerun_stays_exact(
+        publisher, publisher_hook, tmp_path, warehouse, spark):
+    """The apply dies between the folded steps' data commits and their state commit; then the
+    maintenance job (spark-submitted for that one table, as ``IcebergMaintenanceOperator(tables=…)``
+    does) runs at its most eager (every file compacted, which commits on top of the landed commit;
+    snapshots expired at once, keeping one). The re-run still finds the keyless table's
+    landed commit (``pipeline_commits.py``: expiry never removes the newest stamped snapshot nor any
+    after it); without that its copies were counted twice."""
+    from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping
+    from airflow_provider_pglogical.spark.jobs.maintenance import RESULT_PREFIX
+    from airflow_provider_pglogical.spark.launch import MAINTENANCE_JOB
+    from airflow_provider_pglogical.staging.contract import SNAPSHOT_BATCH
+
+    root = tmp_path / "staging"
+    storage = synced(publisher, publisher_hook, root, SOURCE, ["items", "bag"])
+    for statements in BATCHES:
+        publisher.execute(statements)
+        pull(publisher_hook, storage)
+    assert apply(root, warehouse, namespace="foldhk")[0] == 0
+    later = []
+    for statements in LATER:
+        publisher.execute(statements)
+        later.append(pull(publisher_hook, storage))
+    code, output = apply(root, warehouse, env={"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"}, namespace="foldhk")
+    assert code != 0 and "crash point reached after the data commit" in output, output[-3000:]
+
+    eager = Housekeeping(min_input_files=1, older_than_hours=0, retain_last=1, remove_orphan_files=False)
+    code, output = run_job(submit_command(
+        MAINTENANCE_JOB, ["--namespace", "foldhk", "--table", "public__bag", *eager.args()],
+        IcebergConfig(warehouse=warehouse.as_uri(), namespace="foldhk"), driver_memory="1g"))
+    assert code == 0, output[-3000:]
+    done = job_result(output, RESULT_PREFIX)
+    assert done["tables"]["public__bag"]["rewrite_data_files"]["rewritten_data_files_count"] > 0, done
+    spark.sql("REFRESH TABLE lake.foldhk.public__bag")
+    history = spark.sql("SELECT snapshot_id, summary FROM lake.foldhk.public__bag.snapshots "
+                        "ORDER BY committed_at").collect()
+    assert SNAPSHOT_BATCH not in history[-1].summary  # housekeeping committed on top of the landed commit
+    assert [r.summary.get(SNAPSHOT_BATCH) for r in history].count(later[-1]) == 1, history  # and kept it
+
+    publisher.execute(LAST)
+    final = pull(publisher_hook, storage)
+    code, output = apply(root, warehouse, namespace="foldhk")
+    assert code == 0, output[-5000:]
+    assert lake_rows(spark, "foldhk") == source_rows(publisher)
+    assert "public.bag: its batch %s landed without its state commit" % later[-1] in output
+    (position,) = spark.sql("SELECT position FROM lake.foldhk._pglogical_state WHERE pipeline = 'p' "
                             "AND source_table = 'public.bag'").collect()
     assert position.position == final[17:33], (position, final)

@@ -11,7 +11,9 @@ import pytest
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
 from airflow_provider_pglogical.operators.iceberg_maintenance import MAINTENANCE_JOB, IcebergMaintenanceOperator
 from airflow_provider_pglogical.spark.jobs import maintenance
-from airflow_provider_pglogical.spark.housekeeping.steps import Housekeeping, HousekeepingError, procedure_calls
+from airflow_provider_pglogical.spark.housekeeping.steps import (
+    Housekeeping, HousekeepingError, procedure_call, procedure_calls,
+)
 
 NOW = dt.datetime(2024, 1, 4, 3, 4, 5, tzinfo=dt.timezone.utc)
 
@@ -49,6 +51,16 @@ def test_procedure_calls_in_order_with_their_iceberg_arguments():
          "CALL `lake`.system.remove_orphan_files(table => '`sales`.`orders`', "
          "older_than => TIMESTAMP '2024-01-01 03:04:05.000000Z')"),
     ]
+
+
+def test_expiry_keeps_the_newest_pipeline_commit_and_every_snapshot_after_it():
+    eager = Housekeeping(older_than_hours=0)
+    newest = NOW - dt.timedelta(minutes=5)  # an apply's data commit whose state commit never came
+    assert "older_than => TIMESTAMP '2024-01-04 02:59:04.999000Z'" in procedure_call(
+        "expire_snapshots", "lake", "`s`.`t`", eager, NOW, keep_from=newest)
+    # a cut-off before the newest commit is kept as it is
+    assert "older_than => TIMESTAMP '2024-01-03 03:04:05.000000Z'" in procedure_call(
+        "expire_snapshots", "lake", "`s`.`t`", Housekeeping(), NOW, keep_from=newest)
 
 
 def test_each_step_can_be_switched_off():

@@ -77,3 +77,13 @@ def create_session(app_name: str, log_level: str):
     spark.sparkContext.setLogLevel(log_level)
     tune_session(spark)
     return spark
+
+
+def activate_in_thread(spark) -> None:
+    """Make ``spark`` the active session of this Python thread's JVM thread.
+
+    PySpark runs each Python thread's calls on a JVM thread of its own, where no session is active:
+    a direct Java call that reads the SQL conf there (Iceberg's ``Spark3Util.loadIcebergTable``
+    resolving a catalog this session has not loaded yet) gets Spark's fallback conf, without the
+    lakehouse's catalog. ``spark.sql`` sets the session itself; such calls need this first."""
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)

@@ -126,11 +126,14 @@ def timestamp(moment: dt.datetime) -> str:
     return "TIMESTAMP " + sql_string(moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f") + "Z")
 
 
-def procedure_call(step: str, catalog: str, table: str, housekeeping: Housekeeping, now: dt.datetime) -> str:
+def procedure_call(step: str, catalog: str, table: str, housekeeping: Housekeeping, now: dt.datetime,
+                   keep_from: dt.datetime | None = None) -> str:
     """The ``CALL`` statement of one step on one table (``namespace.table``, quoted).
 
     :param now: the time the cut-offs count back from: take it just before the call, so that
         ``older_than_hours=0`` expires the snapshots the compaction steps have just replaced.
+    :param keep_from: ``expire_snapshots`` keeps every snapshot committed at or after this moment,
+        whatever ``older_than_hours`` says (``pipeline_commits.newest_pipeline_commit``).
     """
     system = f"{quote(catalog)}.system"
     target = sql_string(table)
@@ -149,8 +152,11 @@ def procedure_call(step: str, catalog: str, table: str, housekeeping: Housekeepi
     if step == "rewrite_manifests":
         return f"CALL {system}.rewrite_manifests(table => {target})"
     if step == "expire_snapshots":
+        cut = now - dt.timedelta(hours=housekeeping.older_than_hours)
+        if keep_from is not None:  # a snapshot is expired when it is older than the cut: 1 ms before keeps it
+            cut = min(cut, keep_from - dt.timedelta(milliseconds=1))
         return (f"CALL {system}.expire_snapshots(table => {target}, "
-                f"older_than => {timestamp(now - dt.timedelta(hours=housekeeping.older_than_hours))}, "
+                f"older_than => {timestamp(cut)}, "
                 f"retain_last => {int(housekeeping.retain_last)})")
     if step == "remove_orphan_files":
         return (f"CALL {system}.remove_orphan_files(table => {target}, "

@@ -14,7 +14,8 @@ now applying to nothing, are removed: :mod:`.dead_deletes`),
 that are gone; skipped on a table with a list or map column, where Iceberg 1.10's procedure fails:
 :mod:`.position_delete_rewrite`), ``rewrite_manifests`` (one commit adds one manifest; regroup them),
 ``expire_snapshots`` (removes the snapshots, and the files only they referenced, older than the
-cut-off, keeping ``retain_last``), then ``remove_orphan_files`` (files no snapshot references,
+cut-off, keeping ``retain_last`` and never the newest one an apply committed nor any after it:
+:mod:`.pipeline_commits`), then ``remove_orphan_files`` (files no snapshot references,
 older than a cut-off of at least a day, so a write still in flight keeps its files).
 
 It may run beside an apply (the streaming pipeline's housekeeping DAG runs it beside the windows):
@@ -34,7 +35,7 @@ import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from airflow_provider_pglogical.spark.common.session import small_shuffles, tune_session
+from airflow_provider_pglogical.spark.common.session import activate_in_thread, small_shuffles, tune_session
 from airflow_provider_pglogical.spark.housekeeping.steps import (
     DEFAULT_CONCURRENCY,
     Housekeeping,
@@ -42,6 +43,7 @@ from airflow_provider_pglogical.spark.housekeeping.steps import (
     procedure_call,
 )
 from airflow_provider_pglogical.spark.housekeeping.dead_deletes import remove_dead_deletes
+from airflow_provider_pglogical.spark.housekeeping.pipeline_commits import newest_pipeline_commit
 from airflow_provider_pglogical.spark.housekeeping.position_delete_rewrite import rewrite_blocked
 from airflow_provider_pglogical.spark.common.identifiers import qualified, quote
 from airflow_provider_pglogical.spark.common.java_classes import java_class
@@ -67,15 +69,18 @@ def run(spark, catalog: str, namespace: str, tables: list[str] | None,
         tables = sorted(row.tableName for row in rows if not row.isTemporary)
 
     def keep(table: str) -> dict:
+        activate_in_thread(spark)  # refresh's table lookup runs in this worker's own JVM thread
         results = {}
         for step in housekeeping.steps():
             name = f"{qualified(catalog, namespace)}.{quote(table)}"
             if step == "rewrite_position_delete_files" and (skipped := rewrite_blocked(spark, name)):
                 results[step] = {"skipped": skipped}
                 continue
-            refresh(spark, name)
+            loaded = refresh(spark, name)
+            # a killed apply's landed commit is found by its snapshot: never expired (pipeline_commits.py)
+            keep_from = newest_pipeline_commit(loaded) if step == "expire_snapshots" else None
             now = dt.datetime.now(dt.timezone.utc)  # cut-offs count back from the call, not the job's start
-            call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now)
+            call = procedure_call(step, catalog, qualified(namespace, table), housekeeping, now, keep_from)
             try:
                 results[step] = report(step, spark.sql(call).collect())
                 if step == "rewrite_data_files":  # delete files it left applying to nothing
@@ -108,8 +113,8 @@ def commit_conflict(error: BaseException) -> str | None:
     return None
 
 
-def refresh(spark, name: str) -> None:
-    """Bring the catalog's cached copy of the table up to its latest commit before a procedure.
+def refresh(spark, name: str):
+    """Bring the catalog's cached copy of the table up to its latest commit before a procedure; returns it.
 
     Spark's Iceberg catalog keeps each table it loaded (``cache-enabled``, the default), and a
     procedure starts from that copy without refreshing it. ``expire_snapshots`` finds the files to
@@ -117,7 +122,9 @@ def refresh(spark, name: str) -> None:
     from the table's latest metadata. So when another writer (an apply) committed since the table's
     first step loaded it, the snapshots of those commits that the expiry removed were reported as
     nothing and their files left behind (``remove_orphan_files`` would take them only days later)."""
-    java_class(spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(spark._jsparkSession, name).refresh()
+    table = java_class(spark, "org.apache.iceberg.spark.Spark3Util").loadIcebergTable(spark._jsparkSession, name)
+    table.refresh()
+    return table
 
 
 def report(step: str, rows: list) -> dict:
