@@ -18,7 +18,7 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.capture import ddl
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.management import connector
+from airflow_provider_pglogical.management import connector, slots
 from airflow_provider_pglogical.staging import contract
 from airflow_provider_pglogical.management.connector import Connector
 from airflow_provider_pglogical.exceptions import PipelineStateError, PublicationError
@@ -29,7 +29,7 @@ from airflow_provider_pglogical.staging.column_types import decimal_of
 from airflow_provider_pglogical.staging.typemap import check_overrides
 from airflow_provider_pglogical.staging.pipeline_record import PipelineRecord, require_streaming, write_record
 from airflow_provider_pglogical.management.published import ResolvedTable
-from airflow_provider_pglogical.capture.snapshot import Copier, copy_tables
+from airflow_provider_pglogical.capture.snapshot import Copier, copy_tables, remove_parts
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath
 from airflow_provider_pglogical.staging.batches import BatchWriter
 
@@ -159,24 +159,57 @@ def snapshot_tables(
     """
     identities = {t.qualified_name: tuple(record.relations[str(t.oid)]["identity"]) for t in tables
                   if str(t.oid) in record.relations}
-    temporary_slot = f"pglogical_backfill_{uuid.uuid4().hex[:12]}"
-    with connector.exported_snapshot(hook, temporary_slot, temporary=True) as snapshot:
-        lsn = str(snapshot.consistent_lsn)
-        manifest = BatchManifest(
-            pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn,
-            details={"backfill": True, "key_range": key_range.as_details() if key_range else None,
-                     "publications": list(record.publications), "reason": reason},
-        )
-        writer = BatchWriter(root, manifest)
-        copy_tables(hook.connect_kwargs(), snapshot.snapshot_name, tables, writer, parallelism=parallelism,
-                    extra_where=extra_where, type_overrides=type_overrides, report=report, identities=identities,
-                    copier=copier)
+    details = {"backfill": True, "key_range": key_range.as_details() if key_range else None,
+               "publications": list(record.publications), "reason": reason}
+
+    def mark_replaced(manifest: BatchManifest, _rows: dict[str, int]) -> None:
         for table in tables:
             if (replace or {}).get(table.oid):
                 name = contract.table_key(*identities.get(table.qualified_name, (table.schema, table.name)))
                 manifest.tables[name].details[contract.REPLACE_TABLE] = replace[table.oid]
-        writer.commit()
+
+    manifest, _rows = stage_fresh_snapshot(hook.connect_kwargs(), tables, root, pipeline, details,
+                                           extra_where=extra_where, parallelism=parallelism,
+                                           type_overrides=type_overrides, report=report, identities=identities,
+                                           copier=copier, copied=mark_replaced)
     if key_range is None:
         ddl.record_snapshot(record, manifest)
         write_record(root, pipeline, record)
     return snapshot_result(root, manifest)
+
+
+def stage_fresh_snapshot(
+    connect_kwargs: Mapping[str, Any], tables: Sequence[ResolvedTable], root: StagingPath, pipeline: str,
+    details: dict, *, slot_prefix: str = "pglogical_backfill", extra_where: Mapping[str, str] | None = None,
+    parallelism: int = 2, type_overrides: Mapping[str, str] | None = None, report: Callable[[str], None] = log.info,
+    identities: Mapping[str, tuple[str, str]] | None = None, copier: Copier | None = None,
+    exported: Callable[[Lsn], None] | None = None,
+    copied: Callable[[BatchManifest, dict[str, int]], None] | None = None,
+) -> tuple[BatchManifest, dict[str, int]]:
+    """Copy ``tables`` in the exported snapshot of a new *temporary* slot and commit them as one
+    snapshot batch at its consistent LSN ``C_t`` (what PostgreSQL's own tablesync does per table):
+    the snapshot sees exactly the commits before ``C_t``, so the apply replaces the tables at ``C_t``
+    and re-applies the changes from there, exactly, keyless tables included. The snapshot (so the
+    primary's xmin) is held from the slot's creation to the batch's commit only: the slot is dropped
+    when this returns. ``exported``: told ``C_t`` before the copy; ``copied``: called with the
+    manifest and the rows per table after the copy, inside the snapshot, before the commit.
+    A failure (or ``copied`` raising) leaves no file of the batch behind.
+    """
+    slot = f"{slot_prefix}_{uuid.uuid4().hex[:12]}"
+    with slots.exported_snapshot({**connect_kwargs, "replication": "database"}, slot, temporary=True) as snapshot:
+        if exported is not None:
+            exported(snapshot.consistent_lsn)
+        lsn = str(snapshot.consistent_lsn)
+        manifest = BatchManifest(pipeline=pipeline, kind="snapshot", start_lsn=lsn, end_lsn=lsn, details=details)
+        writer = BatchWriter(root, manifest)
+        rows = copy_tables(connect_kwargs, snapshot.snapshot_name, tables, writer, parallelism=parallelism,
+                           extra_where=extra_where, type_overrides=type_overrides, report=report,
+                           identities=identities, copier=copier)
+        if copied is not None:
+            try:
+                copied(manifest, rows)
+            except BaseException:
+                remove_parts(writer)
+                raise
+        writer.commit()
+    return manifest, rows

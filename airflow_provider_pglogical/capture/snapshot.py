@@ -327,7 +327,7 @@ def copy_tables(
         else:
             rows = _copy_here(connect_kwargs, snapshot_name, plan, writer, parallelism, report)
     except BaseException:
-        _remove_parts(writer)
+        remove_parts(writer)
         raise
     for name, count in rows.items():
         report(f"{name}: copied {count:,} rows")
@@ -384,7 +384,7 @@ def _cancel(conn) -> None:
         log.warning("could not cancel a COPY of the failed initial copy: %s", err)
 
 
-def _remove_parts(writer: BatchWriter) -> None:
+def remove_parts(writer: BatchWriter) -> None:
     """A failed copy leaves no files behind (the batch has no manifest, so it never existed)."""
     try:
         if writer.directory.exists():

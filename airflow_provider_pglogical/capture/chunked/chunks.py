@@ -124,7 +124,7 @@ class ChunkReader:
             with self.conn.cursor() as cur:
                 high = watermarks.emit(cur, "high", **content)
         except BaseException:
-            snapshot._remove_parts(writer)
+            snapshot.remove_parts(writer)
             raise
         manifest.details[CHUNK_DETAILS] = {**self.details[CHUNK_DETAILS], **content, "rows": rows,
                                            "low": str(low), "high": str(high)}
