@@ -63,6 +63,7 @@ EVERY_SERVER = (
     "tests/integration/test_streaming.py",
     "tests/integration/test_generated_columns.py",
     "tests/integration/test_published_set.py",
+    "tests/integration/test_chunked_load_whole.py",
     "tests/integration/test_chunked_load.py",
 )
 

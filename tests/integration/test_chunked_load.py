@@ -1,5 +1,6 @@
 """The chunked initial load: equal to the source under concurrent writes, no transaction held
-across chunks, resumable after a kill without recopying a chunk, and refusals before any change."""
+across chunks, resumable after a kill without recopying a chunk, refusals before any change, and a
+keyless table loaded whole (test_chunked_load_whole.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from airflow.sdk import ObjectStoragePath
 
 from airflow_provider_pglogical.capture.chunked.chunks import ChunkHooks
 from airflow_provider_pglogical.capture.chunked.load import run_chunked_sync
-from airflow_provider_pglogical.capture.chunked.plan import ChunkedLoadRefused
 from airflow_provider_pglogical.capture.chunked.progress import CHUNK_DETAILS, read_load
 from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
 from airflow_provider_pglogical.capture.pull import run_pull
@@ -241,17 +241,18 @@ def test_a_killed_load_resumes_at_its_first_unstaged_chunk(publisher, publisher_
     _assert_equal_to_source(publisher, root)
 
 
-def test_a_keyless_table_is_refused_before_anything_changes(publisher, publisher_hook, root):
+def test_a_keyless_table_is_loaded_whole_not_refused(publisher, publisher_hook, root):
+    """Once refused (its duplicates could be doubled or lost by a chunk), a keyless table is now
+    loaded whole in an exported snapshot of its own (test_chunked_load_whole.py has the rest)."""
     publisher.execute(SOURCE + "CREATE TABLE events(at int, what text); ALTER TABLE events REPLICA IDENTITY FULL;"
                       "INSERT INTO events VALUES (1, 'a'), (1, 'a');")
     publisher_hook.create_publication("p", [PublishedTable("items"), PublishedTable("events")])
-    with pytest.raises(ChunkedLoadRefused) as refused:
-        run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=300)
-    message = str(refused.value)
-    assert "table public.events has no primary key or replica identity index (REPLICA IDENTITY FULL)" in message
-    assert "snapshot_mode='exported'" in message and "Nothing was changed" in message
-    assert publisher.query("SELECT count(*) FROM pg_replication_slots")[0][0] == 0
-    assert not (root / "p").exists()
-    # the exported snapshot copies it (as a multiset)
-    result = run_initial_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p")
-    assert result["tables"]["public.events"] == 2
+    lines: list[str] = []
+    result = run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=300,
+                              report=lines.append)
+    assert result["tables"]["public.events"] == 2  # both copies: a multiset
+    load = read_load(root, "p")
+    assert load.complete and load.tables["public.events"].chunks == 1 and load.tables["public.items"].chunks >= 6
+    assert "(REPLICA IDENTITY FULL): its rows are a multiset" in load.tables["public.events"].whole
+    assert "1 table(s) loaded whole" in lines[0] and "public.events (no primary key" in lines[0]
+    assert publisher.query("SELECT slot_name FROM pg_replication_slots") == [("s1",)]  # the temporary one is gone

@@ -23,6 +23,9 @@ from airflow_provider_pglogical.staging.batches import BatchWriter
 from airflow_provider_pglogical.staging.layout import BatchManifest, StagingPath, TableManifest
 
 
+#: the ``application_name`` of every session of the load (its loader, a whole table's copy and temporary slot)
+APPLICATION_NAME = "pglogical chunked load"
+
 #: bytes of COPY text parsed at a time: a chunk is a short COPY, whose read, parse and Parquet stages
 #: overlap better in small blocks (1 MB: 0.48-0.58x raw COPY against 0.35-0.38x with the exported
 #: copy's 8 MB, 200k-row chunks, CHANGELOG's Benchmark history)
@@ -46,7 +49,8 @@ class ChunkEvent:
 @dataclass
 class ChunkHooks:
     """Called at the chunk's moments: ``low`` after the low watermark, ``read`` inside the chunk's
-    transaction once its rows are read, ``staged`` after its batch is committed (between chunks)."""
+    transaction once its rows are read, ``staged`` after its batch is committed (between chunks).
+    A table loaded whole (``whole.py``) is one chunk, 0: ``low`` once its snapshot is exported."""
 
     low: Callable[[ChunkEvent], None] = lambda event: None
     read: Callable[[ChunkEvent], None] = lambda event: None
@@ -75,7 +79,7 @@ class ChunkReader:
     hooks: ChunkHooks = field(default_factory=ChunkHooks)
 
     def __post_init__(self) -> None:
-        self.conn = psycopg2.connect(**self.connect_kwargs, application_name="pglogical chunked load")
+        self.conn = psycopg2.connect(**self.connect_kwargs, application_name=APPLICATION_NAME)
         self.conn.autocommit = True
         self.conn.set_client_encoding(values.CLIENT_ENCODING)
         with self.conn.cursor() as cur:

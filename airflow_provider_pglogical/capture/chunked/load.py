@@ -1,13 +1,17 @@
-"""The chunked initial sync: a slot without an exported snapshot, then every table in key chunks.
+"""The chunked initial sync: a slot without an exported snapshot, then every table in key chunks
+(or whole, in a temporary slot's exported snapshot, when it has no key a chunk can be a range of).
 
-1. Under the slot's consumer lock, every check runs first (tables the chunked load cannot copy
-   exactly are refused, ``plan.py``), then the slot is created with
+1. Under the slot's consumer lock, every check runs first (a load whose whole tables could not get
+   a temporary slot is refused, ``plan.py``), then the slot is created with
    ``pg_create_logical_replication_slot`` (no snapshot is exported or held) at its consistent LSN
    ``C``, and an *empty* full snapshot batch of every table is committed at ``C``: the lakehouse
    tables start empty at ``C`` and the slot's changes from ``C`` continue them.
 2. Each table is read in chunks (``chunks.py``); each chunk is a ranged snapshot batch at its low
    watermark, which replaces its key range and re-applies the changes from there. The ranges tile
-   the key space, so once every chunk is staged every row of the table is the source's.
+   the key space, so once every chunk is staged every row of the table is the source's. A table
+   without such a key (a keyless multiset, ``plan.whole_reason``) is staged whole instead, as one
+   snapshot batch at the consistent LSN of a temporary slot's exported snapshot (``whole.py``):
+   the primary's xmin is held for that table's copy only.
 3. The progress record (``progress.py``) is written after each chunk; a re-run with the same slot
    resumes at the first chunk not staged. When every table is done the pipeline record moves to
    ``streaming`` and pulls may start (until then they are refused, as during an exported copy).
@@ -15,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Callable, Mapping, Sequence
 
@@ -23,6 +28,7 @@ import pyarrow as pa
 from airflow_provider_pglogical.capture import ddl, published_changes, snapshot
 from airflow_provider_pglogical.capture.chunked import plan
 from airflow_provider_pglogical.capture.chunked.chunks import ChunkHooks, ChunkReader, TableSpec
+from airflow_provider_pglogical.capture.chunked.whole import copy_whole
 from airflow_provider_pglogical.capture.chunked.progress import (
     CHUNK_DETAILS, LoadRecord, Reporter, TableProgress, catch_up_with_staging, read_load, remove_unfinished_chunks,
     write_load,
@@ -62,7 +68,7 @@ def run_chunked_sync(
     with slot_consumer_lock(hook.connect_kwargs(), slot, "initial sync", lock_wait_seconds):
         tables = require_tables(connector.published_tables(hook, publications), publications)
         with hook.autocommit_cursor() as cursor:
-            planned = plan.plan_tables(cursor, tables)  # a table it cannot copy exactly: refused here
+            planned = plan.plan_tables(cursor, tables)  # in key chunks, or whole (and why)
         record = read_record(root, pipeline)
         if record is not None and record.slot != slot:
             raise PipelineStateError(
@@ -76,6 +82,8 @@ def run_chunked_sync(
             done = _initial_snapshot_batch(root, pipeline, slot, record)  # kept by retention when applied
             result = snapshot_result(root, done) if done is not None else {"batch": None, "lsn": record.created_lsn}
             return {**result, "tables": {name: t.rows for name, t in load.tables.items()}}
+        with hook.autocommit_cursor() as cursor:  # a whole table's temporary slot: refused here if no room
+            plan.check_temporary_slot_room(cursor, planned, creating=existing is None)
         if not ours:
             done = _initial_snapshot_batch(root, pipeline, slot, record)
             if done is not None and existing is not None and record is not None and record.state == STREAMING:
@@ -89,8 +97,9 @@ def run_chunked_sync(
             if existing is not None:
                 _claim_existing_slot(hook, existing, record, slot, pipeline, report)
             record, load = _start(hook, slot, publications, tables, root, pipeline, chunk_rows, type_overrides)
-            report(f"created slot {slot} at {record.created_lsn} (no exported snapshot); loading {len(planned)} "
-                   f"table(s) in chunks of about {chunk_rows:,} rows")
+            report(f"created slot {slot} at {record.created_lsn} (no exported snapshot); loading "
+                   f"{sum(not t.whole for t in planned)} table(s) in chunks of about {chunk_rows:,} rows"
+                   + plan.whole_tables_line(planned))
         else:
             if existing is None or existing.invalidated or not record.created(existing):
                 raise SlotLostError(lost_slot_message(slot, pipeline, "is gone, invalidated or consumed during its "
@@ -100,7 +109,9 @@ def run_chunked_sync(
             unfinished = remove_unfinished_chunks(root, pipeline, load)
             report(f"resuming the chunked load of slot {slot}: {load.chunks:,} chunk(s) and {load.rows:,} rows are "
                    f"staged already ({caught} found committed after the last progress record); nothing of them is "
-                   f"copied again" + (f"; removed the uncommitted chunk(s) {', '.join(unfinished)}" if unfinished else ""))
+                   f"copied again"
+                   + (f"; removed the uncommitted chunk(s) {', '.join(unfinished)}" if unfinished else "")
+                   + plan.whole_tables_line([t for t in planned if not load.tables[t.name].done]))
         initial = read_manifest(root, pipeline, record.snapshot_batch)
         _load_tables(hook, planned, initial, load, root, pipeline, type_overrides, report, writer_wait_seconds,
                      hooks or ChunkHooks(), publications)
@@ -109,7 +120,9 @@ def run_chunked_sync(
         record.state = STREAMING
         ddl.record_snapshot(record, initial)
         write_record(root, pipeline, record)
-        report(f"chunked load of slot {slot} complete: {load.rows:,} rows in {load.chunks:,} chunks")
+        whole = sum(bool(t.whole) for t in load.tables.values())
+        report(f"chunked load of slot {slot} complete: {load.rows:,} rows in {load.chunks:,} chunks"
+               + (f" ({whole} table(s) loaded whole, one chunk each)" if whole else ""))
         result = snapshot_result(root, initial)
         result["tables"] = {name: t.rows for name, t in load.tables.items()}
         return result
@@ -185,6 +198,20 @@ def _load_tables(hook, planned: list[plan.ChunkedTable], initial: BatchManifest,
         for chunked in planned:
             progress = load.tables[chunked.name]
             if progress.done:
+                continue
+            if chunked.column is not None and progress.column not in (None, chunked.column):
+                # its chunks so far are ranges of another column: a whole copy replaces them all, exactly
+                chunked = dataclasses.replace(chunked, column=None, whole=(
+                    f"its chunk column changed from {progress.column!r} to {chunked.column!r} during the load"))
+            progress.column, progress.whole = chunked.column, chunked.whole
+            if chunked.whole:
+                progress.next_start = None
+                write_load(root, pipeline, load)  # the pipeline view shows it is being loaded whole
+                rows, _name = copy_whole(hook.connect_kwargs(), chunked, progress.chunks, root, pipeline, details,
+                                         reader.pid, hooks, type_overrides, report)
+                progress.chunks, progress.rows, progress.done = progress.chunks + 1, rows, True
+                write_load(root, pipeline, load)
+                reporter.chunk_done(chunked.name, force=True)
                 continue
             staged_as = table_key(chunked.table.schema, chunked.table.name)
             base = initial.tables[staged_as]

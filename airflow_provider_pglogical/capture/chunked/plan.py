@@ -1,10 +1,17 @@
-"""Which tables a chunked load can read, by which key column, and the SQL of one chunk.
+"""Which tables a chunked load reads in key chunks, by which key column, and the SQL of one chunk;
+which it loads whole instead, and why.
 
 A chunk is the rows of one table whose chunk column lies in a half-open range ``[start, end)``;
 the ranges of a table tile the whole key space (the first starts open, the last ends open), so a
 row inserted anywhere later belongs to exactly one range. The column is the first column of the
 primary key (or of the replica identity index): its index makes each range an index range scan,
 and the lakehouse replaces a staged chunk by the same range (``key_range``, as a ranged backfill).
+
+A table without such a column is loaded *whole* (``whole.py``): a keyless table is a multiset,
+whose changes carry no key (nor ctid) to attribute them to a chunk, so the chunk's rows could not
+win over the window's events; a key PostgreSQL and Spark may order differently could not be
+replaced by the range the copy selected. Such a table is copied in one exported snapshot of a
+temporary slot instead, exactly, as a backfill is.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ class SnapshotMode(enum.StrEnum):
 
     #: every table inside one exported snapshot of the new slot: one long transaction, one LSN
     EXPORTED = "exported"
-    #: key chunks, each in its own short transaction, reconciled with the slot by watermarks
+    #: key chunks, each in its own short transaction, reconciled with the slot by watermarks; a
+    #: table without an orderable key whole, in its own exported snapshot of a temporary slot
     CHUNKED = "chunked"
 
 
@@ -34,19 +42,22 @@ TEXT_TYPES = {"text", "varchar"}
 
 
 class ChunkedLoadRefused(InvalidInputError):
-    """A table the chunked load cannot copy exactly; nothing was created."""
+    """A chunked load that cannot run as asked; nothing was created."""
 
     permanent = True
 
 
 @dataclass(frozen=True)
 class ChunkedTable:
-    """One table of a chunked load and the column its chunks are ranges of."""
+    """One table of a chunked load: the column its chunks are ranges of, or why it is loaded whole."""
 
     table: ResolvedTable
-    column: str
+    #: the chunk column; None when the table is loaded whole
+    column: str | None
     #: compare in byte order (``COLLATE "C"``), as Spark compares strings
-    text: bool
+    text: bool = False
+    #: why the table is loaded whole, in one exported snapshot of a temporary slot (None: in chunks)
+    whole: str | None = None
 
     @property
     def name(self) -> str:
@@ -62,39 +73,68 @@ SELECT a.attname, t.typname
 """
 
 
-def table_problem(table: ResolvedTable, column: tuple[str, str] | None) -> str | None:
-    """Why ``table`` cannot be loaded in chunks (None: it can); ``column``: its first key column."""
-    name = table.qualified_name
-    fix = (f"load it with snapshot_mode='exported' (one exported snapshot), or give {name} a primary key "
-           "whose first column is an integer or text")
+def whole_reason(table: ResolvedTable, column: tuple[str, str] | None) -> str | None:
+    """Why ``table`` cannot be read in key chunks, so is loaded whole (None: it can be chunked);
+    ``column``: its first key column and that column's type."""
     if table.keyless or table.replica_identity in ("f", "n") or column is None:
-        return (f"table {name} has no primary key or replica identity index (REPLICA IDENTITY "
-                f"{ {'f': 'FULL', 'n': 'NOTHING'}.get(table.replica_identity, 'DEFAULT without a primary key') }): "
-                "its rows are a multiset, and a chunk cannot tell its copy of a row from an identical row "
-                "changed while the chunk was read, so duplicates could be doubled or lost; " + fix)
+        identity = {"f": "FULL", "n": "NOTHING"}.get(table.replica_identity, "DEFAULT without a primary key")
+        return (f"no primary key or replica identity index (REPLICA IDENTITY {identity}): its rows are a "
+                "multiset, whose changes carry no key to tell which chunk they belong to")
     attname, typname = column
     if attname not in table.column_names:
-        return f"table {name}: its key column {attname!r} is not published (column list); " + fix
+        return f"its key column {attname!r} is not published (column list), so it cannot bound a chunk"
     if typname not in INTEGER_TYPES | TEXT_TYPES:
-        return (f"table {name}: its first key column {attname!r} has type {typname}, which PostgreSQL and the "
-                "lakehouse may order differently, so a chunk's range could not be replaced exactly; " + fix)
+        return (f"its first key column {attname!r} has type {typname}, which PostgreSQL and the lakehouse may "
+                "order differently, so a chunk's range could not be replaced exactly")
     return None
 
 
 def plan_tables(cursor, tables: Sequence[ResolvedTable]) -> list[ChunkedTable]:
-    """Each table with its chunk column, or :class:`ChunkedLoadRefused` naming every table that cannot be."""
-    planned, problems = [], []
+    """Each table with its chunk column, or with why it is loaded whole."""
+    planned = []
     for table in tables:
         cursor.execute(_FIRST_KEY_COLUMN, (table.oid, table.replica_identity))
         row = cursor.fetchone()
-        problem = table_problem(table, (row[0], row[1]) if row else None)
-        if problem:
-            problems.append(problem)
-        else:
-            planned.append(ChunkedTable(table, row[0], row[1] in TEXT_TYPES))
-    if problems:
-        raise ChunkedLoadRefused("; ".join(problems) + ". Nothing was changed")
+        why = whole_reason(table, (row[0], row[1]) if row else None)
+        planned.append(ChunkedTable(table, None, whole=why) if why
+                       else ChunkedTable(table, row[0], row[1] in TEXT_TYPES))
     return planned
+
+
+_FREE = """
+SELECT current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots),
+       current_setting('max_wal_senders')::int
+         - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')
+"""
+
+
+def check_temporary_slot_room(cursor, planned: Sequence[ChunkedTable], creating: bool) -> None:
+    """Refuse, before anything is created, a load whose whole tables could not get their temporary
+    slot: it needs one replication slot and one WAL sender free beside the pipeline's own slot
+    (``creating``: that one is still to be created)."""
+    whole = [t.name for t in planned if t.whole]
+    if not whole:
+        return
+    cursor.execute(_FREE)
+    slots, senders = cursor.fetchone()
+    needed = 2 if creating else 1
+    if slots < needed or senders < 1:
+        raise ChunkedLoadRefused(
+            f"table(s) {', '.join(whole)} are loaded whole, each in the exported snapshot of a temporary "
+            f"replication slot, which needs {needed} free replication slot(s) and 1 free WAL sender; the server has "
+            f"{max(slots, 0)} slot(s) and {max(senders, 0)} WAL sender(s) free: drop unused slots "
+            "(pg_replication_slots) or raise max_replication_slots / max_wal_senders (a restart), then re-run. "
+            "Nothing was changed")
+
+
+def whole_tables_line(planned: Sequence[ChunkedTable]) -> str:
+    """The log's line naming the tables loaded whole, and why (empty without any)."""
+    whole = [t for t in planned if t.whole]
+    if not whole:
+        return ""
+    return (f"; {len(whole)} table(s) loaded whole, each in the exported snapshot of a temporary slot of its own "
+            "(the primary's xmin is held while that one table is copied, not for the whole load): "
+            + "; ".join(f"{t.name} ({t.whole})" for t in whole))
 
 
 def _column(chunked: ChunkedTable) -> sql.Composable:

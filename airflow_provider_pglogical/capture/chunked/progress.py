@@ -1,6 +1,7 @@
 """The chunked load's durable progress (``_chunked_load.json``) and its report in the task log.
 
-The record says, per table, where the next chunk starts and how many chunks and rows are staged;
+The record says, per table, where the next chunk starts and how many chunks and rows are staged (a
+table loaded whole has one chunk: done once its batch is committed, else copied again from scratch);
 it is written after each chunk's batch is committed, so a killed load resumes at the first chunk
 that is not staged. A kill between the batch's commit and the record's write is recognised from
 the committed batch itself (its details name the load, the table and the chunk's range), so that
@@ -41,6 +42,10 @@ class TableProgress:
     done: bool = False
     #: the table's rows as PostgreSQL estimated them when the load started (``pg_class.reltuples``)
     estimated_rows: int | None = None
+    #: the column its chunks are ranges of (None: not begun, or loaded whole)
+    column: str | None = None
+    #: why it is loaded whole, in one exported snapshot of a temporary slot: its one "chunk" (None: in key chunks)
+    whole: str | None = None
 
 
 @dataclass
@@ -64,6 +69,7 @@ class LoadRecord:
 
 def load_figures(record: LoadRecord | None) -> dict[str, Any] | None:
     """The load's progress as the pipeline view and its JSON show it; None without a chunked load.
+    A table loaded whole counts as one chunk; ``whole`` says why it was not chunked.
 
     ``estimated_rows`` is PostgreSQL's estimate at the load's start (never below what is staged),
     so ``rows`` / ``estimated_rows`` is a fair share done while the load runs, not an exact one."""
@@ -75,8 +81,9 @@ def load_figures(record: LoadRecord | None) -> dict[str, Any] | None:
         "chunks": record.chunks, "rows": record.rows,
         "estimated_rows": max(estimated, record.rows) if estimated else None,
         "tables": len(record.tables), "tables_done": sum(t.done for t in record.tables.values()),
-        "per_table": {name: {"chunks": t.chunks, "rows": t.rows, "done": t.done, "estimated_rows": t.estimated_rows}
-                      for name, t in sorted(record.tables.items())},
+        "tables_whole": sum(bool(t.whole) for t in record.tables.values()),
+        "per_table": {name: {"chunks": t.chunks, "rows": t.rows, "done": t.done, "estimated_rows": t.estimated_rows,
+                             "whole": t.whole} for name, t in sorted(record.tables.items())},
     }
 
 
@@ -107,6 +114,7 @@ def catch_up_with_staging(root: StagingPath, pipeline: str, record: LoadRecord) 
             continue  # counted already (the record is newer than the batch)
         table.chunks, table.rows = table.chunks + 1, table.rows + details["rows"]
         table.next_start, table.done = details["end"], details["end"] is None
+        table.whole = details.get("whole", table.whole)  # a table loaded whole: its one chunk
         found += 1
     return found
 
@@ -154,5 +162,5 @@ class Reporter:
             f"chunked load: {self._record.rows:,} of ~{total:,} rows in {self._record.chunks:,} chunks "
             f"({sum(t.done for t in self._record.tables.values())}/{len(self._record.tables)} tables done), "
             f"{rate:,.0f} rows/s{eta}; {table}: {progress.rows:,} rows in {progress.chunks:,} chunks"
-            + (", done" if progress.done else "")
+            + (" (loaded whole)" if progress.whole else "") + (", done" if progress.done else "")
         )

@@ -89,7 +89,8 @@ function pipelineCard(p) {
   const load = p.initial_load;  // a chunked initial load: staged so far, of PostgreSQL's estimate at its start
   if (load) card.querySelector(".figures").append(figure("chunked initial load" + (load.complete ? ": complete" : ""),
     `${load.rows} ${load.estimated_rows ? "of ~" + load.estimated_rows + " " : ""}rows in ${load.chunks} chunks · ` +
-    `${load.tables_done}/${load.tables} tables` + (load.estimated_rows && !load.complete
+    `${load.tables_done}/${load.tables} tables` + (load.tables_whole ? ` (${load.tables_whole} loaded whole)` : "")
+    + (load.estimated_rows && !load.complete
       ? ` (${Math.min(100, Math.floor(100 * load.rows / load.estimated_rows))}%)` : "")));
   if (p.last_error) card.append(el("div", {class: "error"}, "Last error (" + when(p.last_error.at) + "): " + p.last_error.error));
   const change = p.last_source_change;  // a change to what the source publishes (issue 47)
