@@ -76,9 +76,10 @@ class PgInitialSyncOperator(CaptureOperator):
     :param snapshot_mode: ``SnapshotMode.EXPORTED`` (the default): every table inside one exported
         snapshot, one transaction open for the whole copy; ``SnapshotMode.CHUNKED``: each table in key
         chunks of about ``chunk_rows`` rows, each chunk in its own short transaction, reconciled with the
-        slot by watermarks, resumable after a kill at the first chunk not staged. Chunked refuses tables
-        without a primary key or replica identity index and keys that do not start with an integer or
-        text column, before anything is created (docs/snapshots.md says when to use which).
+        slot by watermarks, resumable after a kill at the first chunk not staged. A table without a
+        primary key or replica identity index (a multiset), or whose key does not start with an
+        integer or text column, is loaded whole in an exported snapshot of a temporary slot of its
+        own, holding the xmin for that table's copy only (docs/snapshots.md says when to use which).
     :param chunk_rows: rows per chunk of a chunked load.
     :param postgres_conn_id: the publisher's Airflow connection. (templated)
     """
