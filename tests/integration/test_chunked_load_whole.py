@@ -194,7 +194,8 @@ def assert_equal_to_source(publisher, root) -> None:
     state = replay(root, "p")
     assert table_rows(state, "public.items", ["id", "grp", "label"]) == sorted(
         publisher.query("SELECT id, grp, label FROM items"))
-    assert table_rows(state, "public.notes", ["code", "body"]) == sorted(publisher.query("SELECT code, body FROM notes"))
+    assert table_rows(state, "public.notes", ["code", "body"]) == sorted(
+        publisher.query("SELECT code, body FROM notes"))
     assert table_rows(state, "public.tokens", ["id", "v"]) == sorted(
         (str(i), v) for i, v in publisher.query("SELECT id, v FROM tokens"))
     assert multiset_rows(root, "p", "public.ledger", LEDGER) == Counter(

@@ -53,6 +53,8 @@ NAMESPACE = "rel"
 #: every kill point of the matrix
 KILL_POINTS = (
     "initial_sync_mid_copy",      # run_initial_sync SIGKILLed after its first Parquet part, before the manifest
+    "chunked_load_mid_chunk",     # run_chunked_sync (set-up with snapshot_mode="chunked") SIGKILLed inside a
+                                  # chunk's read, its Parquet written, while the workload writes; then resumed
     "pull_before_manifest",       # run_pull SIGKILLed after the staging files, before _manifest.json
     "pull_before_advance",        # run_pull SIGKILLed after the manifest, before pg_replication_slot_advance
     "apply_mid_merge",            # spark-submit's process tree SIGKILLed while the apply job is merging
@@ -65,7 +67,10 @@ KILL_POINTS = (
     "adopt_after_commit",         # ... and right after that commit, before the state commit
 )
 #: kill points of the set-up (the initial sync and its first apply), not of a round
-SETUP_KILL_POINTS = ("initial_sync_mid_copy", "adopt_before_commit", "adopt_after_commit")
+SETUP_KILL_POINTS = ("initial_sync_mid_copy", "chunked_load_mid_chunk", "adopt_before_commit", "adopt_after_commit")
+#: the chunked set-up's kills: inside the load's n-th chunk read, then (resumed) inside the whole
+#: copy of a keyless table; chunks of CHUNK_ROWS rows
+CHUNKED_KILL_AT_READ, CHUNKED_KILL_TABLE, CHUNK_ROWS = 2, "public.bag", 60
 #: the apply kill points where the job kills itself: the environment that arms it, and what it logs then
 SELF_KILLS = {
     "apply_before_state": ({"PGLOGICAL_APPLY_CRASH_BEFORE_STATE": "1"}, "crash point reached after the data commit"),
@@ -74,7 +79,8 @@ SELF_KILLS = {
 }
 
 #: the kill points whose outcome the server decides (the rest kill the apply, a Spark job)
-SERVER_KILL_POINTS = ("initial_sync_mid_copy", "pull_before_manifest", "pull_before_advance", "backfill_mid_copy")
+SERVER_KILL_POINTS = ("initial_sync_mid_copy", "chunked_load_mid_chunk", "pull_before_manifest", "pull_before_advance",
+                      "backfill_mid_copy")
 
 KILL_SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -114,7 +120,20 @@ KILL_SCRIPT = textwrap.dedent("""
             if manifest.schema_changes:
                 die()
 
-    if point == "initial_sync_mid_copy":
+    if point == "chunked_load_mid_chunk":
+        from airflow_provider_pglogical.capture.chunked.chunks import ChunkHooks
+        from airflow_provider_pglogical.capture.chunked.load import run_chunked_sync
+        reads = []
+        def read(event):  # inside the chunk's transaction (or a whole table's snapshot), no manifest yet
+            reads.append(event.table)
+            if len(reads) == int(os.environ.get("KILL_AT_READ", 0)) or event.table == os.environ.get("KILL_TABLE"):
+                with open(os.environ["KILL_NOTE"], "w") as note:
+                    json.dump({"table": event.table, "chunk": event.chunk, "rows": event.rows}, note)
+                die()
+        run_chunked_sync(hook, slot=os.environ["SLOT"], publications=publications, root=root,
+                         pipeline=os.environ["PIPELINE"], chunk_rows=int(os.environ["CHUNK_ROWS"]),
+                         type_overrides=overrides, hooks=ChunkHooks(read=read))
+    elif point == "initial_sync_mid_copy":
         initial_sync.run_initial_sync(hook, slot=os.environ["SLOT"], publications=publications, root=root,
                                       pipeline=os.environ["PIPELINE"], type_overrides=overrides)
     elif point == "backfill_mid_copy":
@@ -174,6 +193,8 @@ class Figures:
     #: adopted files that the kill before the adoption's commit left in a local warehouse as hard
     #: links of staged files (the embedded default's adoption): orphans, never committed
     linked_orphans: int = 0
+    #: the tables a chunked set-up loaded whole (keyless, or a key that cannot bound a range)
+    whole_tables: list = field(default_factory=list)
 
     def killed(self, point: str) -> None:
         self.kills[point] = self.kills.get(point, 0) + 1
@@ -281,9 +302,11 @@ class Harness:
         return spark
 
     # --- setup -----------------------------------------------------------------------------
-    def setup(self, *, initial_rows: int = 300, kill: bool = True, adopt_kills: bool = True) -> None:
+    def setup(self, *, initial_rows: int = 300, kill: bool = True, adopt_kills: bool = True,
+              snapshot_mode: str = "exported") -> None:
         """Schema, publications, the native subscriber, the initial sync and its first apply; ``kill``
-        kills the initial sync mid-copy first, ``adopt_kills`` that apply at both adoption points."""
+        kills the initial sync mid-copy first, ``adopt_kills`` that apply at both adoption points.
+        ``snapshot_mode="chunked"``: the chunked load instead (:meth:`chunked_load`)."""
         from airflow_provider_pglogical.capture.initial_sync import run_initial_sync
         from airflow_provider_pglogical.management.publications import PublishedTable
 
@@ -303,10 +326,15 @@ class Harness:
             hook.create_publication(SHAPES_PUBLICATION, self.shapes.published())
         self.hook(self.subscriber).create_subscription(SUBSCRIPTION, self.subscribed,
                                                        publisher_conn_id=self.publisher.conn_id)
-        if kill:
-            self.killed_subprocess("initial_sync_mid_copy")
-        run_initial_sync(hook, slot=SLOT, publications=self.publications, root=self.root, pipeline=PIPELINE,
-                         type_overrides=TYPE_OVERRIDES, report=lambda m: None)
+        if snapshot_mode == "chunked":
+            from tests.reliability.chunked_setup import chunked_load
+
+            chunked_load(self, kill)
+        else:
+            if kill:
+                self.killed_subprocess("initial_sync_mid_copy")
+            run_initial_sync(hook, slot=SLOT, publications=self.publications, root=self.root, pipeline=PIPELINE,
+                             type_overrides=TYPE_OVERRIDES, report=lambda m: None)
         if adopt_kills:
             self.apply("adopt_before_commit")
             self.apply("adopt_after_commit")
@@ -591,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=10_000, help="committed row changes per round")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--snapshot-mode", choices=["exported", "chunked"], default="exported",
+                        help="the set-up's initial load (chunked: killed mid-chunk, then resumed)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="pglogical-reliability-"))
@@ -603,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
                           new_database(subscriber_cluster, "subscriber", name="relsub"), workdir, args.seed)
         harness.reproduce = (f"python -m tests.reliability.harness --rounds {args.rounds} --changes {args.changes} "
                              f"--seed {args.seed}")
-        harness.setup(initial_rows=min(2000, args.changes // 5))
+        harness.setup(initial_rows=min(2000, args.changes // 5), snapshot_mode=args.snapshot_mode)
         for kills, truncate in long_schedule(args.rounds, random.Random(args.seed)):
             harness.round(args.changes, kills, truncate=truncate)
     except BaseException:
