@@ -118,7 +118,7 @@ KILLED_IN_WHOLE_COPY = textwrap.dedent("""
     from tests.support.processes import die_now
 
     def kill(event):
-        if event.table == os.environ["TABLE"]:
+        if event.table == os.environ["TABLE"] and event.chunk == int(os.environ.get("CHUNK", event.chunk)):
             die_now()
 
     # "read": inside the table's exported snapshot, its Parquet written, no manifest; "staged": its
@@ -281,3 +281,27 @@ def test_a_whole_table_committed_before_its_progress_record_is_not_copied_again(
     assert (ledger.done, ledger.chunks, ledger.rows) == (True, 1, 2) and "multiset" in ledger.whole
     _drain(publisher_hook, root)
     assert multiset_rows(root, "p", "public.ledger", LEDGER) == Counter({(1, 1, "a"): 2})
+
+
+@pytest.mark.one_server
+def test_a_table_whose_chunk_column_changed_between_attempts_is_loaded_whole(publisher, publisher_hook, root):
+    """Its staged chunks are ranges of the old column: resuming them by the new one would leave rows
+    out or in twice; a whole copy replaces them all (the staging still holds the old ranges)."""
+    publisher.execute(SOURCE)
+    publisher_hook.create_publication("p", [PublishedTable("items"), PublishedTable("notes")])
+    env = {**os.environ, "CONN": publisher.conn_id, "ROOT": str(root), "TABLE": "public.items", "CHUNK": "2"}
+    proc = subprocess.run([sys.executable, "-c", KILLED_IN_WHOLE_COPY], env=env, cwd=os.getcwd(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    items = read_load(root, "p").tables["public.items"]
+    assert (items.chunks, items.column, items.done) == (2, "id", False)
+    publisher.execute("ALTER TABLE items DROP CONSTRAINT items_pkey, ADD PRIMARY KEY (grp, id)")
+    lines: list[str] = []
+    run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=300,
+                     report=lines.append)
+    items = read_load(root, "p").tables["public.items"]
+    why = "its chunk column changed from 'id' to 'grp' during the load"
+    assert (items.done, items.chunks, items.whole, items.column) == (True, 3, why, None)
+    assert any(m.startswith("public.items: loading it whole") and why in m for m in lines)
+    assert table_rows(replay(root, "p"), "public.items", ["id", "grp", "label"]) == sorted(
+        publisher.query("SELECT id, grp, label FROM items"))

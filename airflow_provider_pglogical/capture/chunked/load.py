@@ -203,10 +203,11 @@ def _load_tables(hook, planned: list[plan.ChunkedTable], initial: BatchManifest,
                 # its chunks so far are ranges of another column: a whole copy replaces them all, exactly
                 chunked = dataclasses.replace(chunked, column=None, whole=(
                     f"its chunk column changed from {progress.column!r} to {chunked.column!r} during the load"))
-            progress.column, progress.whole = chunked.column, chunked.whole
+            if (progress.column, progress.whole) != (chunked.column, chunked.whole):
+                progress.column, progress.whole = chunked.column, chunked.whole
+                progress.next_start = progress.next_start if chunked.column else None
+                write_load(root, pipeline, load)  # how it is loaded, before its first chunk (and the view)
             if chunked.whole:
-                progress.next_start = None
-                write_load(root, pipeline, load)  # the pipeline view shows it is being loaded whole
                 rows, _name = copy_whole(hook.connect_kwargs(), chunked, progress.chunks, root, pipeline, details,
                                          reader.pid, hooks, type_overrides, report)
                 progress.chunks, progress.rows, progress.done = progress.chunks + 1, rows, True

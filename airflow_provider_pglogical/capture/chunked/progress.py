@@ -106,7 +106,8 @@ def catch_up_with_staging(root: StagingPath, pipeline: str, record: LoadRecord) 
     for name, start, _end, kind in committed_batches(root, pipeline):
         if kind != "snapshot" or start <= Lsn.parse(record.created_lsn):
             continue
-        details = read_manifest(root, pipeline, name).details.get(CHUNK_DETAILS) or {}
+        manifest = read_manifest(root, pipeline, name)
+        details = manifest.details.get(CHUNK_DETAILS) or {}
         if details.get("slot") != record.slot or details.get("created_lsn") != record.created_lsn:
             continue
         table = record.tables.get(details["table"])
@@ -115,6 +116,7 @@ def catch_up_with_staging(root: StagingPath, pipeline: str, record: LoadRecord) 
         table.chunks, table.rows = table.chunks + 1, table.rows + details["rows"]
         table.next_start, table.done = details["end"], details["end"] is None
         table.whole = details.get("whole", table.whole)  # a table loaded whole: its one chunk
+        table.column = (manifest.details.get("key_range") or {}).get("column", table.column)
         found += 1
     return found
 
