@@ -160,7 +160,9 @@ SNAPSHOT_LSN = "pglogical.lsn"
 SNAPSHOT_FROM_LSN = "pglogical.from-lsn"
 #: a snapshot batch's details entry when it is part of a chunked initial load (``capture/chunked/``):
 #: the load's empty start (``empty_start``) or one of its chunks (its ``key_range`` ends the table
-#: when its end is null); until a table's last chunk is applied its commits are no cut
+#: when its end is null; a table loaded whole has one chunk without a ``key_range``, ``whole`` saying
+#: why: a whole snapshot at its temporary slot's LSN); until a table's last chunk is applied its
+#: commits are no cut
 CHUNKED_LOAD = "chunked_load"
 #: metadata columns of a keyless (REPLICA IDENTITY FULL) table, kept as a multiset: which copy of
 #: identical rows this row is (1..n), and the batch that last changed how many copies there are

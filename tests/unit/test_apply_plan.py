@@ -251,3 +251,22 @@ def test_a_chunked_load_is_no_cut_until_its_last_chunk_and_the_changes_after_it_
         # the last chunk: the other ranges are at 400 already, so only its replay to 400 is a cut
         ("snapshot", 250, 250, False), ("changes", 100, 250, True),
     ]
+
+
+@pytest.mark.parametrize("keyless", [False, True])
+def test_a_table_a_chunked_load_copied_whole_is_replaced_at_its_snapshot_then_its_changes_from_there(keyless):
+    """A keyless table (or a key that cannot bound a range) is one whole snapshot at its temporary
+    slot's LSN (capture/chunked/whole.py): it supersedes the load's empty start and the changes
+    before it, and is a cut at once, as a backfill is; a multiset takes no window (no range)."""
+    def of(b: Batch) -> Batch:
+        for table in b.manifest.tables.values():
+            table.key, table.keyless, table.replica_identity = ([], True, "f") if keyless else (["id"], False, "d")
+        return b
+    empty = of(batch("snapshot", 100, details={"chunked_load": {"slot": "s", "empty_start": True}}))
+    whole = of(batch("snapshot", 180, details={"chunked_load": {"slot": "s", "table": T, "chunk": 0, "whole": "w"},
+                                                "key_range": None}))
+    changes = [of(batch("changes", 100, 400)), of(batch("changes", 400, 500))]
+    steps, superseded = plan_table(T, sorted([empty, whole, *changes], key=lambda b: b.name), TableState("t"))
+    assert [(s.kind, s.batch.start, s.position, s.cut, s.window) for s in steps] == [
+        ("snapshot", 180, 180, True, None), ("changes", 100, 180, True, None), ("changes", 400, 400, True, None)]
+    assert superseded == [empty.name]

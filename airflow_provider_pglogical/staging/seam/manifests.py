@@ -129,7 +129,8 @@ class KeyRange:
 @dataclass(frozen=True)
 class ChunkedLoad:
     """A snapshot that is part of a chunked initial load (``contract.CHUNKED_LOAD``): its empty
-    start, or one of its chunks (the chunk's ``key_range`` ends the table when its end is null)."""
+    start, or one of its chunks (the chunk's ``key_range`` ends the table when its end is null; a
+    table loaded whole is one chunk without a range, applied as a whole snapshot)."""
 
     empty_start: bool = False
 
