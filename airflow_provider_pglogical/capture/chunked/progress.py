@@ -113,10 +113,11 @@ def catch_up_with_staging(root: StagingPath, pipeline: str, record: LoadRecord) 
         table = record.tables.get(details["table"])
         if table is None or table.done or details["chunk"] != table.chunks or details["start"] != table.next_start:
             continue  # counted already (the record is newer than the batch)
-        table.chunks, table.rows = table.chunks + 1, table.rows + details["rows"]
+        whole = details.get("whole")  # a table loaded whole: its one chunk holds every row
+        table.chunks, table.rows = table.chunks + 1, details["rows"] + (0 if whole else table.rows)
         table.next_start, table.done = details["end"], details["end"] is None
-        table.whole = details.get("whole", table.whole)  # a table loaded whole: its one chunk
-        table.column = (manifest.details.get("key_range") or {}).get("column", table.column)
+        table.whole = whole or table.whole
+        table.column = None if whole else (manifest.details.get("key_range") or {}).get("column", table.column)
         found += 1
     return found
 
