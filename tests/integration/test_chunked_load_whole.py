@@ -305,3 +305,36 @@ def test_a_table_whose_chunk_column_changed_between_attempts_is_loaded_whole(pub
     assert any(m.startswith("public.items: loading it whole") and why in m for m in lines)
     assert table_rows(replay(root, "p"), "public.items", ["id", "grp", "label"]) == sorted(
         publisher.query("SELECT id, grp, label FROM items"))
+
+
+@pytest.mark.one_server
+def test_a_keyless_partitioned_table_published_through_its_root_is_loaded_whole(publisher, publisher_hook, root):
+    publisher.execute(SOURCE + """
+        CREATE TABLE moves(region int, amount int) PARTITION BY LIST (region);
+        CREATE TABLE moves_a PARTITION OF moves FOR VALUES IN (1, 2);
+        CREATE TABLE moves_b PARTITION OF moves FOR VALUES IN (3, 4);
+        ALTER TABLE moves_a REPLICA IDENTITY FULL; ALTER TABLE moves_b REPLICA IDENTITY FULL;
+        INSERT INTO moves SELECT 1 + g % 4, g % 3 FROM generate_series(1, 600) g;
+    """)
+    publisher_hook.create_publication("p", [PublishedTable("items"), PublishedTable("moves")],
+                                      publish_via_partition_root=True)
+    conn, rng = publisher.connect(), random.Random(5)
+
+    def burst(event) -> None:  # duplicates inserted, one copy moved across partitions or deleted
+        with conn.cursor() as cur:
+            for _ in range(4):
+                region, amount = rng.randint(1, 4), rng.randint(0, 2)
+                cur.execute("INSERT INTO moves VALUES (%s, %s), (%s, %s)", (region, amount) * 2)
+                one = "tableoid = 'moves_a'::regclass AND ctid = (SELECT ctid FROM moves_a WHERE amount = %s LIMIT 1)"
+                cur.execute("UPDATE moves SET region = 3 WHERE " + one, (amount,))
+                cur.execute("DELETE FROM moves_b WHERE ctid = (SELECT ctid FROM moves_b WHERE amount = %s LIMIT 1)",
+                            (amount,))
+
+    run_chunked_sync(publisher_hook, slot="s1", publications=["p"], root=root, pipeline="p", chunk_rows=500,
+                     hooks=ChunkHooks(low=burst, read=burst))
+    moves = read_load(root, "p").tables["public.moves"]
+    assert moves.whole and "multiset" in moves.whole and moves.chunks == 1
+    burst(None)
+    _drain(publisher_hook, root)
+    assert multiset_rows(root, "p", "public.moves", ["region", "amount"]) == Counter(
+        publisher.query("SELECT region, amount FROM moves"))
