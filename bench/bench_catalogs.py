@@ -13,7 +13,10 @@ state. Then a **streaming round** on the 1-table pipelines, in two windows per l
 REST, REST, local, the rounds split between them): an apply window (``keep_running``) runs, and
 each round is the 100 changes, a pull, and the window's round that applies them (its own time from
 the apply history, and the time from the pull's end to the round's record). Prints the medians,
-and each REST figure as a multiple of the local one (the issue's goal: at most 1.5x).
+and each REST figure as a multiple of the local one (the issue's goal: at most 1.5x). For each REST
+tick and round it also prints what the two loopback servers cost beside the product: their CPU
+seconds (they share the machine's cores with Spark, where a real S3 and catalog would not) and the
+requests they served, by kind (``embedded/request_logs.py``).
 
 ``--tiny`` (CI): one table, one tick, one round.
 """
@@ -21,7 +24,9 @@ and each REST figure as a multiple of the local one (the issue's goal: at most 1
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,14 +38,64 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.bench_tick import Pipeline, change_tables, create_tables, load  # noqa: E402  (prepares the environment)
 from bench.common import cluster  # noqa: E402
-from airflow_provider_pglogical.embedded.demo_lakehouse import rest_lakehouse  # noqa: E402
+from airflow_provider_pglogical.embedded.demo_lakehouse import DemoLakehouse, rest_lakehouse  # noqa: E402
+from airflow_provider_pglogical.embedded.request_logs import RequestLog, counted, rest_route, s3_kind  # noqa: E402
 from airflow_provider_pglogical.operators.iceberg_apply import IcebergApplyOperator  # noqa: E402
 from airflow_provider_pglogical.ui.history import read_history  # noqa: E402
 
 LAKES = ("local", "rest")
 
 
-def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick: int) -> list[tuple[float, float, dict]]:
+class LoopbackServers:
+    """The REST lakehouse's S3 server and catalog: their CPU and the requests they served since :meth:`mark`."""
+
+    def __init__(self, lake: DemoLakehouse) -> None:
+        import psutil
+
+        self.processes = {"s3": psutil.Process(lake.s3.process.pid), "rest": psutil.Process(lake.rest.process.pid)}
+        self.logs = {"s3": RequestLog(lake.s3.log_path, fixture=False), "rest": RequestLog(lake.rest.log_path, fixture=True)}
+        self.cpu: dict[str, float] = {}
+
+    def _cpu(self, name: str) -> float:
+        times = self.processes[name].cpu_times()
+        return times.user + times.system
+
+    def mark(self) -> None:
+        for name, log in self.logs.items():
+            log.mark()
+            self.cpu[name] = self._cpu(name)
+
+    def since_mark(self) -> dict:
+        """CPU seconds and requests by kind of each server since :meth:`mark`."""
+        return {name: (self._cpu(name) - self.cpu[name], counted(log.since_mark(), s3_kind if name == "s3" else rest_route))
+                for name, log in self.logs.items()}
+
+
+#: ``--counts FILE``: every REST tick's and round's full counts, one JSON line each
+COUNTS: list[Path] = []
+
+
+def keep_counts(what: str, report: dict) -> None:
+    """Append ``report`` (:meth:`LoopbackServers.since_mark`) to the ``--counts`` file, if any."""
+    if COUNTS:
+        with open(COUNTS[0], "a") as out:
+            out.write(json.dumps({"what": what, **{name: {"cpu": round(cpu, 3), "requests": dict(kinds)}
+                                                    for name, (cpu, kinds) in report.items()}}) + "\n")
+
+
+def served(report: dict, top: int = 0) -> str:
+    """What :meth:`LoopbackServers.since_mark` found, for one line (``top``: also the most frequent kinds)."""
+    parts = []
+    for name, (cpu, kinds) in report.items():
+        text = f"{name} CPU {cpu:.2f} s, {sum(kinds.values())} requests"
+        if top:
+            text += " (" + ", ".join(f"{kind} {n}" for kind, n in kinds.most_common(top)) + ")"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick: int,
+           servers: LoopbackServers | None = None) -> list[tuple[float, float, dict]]:
     """An apply window on ``pipeline``, and ``rounds`` rounds of changes, pull, the window's round:
     (the round's own seconds, seconds from the pull's end to the round's record, the round's
     phases: where its time went) per round."""
@@ -81,9 +136,15 @@ def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick:
         for number in range(2, rounds + 2):
             change_tables(pg, db, names, tick + number)
             pipeline.pull()
+            if servers is not None:  # the window's polls and this loop's history reads count too (staging)
+                servers.mark()
             pulled = time.perf_counter()
             entry = wait_for_round(number)
             results.append((float(entry["seconds"]), time.perf_counter() - pulled, entry.get("phases") or {}))
+            if servers is not None:
+                report = servers.since_mark()
+                keep_counts(f"round {number}", report)
+                print(f"    round {number}: {served(report, top=12)}", flush=True)
     finally:
         operator.on_kill()  # the window's spark-submit; its lease expires with it (nothing follows)
         thread.join(timeout=120)
@@ -105,13 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ticks", type=int, default=3, help="0: no timed ticks, the streaming round alone")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--tiny", action="store_true", help="one table, one tick, one round (CI)")
+    parser.add_argument("--counts", type=Path, help="write each REST tick's and round's request counts here (JSON lines)")
     args = parser.parse_args(argv)
+    COUNTS[:] = [args.counts] if args.counts else []
     if args.tiny:
         args.tables, args.ticks, args.rounds = "1", 1, 1
     with tempfile.TemporaryDirectory() as tmp, cluster("bench_catalogs") as pg:
         tmp_path = Path(tmp)
-        lake = rest_lakehouse(tmp_path)
+        lake = rest_lakehouse(tmp_path, log_requests=True)
         os.environ.update(lake.env)
+        servers = LoopbackServers(lake)
         print(f"lakehouse rest: {lake.where}; load {load()}", flush=True)
         medians: dict[tuple[int, str], float] = {}
         streamed: dict[str, list[tuple[float, float, dict]]] = {}
@@ -133,12 +197,16 @@ def main(argv: list[str] | None = None) -> int:
                     for name in order:
                         pipeline = pipelines[name]
                         pipeline.pull()
+                        servers.mark()
                         wall, job = pipeline.apply()
                         walls[name].append(wall)
                         jobs[name].append(job)
+                        report = servers.since_mark()
                         print(f"  {count} tables, tick {tick}, {name}: apply task {wall:.2f} s (in-job {job:.2f} s: "
-                              f"{phased(pipeline.phases or {})}; S3 server CPU {pipeline.server_cpu:.2f} s), "
-                              f"load {load()}", flush=True)
+                              f"{phased(pipeline.phases or {})}), load {load()}", flush=True)
+                        if name == "rest":
+                            keep_counts(f"{count} tables, tick {tick}", report)
+                            print(f"    servers: {served(report, top=14)}", flush=True)
                 for name in LAKES if args.ticks else ():  # --ticks 0: the streaming round alone
                     medians[count, name] = statistics.median(walls[name])
                 if args.ticks:
@@ -154,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                     for name, rounds in plan:
                         if not rounds:
                             continue
-                        results = stream(pipelines[name], pg, db, names, rounds, tick)  # each round's changes are new
+                        results = stream(pipelines[name], pg, db, names, rounds, tick,  # each round's changes are new
+                                         servers if name == "rest" else None)
                         tick += rounds + 2
                         streamed.setdefault(name, []).extend(results)
                         print(f"  streaming rounds, {name}: " + ", ".join(
@@ -162,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                             + f", load {load()}", flush=True)
         finally:
             lake.close(False)
+            if args.counts:  # the servers' own logs beside the counts, for a closer look
+                for name, log in servers.logs.items():
+                    shutil.copyfile(log.path, args.counts.with_suffix(f".{name}.log"))
     if streamed:
         own = {name: statistics.median(o for o, _, _ in streamed[name]) for name in LAKES}
         seen = {name: statistics.median(s for _, s, _ in streamed[name]) for name in LAKES}

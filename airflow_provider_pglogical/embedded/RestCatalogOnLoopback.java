@@ -8,7 +8,9 @@
 // REST_CLIENT_ID / REST_CLIENT_SECRET (the environment, never the command line), and every other
 // request must bear the token it issued, so a test proves the credentials really reached Spark.
 // The backing catalog is configured as the fixture's image is: CATALOG_* variables become catalog
-// properties (CATALOG_IO__IMPL -> io-impl, CATALOG_S3_ENDPOINT -> s3.endpoint).
+// properties (CATALOG_IO__IMPL -> io-impl, CATALOG_S3_ENDPOINT -> s3.endpoint). Every request it
+// serves is logged by Jetty's request log (method, path, status, milliseconds; never a header or a
+// body), which the benchmarks and tests count (request_logs.py).
 
 import jakarta.servlet.DispatcherType;
 import jakarta.servlet.Filter;
@@ -34,8 +36,10 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.CatalogUtil;
 import org.apache.iceberg.rest.RESTCatalogAdapter;
 import org.apache.iceberg.rest.RESTCatalogServlet;
+import org.eclipse.jetty.server.CustomRequestLog;
 import org.eclipse.jetty.server.Server;
 import org.eclipse.jetty.server.ServerConnector;
+import org.eclipse.jetty.server.Slf4jRequestLogWriter;
 import org.eclipse.jetty.servlet.FilterHolder;
 import org.eclipse.jetty.servlet.ServletContextHandler;
 import org.eclipse.jetty.servlet.ServletHolder;
@@ -67,6 +71,7 @@ public class RestCatalogOnLoopback {
     connector.setPort(Integer.parseInt(args[0]));
     server.addConnector(connector);
     server.setHandler(context);
+    server.setRequestLog(new CustomRequestLog(new Slf4jRequestLogWriter(), "served %m %U%q %s %{ms}T"));
     server.start();
     System.out.println("rest catalog ready on http://127.0.0.1:" + connector.getLocalPort());
     server.join();

@@ -132,13 +132,14 @@ def s3_lakehouse(pg: LocalPostgres) -> DemoLakehouse:
     return DemoLakehouse(env=env, where=where, redact=[secret, password], s3=server)
 
 
-def rest_lakehouse(home: Path) -> DemoLakehouse:
+def rest_lakehouse(home: Path, log_requests: bool = False) -> DemoLakehouse:
     """Start the S3 server with a bucket and the REST catalog (its warehouse in that bucket), and name
     them in Airflow connections: the catalog ``rest`` (an ``iceberg`` connection: URI, client id and
-    secret), the warehouse on ``s3://`` through S3FileIO."""
+    secret), the warehouse on ``s3://`` through S3FileIO. ``log_requests``: the S3 server logs each
+    request into ``home`` (``s3.log_path``), as the REST catalog always does (``rest.log_path``)."""
     key, secret, client_secret = f"demo-{secrets.token_hex(4)}", secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     client_id = "pglogical-demo"
-    server = start_s3_server()
+    server = start_s3_server(log_path=home / "s3-server.log" if log_requests else None)
     try:
         server.client(key, secret).create_bucket(Bucket=BUCKET)
         warehouse = f"s3://{BUCKET}/{WAREHOUSE_PREFIX}"

@@ -8,10 +8,12 @@ its process. moto comes with the package's ``test`` extra (``bash scripts/setup.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from airflow_provider_pglogical.embedded.postgres import free_port
 from airflow_provider_pglogical.embedded.readiness import stop_process, wait_for_http
@@ -40,6 +42,8 @@ class S3Server:
 
     endpoint: str
     process: subprocess.Popen
+    #: the server's request log (one line per request it served), when started with one
+    log_path: Path | None = None
 
     def client(self, access_key: str = "test", secret_key: str = "test"):
         """A boto3 S3 client of this server."""
@@ -60,15 +64,25 @@ class S3Server:
         stop_process(self.process)
 
 
-def start_s3_server(env: Mapping[str, str] | None = None, timeout: float = 60) -> S3Server:
+def start_s3_server(env: Mapping[str, str] | None = None, timeout: float = 60,
+                    log_path: Path | None = None) -> S3Server:
     """Start moto's S3 server on a free loopback port (a session of its own, so a Ctrl-C of the
-    caller's terminal does not stop it first); returns once it answers."""
+    caller's terminal does not stop it first); returns once it answers.
+
+    :param log_path: where its output goes (its web server logs every request it serves, which
+        ``request_logs.py`` counts); by default nowhere.
+    """
     require_moto()
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               env=None if env is None else dict(env), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
-    server = S3Server(f"http://127.0.0.1:{port}", process)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if log_path else subprocess.DEVNULL
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                   env=None if env is None else dict(env), stdout=log, stderr=log,
+                                   start_new_session=True)
+    finally:
+        if log_path:
+            os.close(log)
+    server = S3Server(f"http://127.0.0.1:{port}", process, log_path)
 
     try:
         wait_for_http(server.endpoint, process, timeout=timeout, what="moto's S3 server", exited=lambda code:
