@@ -64,6 +64,8 @@ class CatalogSpec:
         (the idle tick's dropped-table check, :mod:`.catalog_tables`).
     :param aws_module: the catalog's client uses Iceberg's AWS module (``iceberg-aws-bundle`` on the
         classpath: Glue's client, a REST catalog's SigV4 signing and S3FileIO).
+    :param defaults: catalog properties the provider sets unless the config (``extra_conf``) or the
+        catalog's connection (its extras) sets them: each saves requests the apply does not need.
     """
 
     kind: CatalogKind
@@ -76,6 +78,14 @@ class CatalogSpec:
     connection: CatalogConnection | None = None
     lists_tables_without_spark: bool = False
     aws_module: bool = False
+    defaults: tuple[tuple[str, str], ...] = ()
+
+
+#: Iceberg's REST client POSTs a metrics report to the catalog after every scan and every commit
+#: (``RESTMetricsReporter``), in the thread that scanned or committed: two of every round's six
+#: requests per table, which the apply reads nowhere (it keeps its own history). A deployment that
+#: wants them in its catalog sets the property back to true (``extra_conf`` or the connection's extra).
+REST_METRICS_REPORTING = ("rest-metrics-reporting-enabled", "false")
 
 
 CATALOGS: dict[CatalogKind, CatalogSpec] = {
@@ -93,7 +103,8 @@ CATALOGS: dict[CatalogKind, CatalogSpec] = {
                    "s3.path-style-access", "s3.access-key-id", "s3.secret-access-key", "s3.session-token",
                    "client.region"),
         private_keys=("credential", "token", "s3.access-key-id", "s3.secret-access-key", "s3.session-token"),
-        file_io_on_s3=FileIOKind.S3, connection=CatalogConnection.ICEBERG, aws_module=True),
+        file_io_on_s3=FileIOKind.S3, connection=CatalogConnection.ICEBERG, aws_module=True,
+        defaults=(REST_METRICS_REPORTING,)),
     CatalogKind.GLUE: CatalogSpec(
         CatalogKind.GLUE, "org.apache.iceberg.aws.glue.GlueCatalog", transactional=True,
         conf_keys=("glue.endpoint", "client.region", "io-impl", "s3.endpoint", "s3.path-style-access",

@@ -209,6 +209,8 @@ class IcebergConfig:
             conf[f"{prefix}.uri"] = self.catalog_uri
         if self.file_io() is FileIOKind.S3:
             conf[f"{prefix}.io-impl"] = FileIOKind.S3.value
+        spec = self.spec
+        conf.update({f"{prefix}.{key}": value for key, value in (spec.defaults if spec is not None else ())})
         if self.on_s3():  # s3:// and s3n:// through S3A too, as on EMR
             conf.update({f"spark.hadoop.fs.{scheme}.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"
                          for scheme in ("s3", "s3n")})

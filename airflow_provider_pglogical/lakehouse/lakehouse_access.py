@@ -56,10 +56,14 @@ def job_access(config: IcebergConfig, staging: LakehouseAccess | None = None) ->
     """Everything one of our spark-submits needs: the lakehouse's Spark configuration and access,
     plus an object-store staging root's (``staging_roots.staging_access``). ``public`` goes into the
     job's ``conf``, ``private`` into its private properties file, ``environment`` into its
-    environment, never onto the command line."""
+    environment, never onto the command line. A property both hold is left to the private file: a
+    ``--conf`` value would win over it, and a connection's own extra (``rest-metrics-reporting-enabled``)
+    must win over the kind's default (``CatalogSpec.defaults``)."""
     lake, staging = lakehouse_access(config), staging or LakehouseAccess()
-    return LakehouseAccess(public={**config.spark_conf(), **lake.public, **staging.public},
-                           private={**lake.private, **staging.private},
+    private = {**lake.private, **staging.private}
+    public = {**config.spark_conf(), **lake.public, **staging.public}
+    return LakehouseAccess(public={key: value for key, value in public.items() if key not in private},
+                           private=private,
                            environment={**lake.environment, **staging.environment})
 
 

@@ -22,7 +22,7 @@ from airflow_provider_pglogical.lakehouse.catalog_kinds import (
 )
 from airflow_provider_pglogical.lakehouse.catalog_tables import lists_tables_without_spark
 from airflow_provider_pglogical.lakehouse.iceberg_config import IcebergConfig
-from airflow_provider_pglogical.lakehouse.lakehouse_access import lakehouse_access, spark_environment
+from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access, lakehouse_access, spark_environment
 
 
 def test_every_kind_has_one_entry_that_names_it():
@@ -100,6 +100,23 @@ def test_a_rest_catalog_takes_its_uri_and_oauth2_client_from_an_iceberg_connecti
     assert access.private[p + "s3.access-key-id"] == "key" and access.private[p + "s3.secret-access-key"] == "secret"
     assert not any(secret in value for value in access.public.values() for secret in ("s3cr3t", "secret"))
     assert not access.environment
+
+
+def test_a_rest_catalog_reports_no_metrics_unless_the_config_or_its_connection_asks(monkeypatch):
+    """The REST client's metrics reports are two POSTs per table and round (the request count is
+    proven against the real fixture in tests/integration/test_rest_requests.py); a deployment may
+    turn them back on, by ``extra_conf`` or by its connection's extra, which the default never overrides."""
+    key = "spark.sql.catalog.lake.rest-metrics-reporting-enabled"
+    rest = IcebergConfig(catalog_type="rest", catalog_uri="http://127.0.0.1:8181", warehouse="s3://lake/wh")
+    assert rest.spark_conf()[key] == "false"
+    assert IcebergConfig(catalog_type="rest", catalog_uri="http://c", extra_conf={key: "true"}).spark_conf()[key] == "true"
+    assert not any("metrics" in name for kind in CatalogKind if kind is not CatalogKind.REST
+                   for name in IcebergConfig(catalog_type=kind, catalog_uri="jdbc:postgresql://h/db",
+                                             catalog_conn_id="c").spark_conf())
+    _connections(monkeypatch, lake_rest={"conn_type": "iceberg", "host": "http://127.0.0.1:8181",
+                                         "extra": {"rest-metrics-reporting-enabled": "true"}})
+    access = job_access(IcebergConfig(catalog_type="rest", catalog_conn_id="lake_rest"))
+    assert access.private[key] == "true" and key not in access.public  # a --conf value would win over the file
 
 
 def test_a_rest_client_id_without_its_secret_is_refused(monkeypatch):
