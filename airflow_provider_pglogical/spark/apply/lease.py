@@ -107,7 +107,10 @@ class ApplyLease:
         while True:
             try:
                 self._swap(self._take, "take")
-                found = self._lease(self._ops.refresh())  # read back: a catalog that raced must show it
+                # read back: a catalog that raced must show it. A fenced take needs no second read:
+                # the server refused it unless main was unchanged since the lease was read, and the
+                # commit's answer is the table as it left it (a REST catalog's refresh is a GET of it all)
+                found = self._lease(self._ops.current() if self._fenced else self._ops.refresh())
                 if found is None or found.get("id") != self.id:
                     raise self._held(found or {})
                 break

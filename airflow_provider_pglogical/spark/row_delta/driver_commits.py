@@ -92,6 +92,24 @@ def java_exception_class(error: BaseException) -> str | None:
     return java.getClass().getName() if java is not None else None
 
 
+def committed_snapshot(spark, update) -> int:
+    """The snapshot a committed Iceberg update (``RowDelta``, ``OverwriteFiles``) made, without a
+    request: ``updateEvent()``, the public way, loads the table again first (``ops.refresh()``),
+    which on a REST catalog is a GET of the whole table's metadata per commit, on JDBC a query. The
+    id is the update's own (``SnapshotProducer.snapshotId()``, what ``updateEvent`` reports),
+    read by reflection; an Iceberg without that method falls back to ``updateEvent()``."""
+    from py4j.protocol import Py4JError
+
+    try:
+        method = java_class(spark, "org.apache.iceberg.SnapshotProducer")._java_lang_class.getDeclaredMethod(
+            "snapshotId", spark.sparkContext._gateway.new_array(java_class(spark, "java.lang.Class"), 0))
+        method.setAccessible(True)
+        return int(method.invoke(update, spark.sparkContext._gateway.new_array(java_class(spark, "java.lang.Object"), 0)))
+    except (Py4JError, LookupError) as error:  # another Iceberg's internals: the public way
+        log.debug("the update's snapshot id by updateEvent(): %s", error)
+        return int(update.updateEvent().snapshotId())
+
+
 def validated_commit(update, table, read_at: int | None) -> None:
     """Commit an Iceberg update that validates against concurrent commits; a conflict is raised as
     :class:`ConcurrentCommit`, naming the table and the fix."""
@@ -203,7 +221,7 @@ class DriverCommits:
         if not (data.num_rows or deletes):
             return None
         validated_commit(delta, table, read_at)
-        return delta.updateEvent().snapshotId()  # this commit's, whatever committed after it
+        return committed_snapshot(self.spark, delta)  # this commit's, whatever committed after it
 
     def with_row_ids(self, data, table, rows: list[tuple | None]):
         """``data`` with format v3's ``_row_id`` column: each row the id of the row it replaces (the
@@ -263,7 +281,7 @@ class DriverCommits:
             overwrite.validateFromSnapshot(read_at)
         overwrite.conflictDetectionFilter(matching).validateNoConflictingData().validateNoConflictingDeletes()
         validated_commit(overwrite.addFile(written), table, read_at)
-        return overwrite.updateEvent().snapshotId()
+        return committed_snapshot(self.spark, overwrite)
 
     def _same_thread(self):
         return same_thread_executor(self.spark)

@@ -1,0 +1,102 @@
+"""How many requests the apply makes of a REST catalog, counted by the real catalog (issue 48).
+
+Each request to a REST catalog is a round trip to a service, tens of milliseconds on a real one,
+and the loopback fixture's request log (Jetty's, ``RestCatalogOnLoopback.java``) counts them by
+route. A round of the apply reads the state table, commits each table's step and then the state,
+under the lease. What the client does needlessly is bounded here: the metrics reports Iceberg's
+REST client POSTs after every scan and commit (off by default: ``CatalogSpec.defaults``), a second
+load of the table after each driver commit only to learn its snapshot id (``committed_snapshot``),
+and the lease's read-back after a fenced take. The REST fixture, moto's S3 and Spark's Iceberg are
+real; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from airflow_provider_pglogical.embedded.request_logs import RequestLog, counted, rest_route
+from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogKind
+from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access
+from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
+from airflow_provider_pglogical.spark.apply.lease import ApplyLease
+from airflow_provider_pglogical.spark.apply.plan import TableState
+from airflow_provider_pglogical.spark.row_delta.driver_commits import committed_snapshot
+from tests.support.catalogs import lakehouse_on, start_test_rest_catalog
+from tests.support.object_store import start_s3_server
+from tests.support.spark_jobs import applying_session
+
+pytestmark = pytest.mark.spark
+
+LOAD = "GET /v1/namespaces/{ns}/tables/{table}"
+COMMIT = "POST /v1/namespaces/{ns}/tables/{table}"
+METRICS = "POST /v1/namespaces/{ns}/tables/{table}/metrics"
+
+
+@pytest.fixture(scope="module")
+def counted_lake():
+    """A Spark session whose catalog ``lake`` is the REST fixture (warehouse on moto's S3 through
+    S3FileIO), configured as the apply job's (``job_access``), and the fixture's request log."""
+    with pytest.MonkeyPatch.context() as patch:
+        s3 = start_s3_server()
+        rest = start_test_rest_catalog(s3, "lake-requests")
+        try:
+            under = lakehouse_on(CatalogKind.REST, s3, patch.setenv, namespace="counted", bucket="lake-requests",
+                                 rest=rest)
+            session = applying_session(None, "test-rest-requests", access=job_access(under.iceberg))
+            lakehouse = Lakehouse(session, "lake", "counted", "merge-on-read", None)
+            lakehouse.state.read_state("p")  # creates the state table and loads it: what every run does first
+            yield lakehouse, RequestLog(rest.server.log_path, fixture=True)
+            session.stop()
+        finally:
+            rest.server.stop()
+            rest.server.log_path.unlink(missing_ok=True)
+            s3.stop()
+
+
+def requests_of(log: RequestLog, action) -> Counter:
+    """The REST requests ``action()`` made, by route."""
+    log.mark()
+    action()
+    return counted(log.since_mark(), rest_route)
+
+
+def test_a_rounds_state_read_and_commit_make_one_commit_two_loads_and_no_metrics_report(counted_lake):
+    lakehouse, log = counted_lake
+
+    def state_round() -> None:
+        states = lakehouse.state.read_state("p")
+        states["public.t"] = TableState("t", 16, set(), "b1")
+        lakehouse.state.write_state("p", states)
+
+    made = requests_of(log, state_round)
+    # the commit's own load of the table (Iceberg's optimistic commit) and the one its listeners
+    # make afterwards; before: a metrics report after the read and the commit, and a third load
+    assert made[COMMIT] == 1 and made[LOAD] <= 2 and METRICS not in made, made
+    assert sum(made.values()) <= 3, made
+    table = lakehouse.state.state_table()
+    assert lakehouse.state._state_snapshots["p"] == table.currentSnapshot().snapshotId()  # the commit's own
+
+
+def test_the_lease_taken_and_released_makes_a_load_and_a_commit_each(counted_lake):
+    lakehouse, log = counted_lake
+
+    def lease() -> None:
+        with ApplyLease(lakehouse.spark, lakehouse, "p", 60, holder="counted"):
+            pass
+
+    made = requests_of(log, lease)
+    # each fenced lease change: the fence's load of the table, then the commit; no read-back of the take
+    assert made == Counter({LOAD: 2, COMMIT: 2}), made
+
+
+def test_the_snapshot_a_commit_made_is_the_one_iceberg_reports_for_it(counted_lake):
+    lakehouse, _ = counted_lake
+    spark = lakehouse.spark
+    table = lakehouse.state.state_table()
+    update = table.newFastAppend().set("pglogical.test", "committed-snapshot")
+    update.commit()
+    found = committed_snapshot(spark, update)
+    assert found == table.currentSnapshot().snapshotId() == update.updateEvent().snapshotId()
+    assert table.snapshot(found).summary().get("pglogical.test") == "committed-snapshot"
