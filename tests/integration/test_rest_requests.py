@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from airflow_provider_pglogical.embedded.request_logs import RequestLog, counted, rest_route
+from airflow_provider_pglogical.embedded.request_logs import RequestLog, counted, rest_route, s3_kind
 from airflow_provider_pglogical.lakehouse.catalog_kinds import CatalogKind
 from airflow_provider_pglogical.lakehouse.lakehouse_access import job_access
 from airflow_provider_pglogical.spark.apply.lakehouse_tables import Lakehouse
@@ -35,11 +35,11 @@ METRICS = "POST /v1/namespaces/{ns}/tables/{table}/metrics"
 
 
 @pytest.fixture(scope="module")
-def counted_lake():
+def counted_lake(tmp_path_factory):
     """A Spark session whose catalog ``lake`` is the REST fixture (warehouse on moto's S3 through
-    S3FileIO), configured as the apply job's (``job_access``), and the fixture's request log."""
+    S3FileIO), configured as the apply job's (``job_access``), the fixture's request log and moto's."""
     with pytest.MonkeyPatch.context() as patch:
-        s3 = start_s3_server()
+        s3 = start_s3_server(log_path=tmp_path_factory.mktemp("s3") / "requests.log")
         rest = start_test_rest_catalog(s3, "lake-requests")
         try:
             under = lakehouse_on(CatalogKind.REST, s3, patch.setenv, namespace="counted", bucket="lake-requests",
@@ -47,7 +47,7 @@ def counted_lake():
             session = applying_session(None, "test-rest-requests", access=job_access(under.iceberg))
             lakehouse = Lakehouse(session, "lake", "counted", "merge-on-read", None)
             lakehouse.state.read_state("p")  # creates the state table and loads it: what every run does first
-            yield lakehouse, RequestLog(rest.server.log_path, fixture=True)
+            yield lakehouse, RequestLog(rest.server.log_path, fixture=True), RequestLog(s3.log_path, fixture=False)
             session.stop()
         finally:
             rest.server.stop()
@@ -63,7 +63,7 @@ def requests_of(log: RequestLog, action) -> Counter:
 
 
 def test_a_rounds_state_read_and_commit_make_one_commit_two_loads_and_no_metrics_report(counted_lake):
-    lakehouse, log = counted_lake
+    lakehouse, log, _ = counted_lake
 
     def state_round() -> None:
         states = lakehouse.state.read_state("p")
@@ -80,7 +80,7 @@ def test_a_rounds_state_read_and_commit_make_one_commit_two_loads_and_no_metrics
 
 
 def test_the_lease_taken_and_released_makes_a_load_and_a_commit_each(counted_lake):
-    lakehouse, log = counted_lake
+    lakehouse, log, _ = counted_lake
 
     def lease() -> None:
         with ApplyLease(lakehouse.spark, lakehouse, "p", 60, holder="counted"):
@@ -92,7 +92,7 @@ def test_the_lease_taken_and_released_makes_a_load_and_a_commit_each(counted_lak
 
 
 def test_the_snapshot_a_commit_made_is_the_one_iceberg_reports_for_it(counted_lake):
-    lakehouse, _ = counted_lake
+    lakehouse, _, _ = counted_lake
     spark = lakehouse.spark
     table = lakehouse.state.state_table()
     update = table.newFastAppend().set("pglogical.test", "committed-snapshot")
@@ -100,3 +100,19 @@ def test_the_snapshot_a_commit_made_is_the_one_iceberg_reports_for_it(counted_la
     found = committed_snapshot(spark, update)
     assert found == table.currentSnapshot().snapshotId() == update.updateEvent().snapshotId()
     assert table.snapshot(found).summary().get("pglogical.test") == "committed-snapshot"
+
+
+def test_a_windows_next_state_read_at_the_snapshot_it_wrote_reads_nothing_from_storage(counted_lake):
+    lakehouse, log, s3_log = counted_lake
+    states = lakehouse.state.read_state("p")
+    states["public.w"] = TableState("w", 32, {"s1"}, "b2")
+    lakehouse.state.write_state("p", states)
+    s3_log.mark()
+    made = requests_of(log, lambda: lakehouse.state.read_state("p"))
+    assert not made and not s3_log.since_mark(), made  # before: a scan of the state table, six S3 requests
+    assert lakehouse.state.read_state("p") == states
+    table = lakehouse.state.state_table()  # another commit of the table: its rows are read again
+    table.newFastAppend().set("pglogical.test", "another-commit").commit()
+    s3_log.mark()
+    assert lakehouse.state.read_state("p") == states
+    assert counted(s3_log.since_mark(), s3_kind)["GET warehouse parquet"] >= 1

@@ -50,13 +50,18 @@ class StateTable:
         """This pipeline's rows of the state table (created when missing).
 
         The driver reads the rows through Iceberg's reader (``_state_rows_by_driver``): in a fresh
-        JVM a Spark query of the table costs 2-3 s, most of a small tick's job."""
+        JVM a Spark query of the table costs 2-3 s, most of a small tick's job. At the very snapshot
+        this run last read or wrote (a window's next round), the rows are the ones it holds already:
+        a snapshot never changes, and on an object store that read was six requests a round."""
         table = self.state_table()
         snapshot = table.currentSnapshot()  # what is read (the catalog's table, Spark's too)
         read_at = snapshot.snapshotId() if snapshot is not None else None
+        if pipeline in self._rows_seen and self._state_snapshots.get(pipeline) == read_at:
+            rows = list(self._rows_seen[pipeline])
+        else:
+            rows = self._state_rows_by_driver(table, read_at, pipeline)
+            self._rows_seen[pipeline] = _comparable(rows)
         self._state_snapshots[pipeline] = read_at
-        rows = self._state_rows_by_driver(table, read_at, pipeline)
-        self._rows_seen[pipeline] = _comparable(rows)
         return {
             source: TableState(target, int(position, 16), set(snapshots or ()), last_batch)
             for source, target, position, snapshots, last_batch in rows
