@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--tiny", action="store_true", help="one table, one tick, one round (CI)")
     parser.add_argument("--counts", type=Path, help="write each REST tick's and round's request counts here (JSON lines)")
+    parser.add_argument("--rest-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark property for the REST pipeline's jobs only (IcebergConfig.extra_conf), to try a setting")
     args = parser.parse_args(argv)
     COUNTS[:] = [args.counts] if args.counts else []
     if args.tiny:
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 names = create_tables(pg, db, count)
                 pipelines = {name: Pipeline(pg, db, tmp_path, f"{db}_{name}", name, lake if name == "rest" else None)
                              for name in LAKES}
+                pipelines["rest"].iceberg.extra_conf.update(item.split("=", 1) for item in args.rest_conf)
                 for pipeline in pipelines.values():
                     pipeline.sync()
                     pipeline.apply()  # warms up, not timed
