@@ -11,6 +11,10 @@ status are read; neither server logs a header or a body.
 from __future__ import annotations
 
 import re
+import time
+import urllib.error
+import urllib.request
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,30 +38,62 @@ class Served:
     status: int
 
 
+#: the path of a settling probe (:meth:`RequestLog.mark`): no one else asks for it
+_PROBE = "pglogical-settle-"
+
+
 class RequestLog:
-    """A server's request log file, read from the last :meth:`mark` on (the file only grows)."""
+    """A server's request log file, read from the last :meth:`mark` on (the file only grows).
+
+    Both servers log a request after its answer is sent, so a client's last request may be logged
+    after its next action began. Given the server's base URL, :meth:`mark` and :meth:`since_mark`
+    first settle the log: they ask for a path no one asks for (answered 401 or 404, and logged like
+    any request) and read up to its line, which is not counted.
+    """
 
     def __init__(self, path: Path, fixture: bool) -> None:
         self.path, self._pattern, self._offset = Path(path), _JETTY_LINE if fixture else _MOTO_LINE, 0
 
-    def mark(self) -> None:
-        """Count from here on."""
-        self._offset = self.path.stat().st_size
+    def mark(self, server: str | None = None) -> None:
+        """Count from here on (``server``: once it logged every request it answered so far)."""
+        self._offset = self._settled(server) if server else self.path.stat().st_size
 
-    def since_mark(self) -> list[Served]:
-        """The requests served since the last :meth:`mark` (whole lines only)."""
+    def since_mark(self, server: str | None = None) -> list[Served]:
+        """The requests served since the last :meth:`mark` (whole lines only; ``server``: as there)."""
+        end = self._settled(server) if server else None
         with open(self.path, "rb") as log:
             log.seek(self._offset)
-            text = log.read().decode("utf-8", "replace")
+            data = log.read() if end is None else log.read(end - self._offset)
+        text = data.decode("utf-8", "replace")
         text = text[:text.rfind("\n") + 1]
         found = []
         for line in _COLOUR.sub("", text).splitlines():
             match = self._pattern.search(line)
-            if match:
+            if match and _PROBE not in line:
                 target = urlsplit(match.group(2))
                 query = "" if target.query == "null" else target.query  # Jetty's %q without a query
                 found.append(Served(match.group(1), unquote(target.path), query, int(match.group(3))))
         return found
+
+    def _settled(self, server: str, timeout: float = 10) -> int:
+        """Where the log ends once ``server`` logged a probe sent now: every request it answered
+        before is logged by then."""
+        token = f"{_PROBE}{uuid.uuid4().hex}"
+        try:
+            urllib.request.urlopen(f"{server.rstrip('/')}/{token}", timeout=timeout).close()
+        except urllib.error.HTTPError:
+            pass  # refused or not found: logged all the same
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.path, "rb") as log:
+                text = log.read()
+            at = text.find(token.encode())
+            end = text.find(b"\n", at) if at >= 0 else -1
+            if end >= 0:
+                return end + 1
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{server} did not log its request {token} within {timeout}s ({self.path})")
+            time.sleep(0.01)
 
 
 def rest_route(served: Served) -> str:

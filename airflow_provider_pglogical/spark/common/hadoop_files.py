@@ -25,6 +25,7 @@ from airflow_provider_pglogical.spark.common.java_classes import java_class
 from airflow_provider_pglogical.spark.common.errors import ApplyError
 from airflow_provider_pglogical.spark.common.rereads import reread
 from airflow_provider_pglogical.spark.common.batch import Batch
+from airflow_provider_pglogical.spark.common.batch_listing import committed_directories
 from airflow_provider_pglogical.staging.contract import (
     FOLDED_FROM,
     MANIFEST,
@@ -168,7 +169,8 @@ class Staging:
         return java_class(self.spark, "org.apache.hadoop.fs.Path")(uri)
 
     def committed(self) -> list[Batch]:
-        """Every batch with a manifest, in name order (manifests not read yet)."""
+        """Every batch with a manifest, in name order (manifests not read yet); elsewhere than on the
+        local disk by one listing, a manifest asked for only where not known (``batch_listing.py``)."""
         # (the batch directory's name, how to ask its manifest's modification time)
         local = local_path(self.spark, self.directory)
         if local is not None:  # Python's listing: no py4j call per batch (0.1-0.3 s a round for 500 batches)
@@ -176,8 +178,7 @@ class Staging:
                        lambda path=path: os.stat(path).st_mtime_ns // 1_000_000)
                       for path in glob.glob(os.path.join(glob.escape(local), "*", MANIFEST))]
         else:
-            listed = [(status.getPath().getParent().getName(), status.getModificationTime)
-                      for status in self._fs.globStatus(self._path(f"{self.directory}/*/{MANIFEST}")) or []]
+            listed = committed_directories(self._fs, self._path, self.directory, self._committed_ms)
         found, times = [], {}
         for directory, modified in listed:
             batch = Batch.parse(directory)
@@ -295,6 +296,7 @@ class Staging:
         """Remove a batch: its manifest first (the batch is no longer committed), then the rest;
         or, with ``archive``, move the whole directory there."""
         directory = self._path(f"{self.directory}/{name}")
+        self._committed_ms.pop(name, None)
         if archive is not None:
             local = local_path(self.spark, f"{self.directory}/{archive}")
             if local is not None:
