@@ -50,13 +50,13 @@ class StateTable:
         """This pipeline's rows of the state table (created when missing).
 
         The driver reads the rows through Iceberg's reader (``_state_rows_by_driver``): in a fresh
-        JVM a Spark query of the table costs 2-3 s, most of a small tick's job. At the very snapshot
-        this run last read or wrote (a window's next round), the rows are the ones it holds already:
-        a snapshot never changes, and on an object store that read was six requests a round."""
+        JVM a Spark query of the table costs 2-3 s, most of a small tick's job. At the snapshot this
+        run last read or wrote, or one only lease fences followed (a window's next round), the rows
+        are the ones it holds already: on an object store that read was six requests a round."""
         table = self.state_table()
         snapshot = table.currentSnapshot()  # what is read (the catalog's table, Spark's too)
         read_at = snapshot.snapshotId() if snapshot is not None else None
-        if pipeline in self._rows_seen and self._state_snapshots.get(pipeline) == read_at:
+        if pipeline in self._rows_seen and _only_fences_since(table, self._state_snapshots.get(pipeline), snapshot):
             rows = list(self._rows_seen[pipeline])
         else:
             rows = self._state_rows_by_driver(table, read_at, pipeline)
@@ -174,6 +174,22 @@ class StateTable:
         arrays.append(pa.array([now] * len(rows), type=pa.timestamp("us", "UTC")))
         return pa.Table.from_arrays([array.cast(field.type) for array, field in zip(arrays, fields)],
                                     schema=pa.schema(fields))
+
+
+def _only_fences_since(table, seen: int | None, snapshot) -> bool:
+    """Whether ``snapshot`` (the state table's current, Java) is snapshot ``seen`` or follows it
+    through lease fences alone (``lease.ApplyLease._fence``: empty snapshots, no file added or
+    removed), so the rows at both are the same."""
+    from airflow_provider_pglogical.spark.apply.lease import FENCE_SUMMARY_PROPERTY
+
+    changes = ("added-data-files", "deleted-data-files", "added-delete-files", "removed-delete-files")
+    while snapshot is not None and snapshot.snapshotId() != seen:
+        summary = snapshot.summary()  # a Java map: a missing key reads as None
+        if summary.get(FENCE_SUMMARY_PROPERTY) is None or any((summary.get(key) or "0") != "0" for key in changes):
+            return False
+        parent = snapshot.parentId()
+        snapshot = table.snapshot(parent) if parent is not None else None
+    return snapshot is not None or seen is None
 
 
 def settle_orphans(lakehouse, orphaned: dict[str, dict], states: dict[str, TableState], pipeline: str) -> dict[str, str]:
