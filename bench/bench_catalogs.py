@@ -87,6 +87,17 @@ def keep_counts(what: str, report: dict) -> None:
                                                     for name, (cpu, kinds) in report.items()}}) + "\n")
 
 
+#: every REST tick's and round's report (:meth:`LoopbackServers.since_mark`), by what it was
+REPORTS: dict[str, list[dict]] = {}
+
+
+def server_medians(reports: list[dict]) -> str:
+    """The servers' medians over ``reports``: CPU seconds and requests of each, for the summary."""
+    return ", ".join(f"{name} CPU {statistics.median(r[name][0] for r in reports):.2f} s and "
+                     f"{statistics.median(sum(r[name][1].values()) for r in reports):.0f} requests"
+                     for name in ("s3", "rest"))
+
+
 def served(report: dict, top: int = 0) -> str:
     """What :meth:`LoopbackServers.since_mark` found, for one line (``top``: also the most frequent kinds)."""
     parts = []
@@ -148,6 +159,7 @@ def stream(pipeline: Pipeline, pg, db: str, names: list[str], rounds: int, tick:
             if servers is not None:
                 report = servers.since_mark()
                 keep_counts(f"round {number}", report)
+                REPORTS.setdefault("streaming round", []).append(report)
                 print(f"    round {number}: {served(report, top=12)}", flush=True)
     finally:
         operator.on_kill()  # the window's spark-submit; its lease expires with it (nothing follows)
@@ -213,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{phased(pipeline.phases or {})}), load {load()}", flush=True)
                         if name == "rest":
                             keep_counts(f"{count} tables, tick {tick}", report)
+                            REPORTS.setdefault(f"{count}-table tick", []).append(report)
                             print(f"    servers: {served(report, top=14)}", flush=True)
                 for name in LAKES if args.ticks else ():  # --ticks 0: the streaming round alone
                     medians[count, name] = statistics.median(walls[name])
@@ -251,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             keys = {key for _, _, phases in streamed[name] for key in phases}
             print(f"  round phases, {name} (medians): " + phased(
                 {key: statistics.median(p.get(key, 0.0) for _, _, p in streamed[name]) for key in keys}))
+    for what, reports in REPORTS.items():  # what the loopback servers cost beside the product
+        print(f"loopback servers per REST {what} (medians of {len(reports)}): {server_medians(reports)}")
     print("rest catalog with S3FileIO / local Hadoop catalog: " + ", ".join(
         f"{count}-table tick {ratio(medians[count, 'rest'], medians[count, 'local'])}"
         for count in sorted({c for c, _ in medians})))
