@@ -48,6 +48,9 @@ def counted_lake(tmp_path_factory):
             under = lakehouse_on(CatalogKind.REST, s3, patch.setenv, namespace="counted", bucket="lake-requests",
                                  rest=rest)
             session = applying_session(None, "test-rest-requests", access=job_access(under.iceberg))
+            # the apply job's catalog caches its tables (Spark's default); a session an earlier test
+            # built in this process may have switched that off (PySpark's builder keeps options)
+            session.conf.set("spark.sql.catalog.lake.cache-enabled", "true")
             lakehouse = Lakehouse(session, "lake", "counted", "merge-on-read", None)
             lakehouse.state.read_state("p")  # creates the state table and loads it: what every run does first
             yield (lakehouse, Settled(RequestLog(rest.server.log_path, fixture=True), rest.server.uri),
