@@ -31,11 +31,7 @@ def test_a_chunked_load_under_concurrent_writes_applies_to_the_source(publisher,
                      hooks=ChunkHooks(low=lambda e: writer.burst(3), read=lambda e: writer.burst(3)))
     writer.burst(10)
     _drain(publisher_hook, storage)
-    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), "p", namespace="chunked"),
-                             IcebergConfig(warehouse=warehouse.as_uri(), namespace="chunked"), driver_memory="1g")
-    code, output = run_job(command, timeout=600)
-    assert code == 0, output[-5000:]
-    steps = job_result(output, RESULT_PREFIX)["steps"]
+    steps = _apply(root, warehouse, "chunked")
     assert sum(1 for s in steps if s["kind"] == "snapshot" and s["table"] == "public.items") >= 5
     spark = reading_session(warehouse, "test-chunked-load-apply")
     try:
@@ -59,6 +55,15 @@ def test_a_chunked_load_under_concurrent_writes_applies_to_the_source(publisher,
     assert cuts and cuts == list(range(cuts[0], len(labels))) and cuts[0] >= 5, labels
 
 
+def _apply(root, warehouse, namespace: str) -> list[dict]:
+    """spark-submit the apply job of pipeline ``p`` into ``namespace``, as the operator does; its steps."""
+    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), "p", namespace=namespace),
+                             IcebergConfig(warehouse=warehouse.as_uri(), namespace=namespace), driver_memory="1g")
+    code, output = run_job(command, timeout=600)
+    assert code == 0, output[-5000:]
+    return job_result(output, RESULT_PREFIX)["steps"]
+
+
 def test_a_keyless_table_killed_in_its_whole_copy_applies_equal_to_the_source(publisher, publisher_hook, tmp_path):
     """Keyed tables in chunks, a keyless one with duplicate rows (and a uuid-keyed one) whole, under
     concurrent writes to all of them, killed inside the keyless table's copy and resumed with the same
@@ -70,11 +75,7 @@ def test_a_keyless_table_killed_in_its_whole_copy_applies_equal_to_the_source(pu
     Writer(publisher, 21).burst(20)
     LedgerWriter(publisher, 22).burst(20)
     _drain(publisher_hook, storage)
-    command = submit_command(APPLY_JOB, apply_args(root.as_uri(), "p", namespace="whole"),
-                             IcebergConfig(warehouse=warehouse.as_uri(), namespace="whole"), driver_memory="1g")
-    code, output = run_job(command, timeout=600)
-    assert code == 0, output[-5000:]
-    steps = job_result(output, RESULT_PREFIX)["steps"]
+    steps = _apply(root, warehouse, "whole")
     ledger_snapshots = [s for s in steps if s["kind"] == "snapshot" and s["table"] == "public.ledger"]
     assert len(ledger_snapshots) == 1  # the whole copy; the empty start before it is superseded
     spark = reading_session(warehouse, "test-chunked-load-whole-apply")
